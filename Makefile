@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh Debian machine (as root):
+#   make run   - install everything, start 1 master + 2 workers (+ the mount) under ./.curvine, until Ctrl-C
+#   make test  - install everything and run the whole suite
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install system-deps proto bench clean
+
+run: install
+	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --foreground
+
+test: install
+	$(PY) -m pytest -q tests
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml | system-deps
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[fuse,dev]'
+	touch $(STAMP)
+
+# Debian packages the mount needs (libfuse3 to build pyfuse3, fusermount3 to mount).
+system-deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v python3 >/dev/null || (apt-get update -qq && apt-get install -y -qq python3 python3-venv)
+
+# Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
+proto:
+	$(PY) -m grpc_tools.protoc -Icurvine_py/pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/curvine.proto proto/data.proto
+
+bench: install
+	$(PY) bench/sdk_bench.py
+
+clean:
+	-$(VENV)/bin/cv cluster stop --dir .curvine
+	rm -rf .curvine

@@ -1,0 +1,21 @@
+"""curvine-py: a distributed cache filesystem (a Python re-implementation of Curvine).
+
+``from curvine_py import Client`` gives the SDK; the names load lazily so that the
+servers (``curvine_py.master``, ``curvine_py.worker``) do not import the client.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["Client", "File", "FileStatus", "CurvineError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Client", "File", "FileStatus", "BlockLocation", "WorkerRef"):
+        from curvine_py import sdk
+        return getattr(sdk, name)
+    if name == "CurvineError":
+        from curvine_py.common.errors import CurvineError
+        return CurvineError
+    raise AttributeError(name)

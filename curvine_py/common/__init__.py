@@ -1,0 +1,1 @@
+"""Code shared by every process: config, errors, hash ring, data-channel frames, buffers."""

@@ -1,0 +1,49 @@
+"""A pool of preallocated, page-aligned buffers for the data path.
+
+Touching fresh memory runs at ~1.2 GB/s on these machines while copying into a
+reused buffer runs at ~46 GB/s (BRIEF.md), so block data is always received into,
+read into and sent from buffers taken from a pool, never from new ``bytes``.
+Buffers are anonymous mmaps (page aligned, usable with O_DIRECT and io_uring).
+"""
+from __future__ import annotations
+
+import mmap
+import threading
+from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class BufferPool:
+    """Fixed-size buffers, handed out as memoryviews; grows up to max_buffers, then blocks."""
+
+    def __init__(self, size: int, max_buffers: int = 64) -> None:
+        self.size = size
+        self.max_buffers = max_buffers
+        self._free: deque[mmap.mmap] = deque()
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def acquire(self) -> mmap.mmap:
+        with self._cond:
+            while not self._free and self._count >= self.max_buffers:
+                self._cond.wait()
+            if self._free:
+                return self._free.pop()
+            self._count += 1
+        return mmap.mmap(-1, self.size)
+
+    def release(self, buf: mmap.mmap) -> None:
+        with self._cond:
+            self._free.append(buf)
+            self._cond.notify()
+
+    @contextmanager
+    def buffer(self) -> Iterator[memoryview]:
+        buf = self.acquire()
+        view = memoryview(buf)
+        try:
+            yield view
+        finally:
+            view.release()
+            self.release(buf)

@@ -1,0 +1,249 @@
+"""One TOML configuration for every process, overridable by environment and flags.
+
+Every key lives in a section (``[master]``, ``[worker]``, ``[client]``, ``[fuse]``).
+A key ``section.key`` can be overridden by the environment variable
+``CURVINE_SECTION_KEY`` and by the command-line flag ``--section-key``; flags win
+over the environment, which wins over the file, which wins over the defaults
+below.  docs/config.md lists every key; ``cv config`` prints the effective values.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from curvine_py.common.errors import ConfigError
+
+MiB = 1 << 20
+DEFAULT_CONFIG_PATHS = ("./curvine.toml", "/etc/curvine/curvine.toml")
+
+
+@dataclass
+class ClusterConfig:
+    """Settings every process of one cluster shares."""
+    name: str = "curvine"
+    secret: str = ""              # shared secret on every RPC (multi-host issue); "" = open
+
+
+@dataclass
+class MasterConfig:
+    """The metadata server."""
+    bind: str = "0.0.0.0"
+    port: int = 8995
+    meta_dir: str = "./.curvine/master"
+    sync: str = "normal"          # sqlite synchronous: "normal" survives process crashes, "full" power loss
+    block_size: int = 4 * MiB     # default block size of new files
+    replicas: int = 2
+    vnodes: int = 64              # virtual nodes per worker on the hash ring
+    heartbeat_ms: int = 1000      # how often workers heartbeat
+    worker_timeout_s: float = 30.0  # a worker silent this long is lost
+    lease_s: float = 60.0         # a writer's lease lasts this long without renewal
+    retry_cache_s: float = 600.0  # how long request ids of mutations are remembered
+    rpc_threads: int = 16
+
+
+@dataclass
+class WorkerConfig:
+    """A block server."""
+    master: str = "127.0.0.1:8995"  # where this worker registers and heartbeats
+    bind: str = "0.0.0.0"
+    ip: str = "127.0.0.1"         # address clients and peers use to reach this worker
+    host: str = ""                # host identity for placement; "" = the hostname
+    rpc_port: int = 8997
+    data_port: int = 8999
+    dirs: list[str] = field(default_factory=lambda: ["[SSD]./.curvine/worker/data"])
+    reserve: int = 256 * MiB      # free space left untouched on each data dir's disk
+    uring_entries: int = 128
+    buffer_size: int = 1 * MiB    # piece size of the data channel
+    rpc_threads: int = 8
+
+
+@dataclass
+class ClientConfig:
+    """The client core: SDK, CLI, and mount."""
+    master: str = "127.0.0.1:8995"
+    host: str = ""                # this client's host identity (local-replica preference); "" = hostname
+    block_size: int = 0           # 0 = the directory's or the master's default
+    read_ahead_blocks: int = 2    # blocks fetched ahead of a sequential reader
+    rpc_timeout_s: float = 30.0   # one attempt of a metadata call
+    retry_s: float = 120.0        # how long a metadata call keeps retrying an unreachable master
+    data_timeout_s: float = 10.0  # a data-channel socket silent this long fails over to the other replica
+    short_circuit: bool = True    # open a local replica's block file directly
+
+
+@dataclass
+class FuseConfig:
+    """The mount."""
+    attr_timeout_s: float = 1.0
+    entry_timeout_s: float = 1.0
+    negative_timeout_s: float = 0.0
+    direct_io: bool = False
+    max_read_ahead: int = 16 * MiB
+
+
+@dataclass
+class Config:
+    """The whole configuration; one instance per process."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    master: MasterConfig = field(default_factory=MasterConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    fuse: FuseConfig = field(default_factory=FuseConfig)
+
+    def section(self, name: str) -> typing.Any:
+        return getattr(self, name)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def _field_types(section_obj: object) -> dict[str, typing.Any]:
+    hints = typing.get_type_hints(type(section_obj))
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_obj)}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse '4MiB', '100GB', '1.5G', '4096' into bytes (binary units for K/M/G/T)."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().replace(" ", "")
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
+             "TIB": 1 << 40}
+    i = len(s)
+    while i > 0 and not (s[i - 1].isdigit() or s[i - 1] == "."):
+        i -= 1
+    num, unit = s[:i], s[i:]
+    if not num or unit not in units:
+        raise ConfigError(f"not a size: {text!r} (use e.g. 4MiB, 100GB)")
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise ConfigError(f"not a size: {text!r}") from None
+
+
+def _coerce(value: typing.Any, typ: typing.Any, key: str) -> typing.Any:
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            low = str(value).strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if typ is int:
+            if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+                return parse_size(value)
+            return int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            return str(value)
+        if typing.get_origin(typ) is list:
+            if isinstance(value, str):
+                return [v for v in value.split(",") if v]
+            return [str(v) for v in value]
+    except (ValueError, TypeError, ConfigError):
+        raise ConfigError(f"bad value for {key}: {value!r}") from None
+    return value
+
+
+def _apply(cfg: Config, section: str, key: str, value: typing.Any, origin: str) -> None:
+    sec = cfg.section(section)
+    types = _field_types(sec)
+    if key not in types:
+        raise ConfigError(f"unknown configuration key {section}.{key} (in {origin})")
+    setattr(sec, key, _coerce(value, types[key], f"{section}.{key}"))
+
+
+def load_file(cfg: Config, path: str | Path) -> None:
+    """Merge a TOML file into cfg."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    for section, values in data.items():
+        if section not in SECTIONS or not isinstance(values, dict):
+            raise ConfigError(f"{path}: unknown section [{section}]")
+        for key, value in values.items():
+            _apply(cfg, section, key, value, str(path))
+
+
+def apply_env(cfg: Config, environ: typing.Mapping[str, str] = os.environ) -> None:
+    """Apply CURVINE_SECTION_KEY variables (and CURVINE_MASTER for the client's master)."""
+    if environ.get("CURVINE_MASTER"):
+        cfg.client.master = environ["CURVINE_MASTER"]
+    for section in SECTIONS:
+        for key in _field_types(cfg.section(section)):
+            name = f"CURVINE_{section}_{key}".upper()
+            if name in environ:
+                _apply(cfg, section, key, environ[name], name)
+
+
+def add_flags(parser: argparse.ArgumentParser, sections: typing.Iterable[str] = SECTIONS) -> None:
+    """Add --config and one --section-key flag per key, all defaulting to 'unset'."""
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    defaults = Config()
+    for section in sections:
+        group = parser.add_argument_group(f"[{section}] settings")
+        for key in _field_types(defaults.section(section)):
+            flag = f"--{section}-{key}".replace("_", "-")
+            group.add_argument(flag, dest=f"cfg__{section}__{key}", default=None, metavar="V",
+                               help=f"default {getattr(defaults.section(section), key)!r}")
+
+
+def load(args: argparse.Namespace | None = None, path: str | None = None) -> Config:
+    """Defaults, then the file (--config, $CURVINE_CONF or ./curvine.toml), then env, then flags."""
+    cfg = Config()
+    path = path or (getattr(args, "config", None) if args else None) or os.environ.get("CURVINE_CONF")
+    if path:
+        load_file(cfg, path)
+    else:
+        for candidate in DEFAULT_CONFIG_PATHS:
+            if os.path.exists(candidate):
+                load_file(cfg, candidate)
+                break
+    apply_env(cfg)
+    if args is not None:
+        for name, value in vars(args).items():
+            if name.startswith("cfg__") and value is not None:
+                _, section, key = name.split("__", 2)
+                _apply(cfg, section, key, value, f"--{section}-{key}")
+    return cfg
+
+
+def host_identity(configured: str) -> str:
+    """A node's host identity for placement: configured, else the hostname."""
+    return configured or socket.gethostname()
+
+
+def to_toml(cfg: Config) -> str:
+    """Render cfg as TOML (for `cv config` and the files `cv cluster start` writes)."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        for key, value in dataclasses.asdict(cfg.section(section)).items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: typing.Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    s = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'

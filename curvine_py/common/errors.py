@@ -1,0 +1,111 @@
+"""POSIX errors on the wire: one exception type, mapped to and from gRPC statuses.
+
+A server raises ``CurvineError(errno.ENOENT, "...")``; the gRPC layer turns it into a
+status code plus the trailing metadata ``curvine-errno: <n>``; the client turns that
+back into the same ``CurvineError`` (an ``OSError``), so the SDK raises
+``FileNotFoundError``-compatible errors and the mount can hand the errno to the kernel.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import typing
+
+import grpc
+
+ERRNO_KEY = "curvine-errno"
+log = logging.getLogger(__name__)
+
+_STATUS_OF: dict[int, grpc.StatusCode] = {
+    errno.ENOENT: grpc.StatusCode.NOT_FOUND,
+    errno.EEXIST: grpc.StatusCode.ALREADY_EXISTS,
+    errno.EACCES: grpc.StatusCode.PERMISSION_DENIED,
+    errno.EPERM: grpc.StatusCode.PERMISSION_DENIED,
+    errno.ENOSPC: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errno.EAGAIN: grpc.StatusCode.UNAVAILABLE,
+    errno.ETIMEDOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errno.EIO: grpc.StatusCode.INTERNAL,
+    errno.ENOSYS: grpc.StatusCode.UNIMPLEMENTED,
+    errno.EOPNOTSUPP: grpc.StatusCode.UNIMPLEMENTED,
+    errno.ESTALE: grpc.StatusCode.FAILED_PRECONDITION,
+    errno.EBUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    errno.ENOTEMPTY: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+# Status codes that mean "the call may not have reached the server: retry it".
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class CurvineError(OSError):
+    """An error with a POSIX errno; the one error type crossing process boundaries."""
+
+    def __init__(self, err: int, message: str, path: str | None = None) -> None:
+        super().__init__(err, message)
+        self.path = path
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{where}{self.strerror}"
+
+    def with_path(self, path: str) -> "CurvineError":
+        return CurvineError(self.errno, self.strerror or os.strerror(self.errno), path)
+
+
+class ConfigError(Exception):
+    """A bad configuration value or file; reported as one line by every command."""
+
+
+def err(code: int, message: str | None = None) -> CurvineError:
+    """Build a CurvineError whose message defaults to strerror(code)."""
+    return CurvineError(code, message or os.strerror(code))
+
+
+def status_of(code: int) -> grpc.StatusCode:
+    return _STATUS_OF.get(code, grpc.StatusCode.INVALID_ARGUMENT if code == errno.EINVAL
+                          else grpc.StatusCode.UNKNOWN)
+
+
+def abort(context: grpc.ServicerContext, e: CurvineError) -> typing.NoReturn:
+    """End an RPC with e's status, message and errno."""
+    context.set_trailing_metadata(((ERRNO_KEY, str(e.errno)),))
+    context.abort(status_of(e.errno or errno.EIO), e.strerror or "error")
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+F = typing.TypeVar("F", bound=typing.Callable[..., typing.Any])
+
+
+def rpc_method(fn: F) -> F:
+    """Decorate a servicer method: CurvineError -> status; any other bug -> EIO, logged."""
+    @functools.wraps(fn)
+    def wrapper(self: typing.Any, request: typing.Any, context: grpc.ServicerContext) -> typing.Any:
+        try:
+            return fn(self, request, context)
+        except CurvineError as e:
+            abort(context, e)
+        except Exception as e:  # a bug must not kill the server; the caller sees EIO
+            if isinstance(e, grpc.RpcError) or type(e).__name__ == "_AbortError":
+                raise
+            log.exception("internal error in %s", fn.__name__)
+            abort(context, CurvineError(errno.EIO, f"internal error in {fn.__name__}: {e}"))
+    return typing.cast(F, wrapper)
+
+
+def from_rpc_error(e: grpc.RpcError) -> CurvineError:
+    """Turn a failed call into a CurvineError with the server's errno (or a transport one)."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = (e.details() if hasattr(e, "details") else None) or str(code)
+    for key, value in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
+        if key == ERRNO_KEY:
+            return CurvineError(int(value), details)
+    if code in (grpc.StatusCode.UNAVAILABLE,):
+        return CurvineError(errno.EHOSTDOWN, f"unreachable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CurvineError(errno.ETIMEDOUT, f"timed out: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return CurvineError(errno.EACCES, details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return CurvineError(errno.EINVAL, details)
+    return CurvineError(errno.EIO, details)

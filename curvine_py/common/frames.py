@@ -1,0 +1,121 @@
+"""The block data channel: length-prefixed protobuf headers followed by raw bytes.
+
+Frame = 4-byte big-endian header length N | N bytes of ``data_pb2.DataHeader`` |
+``header.payload_len`` raw bytes.  A READ is answered by one REPLY header whose
+``length`` says how many raw bytes follow (sent in pieces as the worker reads them
+from disk; a worker that finds a bad checksum mid-block closes the connection, so
+the reader sees a short read and moves to the other replica).  docs/wire.md
+describes every exchange.
+
+Senders use ``sendmsg`` with the header and the payload as separate buffers (no
+concatenation copy); receivers ``recv_into`` preallocated buffers.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import data_pb2
+
+LEN = struct.Struct(">I")
+MAX_HEADER = 64 * 1024
+MAX_PAYLOAD = 64 * 1024 * 1024
+Op = data_pb2.Op
+DataHeader = data_pb2.DataHeader
+
+
+class ChannelClosed(CurvineError):
+    """The peer closed the connection (or sent garbage); the stream is unusable."""
+
+    def __init__(self, message: str = "data connection closed by peer") -> None:
+        super().__init__(errno.ECONNRESET, message)
+
+
+def send_all(sock: socket.socket, buffers: list[bytes | bytearray | memoryview]) -> None:
+    """Send every buffer with as few syscalls as possible (sendmsg gathers them)."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent and views:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def send_frame(sock: socket.socket, header: DataHeader,
+               payload: bytes | bytearray | memoryview | None = None) -> None:
+    """Send one frame; header.payload_len is set from payload."""
+    header.payload_len = len(payload) if payload is not None else 0
+    raw = header.SerializeToString()
+    if payload is not None and len(payload):
+        send_all(sock, [LEN.pack(len(raw)) + raw, payload])
+    else:
+        sock.sendall(LEN.pack(len(raw)) + raw)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill view completely from sock or raise ChannelClosed."""
+    got = 0
+    n = len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ChannelClosed(f"connection closed after {got} of {n} bytes")
+        got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_exact_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def recv_header(sock: socket.socket) -> DataHeader:
+    """Read one frame header (the caller then reads header.payload_len bytes)."""
+    (n,) = LEN.unpack(recv_exact(sock, LEN.size))
+    if n == 0 or n > MAX_HEADER:
+        raise ChannelClosed(f"bad frame header length {n}")
+    header = DataHeader()
+    try:
+        header.ParseFromString(recv_exact(sock, n))
+    except Exception:
+        raise ChannelClosed("malformed frame header") from None
+    if header.payload_len > MAX_PAYLOAD:
+        raise ChannelClosed(f"frame payload too large: {header.payload_len}")
+    return header
+
+
+def reply(sock: socket.socket, code: int = 0, message: str = "", **fields: object) -> None:
+    """Send a REPLY frame (code 0 = success)."""
+    h = DataHeader(op=Op.REPLY, errno=code, message=message)
+    for k, v in fields.items():
+        if isinstance(v, (list, tuple)):
+            getattr(h, k).extend(v)
+        else:
+            setattr(h, k, v)
+    send_frame(sock, h)
+
+
+def check_reply(h: DataHeader, what: str) -> DataHeader:
+    """Raise the REPLY's error, if any; return the header."""
+    if h.op != Op.REPLY:
+        raise ChannelClosed(f"{what}: expected a reply, got op {h.op}")
+    if h.errno:
+        raise CurvineError(h.errno, f"{what}: {h.message or 'failed'}")
+    return h
+
+
+def tune(sock: socket.socket, bufsize: int = 4 << 20) -> socket.socket:
+    """Large socket buffers and no Nagle: block data moves in big pieces."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
+        except OSError:
+            pass
+    return sock

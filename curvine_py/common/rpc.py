@@ -1,0 +1,25 @@
+"""gRPC channel and server options shared by every process."""
+from __future__ import annotations
+
+import grpc
+
+MAX_MESSAGE = 64 * 1024 * 1024
+
+
+def server_options() -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 0)]
+
+
+def channel(address: str) -> grpc.Channel:
+    """An insecure channel with large messages and keepalives (detect dead masters fast)."""
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.keepalive_time_ms", 10000),
+        ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.enable_retries", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ])

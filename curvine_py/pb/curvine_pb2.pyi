@@ -1,0 +1,541 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Caller(_message.Message):
+    __slots__ = ("uid", "gid", "groups", "request_id", "client_id")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    gid: int
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    request_id: str
+    client_id: str
+    def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class Attr(_message.Message):
+    __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NLINK_FIELD_NUMBER: _ClassVar[int]
+    ATIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    CTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    nlink: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    rdev: int
+    block_size: int
+    replicas: int
+    complete: bool
+    generation: int
+    def __init__(self, ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., nlink: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., rdev: _Optional[int] = ..., block_size: _Optional[int] = ..., replicas: _Optional[int] = ..., complete: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class WorkerAddress(_message.Message):
+    __slots__ = ("worker_id", "host", "ip", "rpc_port", "data_port")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    IP_FIELD_NUMBER: _ClassVar[int]
+    RPC_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    host: str
+    ip: str
+    rpc_port: int
+    data_port: int
+    def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ...) -> None: ...
+
+class BlockInfo(_message.Message):
+    __slots__ = ("block_id", "offset", "length", "checksum", "workers")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    offset: int
+    length: int
+    checksum: int
+    workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("caller", "parent", "name")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    parent: int
+    name: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class PathRequest(_message.Message):
+    __slots__ = ("caller", "path", "follow_symlinks")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    path: str
+    follow_symlinks: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., follow_symlinks: _Optional[bool] = ...) -> None: ...
+
+class InodeRequest(_message.Message):
+    __slots__ = ("caller", "ino")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
+
+class AttrReply(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: Attr
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+
+class SetAttrRequest(_message.Message):
+    __slots__ = ("caller", "ino", "valid", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ATIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    valid: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., valid: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class MknodRequest(_message.Message):
+    __slots__ = ("caller", "parent", "name", "mode", "umask", "rdev", "symlink_target", "exclusive", "block_size", "open_flags")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UMASK_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
+    SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    parent: int
+    name: str
+    mode: int
+    umask: int
+    rdev: int
+    symlink_target: str
+    exclusive: bool
+    block_size: int
+    open_flags: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., mode: _Optional[int] = ..., umask: _Optional[int] = ..., rdev: _Optional[int] = ..., symlink_target: _Optional[str] = ..., exclusive: _Optional[bool] = ..., block_size: _Optional[int] = ..., open_flags: _Optional[int] = ...) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("caller", "ino", "new_parent", "new_name")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_NAME_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    new_parent: int
+    new_name: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[str] = ...) -> None: ...
+
+class UnlinkRequest(_message.Message):
+    __slots__ = ("caller", "parent", "name")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    parent: int
+    name: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class RenameRequest(_message.Message):
+    __slots__ = ("caller", "parent", "name", "new_parent", "new_name", "flags")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_NAME_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    parent: int
+    name: str
+    new_parent: int
+    new_name: str
+    flags: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[str] = ..., flags: _Optional[int] = ...) -> None: ...
+
+class ReadDirRequest(_message.Message):
+    __slots__ = ("caller", "ino", "offset", "limit", "plus")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PLUS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    offset: int
+    limit: int
+    plus: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., plus: _Optional[bool] = ...) -> None: ...
+
+class DirEntry(_message.Message):
+    __slots__ = ("name", "ino", "mode", "offset", "attr")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ino: int
+    mode: int
+    offset: int
+    attr: Attr
+    def __init__(self, name: _Optional[str] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+
+class ReadDirReply(_message.Message):
+    __slots__ = ("entries", "eof")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[DirEntry]
+    eof: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class ReadlinkReply(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class XattrRequest(_message.Message):
+    __slots__ = ("caller", "ino", "name", "value", "flags")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    name: str
+    value: bytes
+    flags: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[bytes] = ..., flags: _Optional[int] = ...) -> None: ...
+
+class XattrReply(_message.Message):
+    __slots__ = ("value", "names")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatFsReply(_message.Message):
+    __slots__ = ("capacity", "used", "available", "files", "block_size")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    used: int
+    available: int
+    files: int
+    block_size: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., available: _Optional[int] = ..., files: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class OpenRequest(_message.Message):
+    __slots__ = ("caller", "ino", "flags", "write")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    flags: int
+    write: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., flags: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
+
+class OpenReply(_message.Message):
+    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers")
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    attr: Attr
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    lease_id: int
+    lease_expires_ms: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class AllocateBlocksRequest(_message.Message):
+    __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    lease_id: int
+    count: int
+    exclude_workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., count: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AllocateBlocksReply(_message.Message):
+    __slots__ = ("blocks", "workers")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    lease_id: int
+    size: int
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    release: bool
+    mtime_ns: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., release: _Optional[bool] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("caller", "lease_ids")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("expired",)
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    expired: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, expired: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BlockLocationsRequest(_message.Message):
+    __slots__ = ("caller", "ino")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
+
+class BlockLocationsReply(_message.Message):
+    __slots__ = ("attr", "blocks", "workers")
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    attr: Attr
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class DataDir(_message.Message):
+    __slots__ = ("path", "tier", "capacity", "used")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    tier: str
+    capacity: int
+    used: int
+    def __init__(self, path: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("host", "ip", "rpc_port", "data_port", "dirs", "storage_id")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    IP_FIELD_NUMBER: _ClassVar[int]
+    RPC_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DIRS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    ip: str
+    rpc_port: int
+    data_port: int
+    dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
+    storage_id: str
+    def __init__(self, host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., storage_id: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("worker_id", "heartbeat_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    heartbeat_ms: int
+    def __init__(self, worker_id: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ...) -> None: ...
+
+class BlockReport(_message.Message):
+    __slots__ = ("worker_id", "full", "added", "removed")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    full: bool
+    added: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., full: _Optional[bool] = ..., added: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "dirs", "report")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
+    report: BlockReport
+    def __init__(self, worker_id: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., report: _Optional[_Union[BlockReport, _Mapping]] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("reregister", "delete_blocks", "ring_epoch")
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    DELETE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    reregister: bool
+    delete_blocks: _containers.RepeatedScalarFieldContainer[int]
+    ring_epoch: int
+    def __init__(self, reregister: _Optional[bool] = ..., delete_blocks: _Optional[_Iterable[int]] = ..., ring_epoch: _Optional[int] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    DIRS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    address: WorkerAddress
+    state: str
+    capacity: int
+    used: int
+    dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
+    blocks: int
+    last_heartbeat_ms: int
+    def __init__(self, address: _Optional[_Union[WorkerAddress, _Mapping]] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ...) -> None: ...
+
+class RingNode(_message.Message):
+    __slots__ = ("worker_id", "host")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    host: str
+    def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+
+class RingReply(_message.Message):
+    __slots__ = ("epoch", "vnodes", "nodes", "workers")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VNODES_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    vnodes: int
+    nodes: _containers.RepeatedCompositeFieldContainer[RingNode]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, epoch: _Optional[int] = ..., vnodes: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[RingNode, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    ring_epoch: int
+    capacity: int
+    used: int
+    files: int
+    blocks: int
+    under_replicated: int
+    master_address: str
+    version: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class WorkerInfoReply(_message.Message):
+    __slots__ = ("worker_id", "host", "dirs", "blocks", "version")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DIRS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    host: str
+    dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
+    blocks: int
+    version: str
+    def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
+class BlockRequest(_message.Message):
+    __slots__ = ("block_id",)
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    def __init__(self, block_id: _Optional[int] = ...) -> None: ...
+
+class BlockStatReply(_message.Message):
+    __slots__ = ("exists", "length", "checksum", "path", "tier")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    length: int
+    checksum: int
+    path: str
+    tier: str
+    def __init__(self, exists: _Optional[bool] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., path: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...

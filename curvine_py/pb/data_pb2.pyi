@@ -1,0 +1,63 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_NONE: _ClassVar[Op]
+    WRITE_OPEN: _ClassVar[Op]
+    WRITE_DATA: _ClassVar[Op]
+    WRITE_COMMIT: _ClassVar[Op]
+    READ: _ClassVar[Op]
+    REPLY: _ClassVar[Op]
+    DATA: _ClassVar[Op]
+OP_NONE: Op
+WRITE_OPEN: Op
+WRITE_DATA: Op
+WRITE_COMMIT: Op
+READ: Op
+REPLY: Op
+DATA: Op
+
+class ChainTarget(_message.Message):
+    __slots__ = ("ip", "port", "worker_id")
+    IP_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ip: str
+    port: int
+    worker_id: int
+    def __init__(self, ip: _Optional[str] = ..., port: _Optional[int] = ..., worker_id: _Optional[int] = ...) -> None: ...
+
+class DataHeader(_message.Message):
+    __slots__ = ("op", "block_id", "offset", "length", "checksum", "payload_len", "chain", "errno", "message", "acked", "token", "tier")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_LEN_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    op: Op
+    block_id: int
+    offset: int
+    length: int
+    checksum: int
+    payload_len: int
+    chain: _containers.RepeatedCompositeFieldContainer[ChainTarget]
+    errno: int
+    message: str
+    acked: _containers.RepeatedScalarFieldContainer[int]
+    token: str
+    tier: int
+    def __init__(self, op: _Optional[_Union[Op, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., payload_len: _Optional[int] = ..., chain: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., errno: _Optional[int] = ..., message: _Optional[str] = ..., acked: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[int] = ...) -> None: ...

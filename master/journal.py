@@ -1,0 +1,147 @@
+"""The journal: one writer thread applies op records in order, in batched transactions.
+
+Callers (gRPC threads) hand an op record to ``submit`` and wait.  The writer takes
+every record queued so far, applies each in its own savepoint (a failing op rolls
+back alone), appends it to the ``oplog`` table, and commits the batch once (group
+commit); only then are the callers answered, so a reply always follows durability.
+The ``oplog`` rows are the records a Raft log will later replicate; they double as
+the retry cache: a record whose request id was already applied gets the stored
+result instead of being applied twice.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from curvine_py.common.errors import CurvineError
+from curvine_py.master.namespace import Namespace
+
+log = logging.getLogger(__name__)
+MAX_BATCH = 256
+_STOP = object()
+
+
+class Journal:
+    """Serializes every mutation of the namespace through one thread."""
+
+    def __init__(self, ns: Namespace, retry_cache_s: float = 600.0) -> None:
+        self.ns = ns
+        self.conn: sqlite3.Connection = ns.conn
+        self.retry_cache_s = retry_cache_s
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        self._last_prune = time.monotonic()
+        self.applied = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._q.put(_STOP)
+        self._thread.join(timeout=10)
+
+    def submit(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Apply rec durably and return its result (raises the op's CurvineError)."""
+        rec.setdefault("now_ns", time.time_ns())
+        fut: Future[dict[str, Any]] = Future()
+        self._q.put((rec, fut))
+        return fut.result()
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    self._q.put(_STOP)
+                    break
+                batch.append(item)
+            self._apply_batch(batch)
+
+    def _apply_batch(self, batch: list[tuple[dict[str, Any], Future]]) -> None:
+        outcomes: list[tuple[Future, Any]] = []
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            for rec, fut in batch:
+                outcomes.append((fut, self._apply_one(rec)))
+            self.conn.execute("COMMIT")
+        except Exception as e:  # the store itself failed: nobody in the batch was applied
+            log.exception("journal batch failed")
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            error = CurvineError(5, f"metadata store error: {e}")
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(error)
+            return
+        self.applied += len(batch)
+        for fut, outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
+        self._maybe_prune()
+
+    def _apply_one(self, rec: dict[str, Any]) -> Any:
+        """Apply one record in a savepoint; returns its result or its CurvineError."""
+        rid = rec.get("request_id") or ""
+        if rid:
+            row = self.conn.execute("SELECT result FROM oplog WHERE request_id=?", (rid,)).fetchone()
+            if row is not None:
+                return _decode_result(row[0])
+        self.conn.execute("SAVEPOINT op")
+        try:
+            result = self.ns.apply(rec)
+        except CurvineError as e:
+            self.conn.execute("ROLLBACK TO op")
+            self.conn.execute("RELEASE op")
+            if rid:  # a failed op is remembered too, so its retry fails the same way
+                self._log(rec, rid, {"__errno": e.errno, "__msg": e.strerror})
+            return e
+        self.conn.execute("RELEASE op")
+        self._log(rec, rid, result)
+        return result
+
+    def _log(self, rec: dict[str, Any], rid: str, result: dict[str, Any]) -> None:
+        self.conn.execute("INSERT INTO oplog(request_id, ts_ms, op, result) VALUES (?,?,?,?)",
+                          (rid, rec["now_ns"] // 1_000_000, json.dumps(rec, default=_bytes_hex),
+                           json.dumps(result, default=_bytes_hex) if rid else None))
+
+    def _maybe_prune(self) -> None:
+        """Trim oplog rows older than the retry-cache window (they are in the tables already)."""
+        now = time.monotonic()
+        if now - self._last_prune < 10:
+            return
+        self._last_prune = now
+        cutoff = int(time.time() * 1000 - self.retry_cache_s * 1000)
+        self.conn.execute("DELETE FROM oplog WHERE ts_ms < ?", (cutoff,))
+
+
+def _bytes_hex(o: Any) -> Any:
+    if isinstance(o, (bytes, bytearray, memoryview)):
+        return {"__bytes": bytes(o).hex()}
+    raise TypeError(f"not serializable: {type(o)}")
+
+
+def _decode_result(text: str | None) -> Any:
+    if text is None:
+        return {}
+    data = json.loads(text)
+    if isinstance(data, dict) and "__errno" in data:
+        return CurvineError(data["__errno"], data["__msg"])
+    return data

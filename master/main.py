@@ -1,0 +1,71 @@
+"""``curvine-master``: the metadata server process."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+from curvine_py.common import config
+from curvine_py.common.errors import ConfigError
+from curvine_py.common.rpc import server_options
+from curvine_py.master.service import MasterService
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("curvine.master")
+
+
+def build_server(cfg: config.Config) -> tuple[grpc.Server, MasterService, int]:
+    """Create the store, the service and a started gRPC server; returns the bound port."""
+    os.makedirs(cfg.master.meta_dir, exist_ok=True)
+    service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
+    service.journal.start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.master.rpc_threads,
+                                                    thread_name_prefix="rpc"),
+                         options=server_options())
+    pb_grpc.add_MasterServiceServicer_to_server(service, server)
+    port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
+    if port == 0:
+        raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
+    server.start()
+    return server, service, port
+
+
+def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            service.housekeeping()
+        except Exception:
+            log.exception("housekeeping failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="curvine-master", description="curvine-py metadata server")
+    config.add_flags(parser, ["cluster", "master"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config.load(args)
+        server, service, port = build_server(cfg)
+    except (ConfigError, OSError) as e:
+        print(f"curvine-master: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    threading.Thread(target=_housekeeping_loop, args=(service, stop), name="housekeeping", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"master listening on {cfg.master.bind}:{port} meta {cfg.master.meta_dir}", flush=True)
+    stop.wait()
+    log.info("shutting down")
+    server.stop(grace=2).wait()
+    service.journal.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,623 @@
+"""The namespace: inodes and directory entries in SQLite, changed only by op records.
+
+Every mutation is a plain dict (an *op record*: ``{"op": "mknod", "cred": ..., "now_ns": ...}``)
+applied by ``Namespace.apply`` inside the journal's transaction.  ``apply`` depends only on
+the record and the store, never on the clock or on memory, so replaying the same records
+on another master (the future Raft log) yields the same namespace.  POSIX rules come from
+``posix.py``; side effects outside the store (telling workers to delete blocks) are
+returned in the result (``freed``) and carried out by the caller after the commit.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import stat
+from typing import Any, Callable
+
+from curvine_py.common.errors import err
+from curvine_py.common.types import (
+    DIR_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_ATIME, SETATTR_ATIME_NOW,
+    SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
+    XATTR_CREATE, XATTR_REPLACE,
+)
+from curvine_py.master import posix
+from curvine_py.master.posix import R, W, X, Cred
+
+Row = dict[str, Any]
+ATTR_COLS = ("ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, "
+             "replicas, complete, generation, lease_id, lease_client, lease_expiry_ms")
+MAX_SYMLINKS = 40
+XATTR_MAX = 64 * 1024
+
+
+def cred_of(rec: Row) -> Cred:
+    c = rec["cred"]
+    return Cred(c[0], c[1], frozenset(c[2]))
+
+
+class Store:
+    """Row-level helpers over one SQLite connection (a reader's or the writer's)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def q1(self, sql: str, args: tuple = ()) -> Row | None:
+        r = self.conn.execute(sql, args).fetchone()
+        return dict(r) if r is not None else None
+
+    def inode(self, ino: int) -> Row:
+        row = self.q1(f"SELECT {ATTR_COLS}, target FROM inodes WHERE ino=?", (ino,))
+        if row is None:
+            raise err(errno.ENOENT, f"no inode {ino}")
+        return row
+
+    def child(self, parent: int, name: str) -> Row | None:
+        r = self.conn.execute("SELECT ino FROM dirents WHERE parent=? AND name=?", (parent, name)).fetchone()
+        return self.inode(r[0]) if r is not None else None
+
+    def dir_inode(self, ino: int) -> Row:
+        row = self.inode(ino)
+        if not stat.S_ISDIR(row["mode"]):
+            raise err(errno.ENOTDIR)
+        return row
+
+    def parent_of_dir(self, ino: int) -> int:
+        if ino == ROOT_INO:
+            return ROOT_INO
+        r = self.conn.execute("SELECT parent FROM dirents WHERE ino=? LIMIT 1", (ino,)).fetchone()
+        return r[0] if r else ROOT_INO
+
+    def blocks(self, ino: int) -> list[Row]:
+        return [dict(r) for r in self.conn.execute(
+            "SELECT idx, block_id, length, checksum FROM blocks WHERE ino=? ORDER BY idx", (ino,))]
+
+    def counter(self, key: str, n: int = 1) -> int:
+        """Take n values of a counter; returns the first."""
+        first = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
+        self.conn.execute("UPDATE meta SET value=? WHERE key=?", (first + n, key))
+        return first
+
+    def is_empty_dir(self, ino: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM dirents WHERE parent=? LIMIT 1", (ino,)).fetchone() is None
+
+
+class Namespace(Store):
+    """Reads answer directly; mutations are op records given to ``apply`` by the journal."""
+
+    def __init__(self, conn: sqlite3.Connection, default_block_size: int, default_replicas: int) -> None:
+        super().__init__(conn)
+        self.default_block_size = default_block_size
+        self.default_replicas = default_replicas
+        self._ops: dict[str, Callable[[Row], Row]] = {
+            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, rec: Row) -> Row:
+        """Apply one op record inside the caller's transaction; return its result."""
+        fn = self._ops.get(rec["op"])
+        if fn is None:
+            raise err(errno.ENOSYS, f"unknown op {rec['op']}")
+        return fn(rec)
+
+    # ------------------------------------------------------------------ reads
+    def lookup(self, cred: Cred, parent: int, name: str) -> Row:
+        d = self.dir_inode(parent)
+        posix.require(d, cred, X)
+        if name == ".":
+            return d
+        if name == "..":
+            return self.inode(self.parent_of_dir(parent))
+        posix.check_name(name)
+        row = self.child(parent, name)
+        if row is None:
+            raise err(errno.ENOENT)
+        return row
+
+    def resolve(self, cred: Cred, path: str, follow: bool = True) -> Row:
+        """Walk an absolute path from the root, following symlinks (at most 40)."""
+        if not path.startswith("/"):
+            raise err(errno.EINVAL, "path must be absolute")
+        if len(path.encode("utf-8", "surrogateescape")) >= 4096:
+            raise err(errno.ENAMETOOLONG)
+        todo = [p for p in path.split("/") if p and p != "."]
+        todo.reverse()
+        cur = self.inode(ROOT_INO)
+        links = 0
+        while todo:
+            name = todo.pop()
+            if not stat.S_ISDIR(cur["mode"]):
+                raise err(errno.ENOTDIR)
+            parent = cur
+            cur = self.lookup(cred, cur["ino"], name)
+            if stat.S_ISLNK(cur["mode"]) and (todo or follow):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise err(errno.ELOOP)
+                target = cur["target"] or ""
+                parts = [p for p in target.split("/") if p and p != "."]
+                todo.extend(reversed(parts))
+                cur = self.inode(ROOT_INO) if target.startswith("/") else parent
+        return cur
+
+    def readdir(self, cred: Cred, ino: int, offset: int, limit: int, plus: bool) -> list[Row]:
+        d = self.dir_inode(ino)
+        posix.require(d, cred, R)
+        limit = max(1, min(limit or 1000, 10000))
+        if plus:
+            rows = self.conn.execute(
+                f"SELECT d.name AS name, d.seq AS seq, {', '.join('i.' + c.strip() for c in ATTR_COLS.split(','))}"
+                " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>?"
+                " ORDER BY d.seq LIMIT ?", (ino, offset, limit))
+        else:
+            rows = self.conn.execute(
+                "SELECT d.name AS name, d.seq AS seq, d.ino AS ino, i.mode AS mode FROM dirents d"
+                " JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?",
+                (ino, offset, limit))
+        return [dict(r) for r in rows]
+
+    def readlink(self, ino: int) -> str:
+        row = self.inode(ino)
+        if not stat.S_ISLNK(row["mode"]):
+            raise err(errno.EINVAL, "not a symlink")
+        return row["target"] or ""
+
+    def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
+        row = self.inode(ino)
+        self._xattr_access(row, cred, name, write=False)
+        r = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+        if r is None:
+            raise err(errno.ENODATA)
+        return bytes(r[0])
+
+    def listxattr(self, cred: Cred, ino: int) -> list[str]:
+        self.inode(ino)
+        names = [r[0] for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+        if not cred.root:
+            names = [n for n in names if not n.startswith("trusted.")]
+        return names
+
+    def file_blocks(self, ino: int) -> tuple[Row, list[Row]]:
+        row = self.inode(ino)
+        return row, self.blocks(ino)
+
+    def counts(self) -> tuple[int, int]:
+        files = self.conn.execute("SELECT count(*) FROM inodes").fetchone()[0]
+        blocks = self.conn.execute("SELECT count(*) FROM blocks").fetchone()[0]
+        return files, blocks
+
+    # ------------------------------------------------------------------ helpers
+    def _xattr_access(self, row: Row, cred: Cred, name: str, write: bool) -> None:
+        if not name or len(name) > 255:
+            raise err(errno.ERANGE if name else errno.EINVAL)
+        ns = name.split(".", 1)[0]
+        if ns == "trusted":
+            if not cred.root:
+                raise err(errno.EPERM)
+        elif ns == "user":
+            if not (stat.S_ISREG(row["mode"]) or stat.S_ISDIR(row["mode"])):
+                raise err(errno.EPERM)
+            posix.require(row, cred, W if write else R)
+        elif ns == "security":
+            if write:
+                posix.require_owner(row, cred)
+        elif ns != "system":
+            raise err(errno.EOPNOTSUPP, f"unsupported xattr namespace {ns!r}")
+
+    def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None:
+        self.conn.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?",
+                          (now, now, nlink_delta, ino))
+
+    def _add_entry(self, parent: int, name: str, ino: int) -> None:
+        seq = self.counter("next_seq")
+        self.conn.execute("INSERT INTO dirents(parent, name, ino, seq) VALUES (?,?,?,?)", (parent, name, ino, seq))
+
+    def _writable_dir(self, cred: Cred, parent: int) -> Row:
+        d = self.dir_inode(parent)
+        if d["nlink"] == 0:
+            raise err(errno.ENOENT, "directory was removed")
+        posix.require(d, cred, W | X)
+        return d
+
+    def _drop_link(self, row: Row, now: int) -> list[int]:
+        """One name of row is gone: decrement nlink, delete the inode at zero. Returns freed blocks."""
+        nlink = 0 if stat.S_ISDIR(row["mode"]) else row["nlink"] - 1
+        if nlink > 0 or row["lease_id"]:
+            self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row["ino"]))
+            return []
+        return self._delete_inode(row["ino"])
+
+    def _delete_inode(self, ino: int) -> list[int]:
+        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM blocks WHERE ino=?", (ino,))]
+        freed += [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=?", (ino,))]
+        for table in ("inodes", "blocks", "pending_blocks", "xattrs"):
+            self.conn.execute(f"DELETE FROM {table} WHERE ino=?", (ino,))
+        return freed
+
+    def _check_removable(self, cred: Cred, d: Row, victim: Row) -> None:
+        if not posix.sticky_ok(d, victim, cred):
+            raise err(errno.EPERM, "sticky directory")
+
+    def _truncate(self, row: Row, size: int) -> list[int]:
+        """Drop block slots past size and shorten the boundary block; returns freed blocks."""
+        bs = row["block_size"] or self.default_block_size
+        keep = (size + bs - 1) // bs
+        freed = [r[0] for r in self.conn.execute(
+            "SELECT block_id FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))]
+        self.conn.execute("DELETE FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))
+        if size % bs:
+            self.conn.execute("UPDATE blocks SET length=min(length, ?) WHERE ino=? AND idx=?",
+                              (size % bs, row["ino"], keep - 1))
+        return freed
+
+    def _lease_busy(self, row: Row, client: str, now_ms: int) -> bool:
+        return bool(row["lease_id"]) and row["lease_client"] != client and row["lease_expiry_ms"] > now_ms
+
+    # ------------------------------------------------------------------ mutations
+    def op_mknod(self, rec: Row) -> Row:
+        cred, now = cred_of(rec), rec["now_ns"]
+        parent, name, mode = rec["parent"], rec["name"], rec["mode"]
+        posix.check_name(name)
+        d = self._writable_dir(cred, parent)
+        existing = self.child(parent, name)
+        if existing is not None:
+            if rec.get("exclusive", True) or not stat.S_ISREG(mode) or not stat.S_ISREG(existing["mode"]):
+                raise err(errno.EEXIST)
+            return {"attr": existing, "created": False}
+        ftype = stat.S_IFMT(mode) or stat.S_IFREG
+        if ftype not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK,
+                         stat.S_IFCHR, stat.S_IFBLK):
+            raise err(errno.EINVAL, "bad file type")
+        if ftype in (stat.S_IFCHR, stat.S_IFBLK) and not cred.root:
+            raise err(errno.EPERM)
+        perm = 0o777 if ftype == stat.S_IFLNK else (mode & 0o7777) & ~rec.get("umask", 0)
+        gid, full = posix.new_owner(d, cred, ftype | perm)
+        ino = self.counter("next_ino")
+        target = rec.get("target") or None
+        if ftype == stat.S_IFLNK:
+            if not target or len(target.encode("utf-8", "surrogateescape")) >= 4096:
+                raise err(errno.ENAMETOOLONG if target else errno.ENOENT)
+        size = DIR_SIZE if ftype == stat.S_IFDIR else len(target.encode("utf-8", "surrogateescape")) if target else 0
+        block_size = rec.get("block_size") or d["block_size"] or self.default_block_size
+        self.conn.execute(
+            "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
+            " block_size, replicas, target) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
+             rec.get("rdev", 0), block_size, d["replicas"] or self.default_replicas, target))
+        self._add_entry(parent, name, ino)
+        self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
+        return {"attr": self.inode(ino), "created": True}
+
+    def op_create(self, rec: Row) -> Row:
+        """mknod of a regular file (or open of an existing one) plus the write lease."""
+        made = self.op_mknod({**rec, "mode": stat.S_IFREG | (rec["mode"] & 0o7777)})
+        row = made["attr"]
+        if not made["created"]:
+            return self.op_open_write({**rec, "ino": row["ino"]})
+        return self._grant_lease(row, rec, [])
+
+    def op_open_write(self, rec: Row) -> Row:
+        cred, now_ms = cred_of(rec), rec["now_ns"] // 1_000_000
+        row = self.inode(rec["ino"])
+        if stat.S_ISDIR(row["mode"]):
+            raise err(errno.EISDIR)
+        if not stat.S_ISREG(row["mode"]):
+            raise err(errno.EINVAL, "not a regular file")
+        if not rec.get("skip_perm"):
+            posix.require(row, cred, W)
+        if self._lease_busy(row, rec["client_id"], now_ms):
+            raise err(errno.EBUSY, "file is open for writing on another client")
+        freed: list[int] = []
+        if rec.get("flags", 0) & os.O_TRUNC and row["size"]:
+            freed = self._truncate(row, 0)
+            self.conn.execute("UPDATE inodes SET size=0, mtime_ns=?, ctime_ns=?, generation=generation+1,"
+                              " mode=? WHERE ino=?", (rec["now_ns"], rec["now_ns"],
+                                                      posix.clear_suid(row["mode"], cred), row["ino"]))
+            row = self.inode(row["ino"])
+        return self._grant_lease(row, rec, freed)
+
+    def _grant_lease(self, row: Row, rec: Row, freed: list[int]) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        if row["lease_id"] and row["lease_client"] == rec["client_id"] and row["lease_expiry_ms"] > now_ms:
+            lease = row["lease_id"]
+        else:
+            lease = self.counter("next_lease")
+        expiry = now_ms + rec["lease_ms"]
+        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=0 WHERE ino=?",
+                          (lease, rec["client_id"], expiry, row["ino"]))
+        return {"attr": self.inode(row["ino"]), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed}
+
+    def _leased(self, rec: Row) -> Row:
+        row = self.inode(rec["ino"])
+        if not row["lease_id"] or row["lease_id"] != rec["lease_id"]:
+            raise err(errno.ESTALE, "write lease lost (expired or taken over); reopen the file")
+        return row
+
+    def op_allocate(self, rec: Row) -> Row:
+        row = self._leased(rec)
+        count = rec["count"]
+        if not 1 <= count <= 1024:
+            raise err(errno.EINVAL, "block count out of range")
+        first = self.counter("next_block", count)
+        ids = list(range(first, first + count))
+        self.conn.executemany("INSERT INTO pending_blocks(block_id, ino, lease_id) VALUES (?,?,?)",
+                              [(b, row["ino"], rec["lease_id"]) for b in ids])
+        return {"block_ids": ids, "block_size": row["block_size"], "replicas": row["replicas"]}
+
+    def op_commit(self, rec: Row) -> Row:
+        """Install written blocks, set the size; on release give up the lease."""
+        row = self._leased(rec)
+        ino, bs, size = row["ino"], row["block_size"] or self.default_block_size, rec["size"]
+        freed: list[int] = []
+        for b in rec["blocks"]:
+            bid, idx = b["block_id"], b["offset"] // bs
+            if b["offset"] % bs or b["length"] > bs:
+                raise err(errno.EINVAL, f"block {bid} does not fit the file's block size {bs}")
+            if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=?", (bid, ino)).rowcount != 1:
+                raise err(errno.EINVAL, f"block {bid} was not allocated to this file")
+            old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
+            if old is not None:
+                freed.append(old[0])
+            self.conn.execute("INSERT OR REPLACE INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
+                              (ino, idx, bid, b["length"], b["checksum"]))
+        if size < row["size"] or rec["blocks"]:
+            freed += self._truncate(row, size)
+        mtime = rec.get("mtime_ns") or rec["now_ns"]
+        mode = posix.clear_suid(row["mode"], cred_of(rec)) if rec["blocks"] else row["mode"]
+        self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
+                          " WHERE ino=?", (size, mtime, rec["now_ns"], mode, ino))
+        if rec.get("release"):
+            freed += self._release(ino)
+        return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
+
+    def _exists(self, ino: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is not None
+
+    def _release(self, ino: int) -> list[int]:
+        """Drop the lease; blocks allocated but never committed are orphans; unlinked files go."""
+        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=?", (ino,))]
+        self.conn.execute("DELETE FROM pending_blocks WHERE ino=?", (ino,))
+        self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0, complete=1"
+                          " WHERE ino=?", (ino,))
+        row = self.inode(ino)
+        if row["nlink"] == 0:
+            freed += self._delete_inode(ino)
+        return freed
+
+    def op_renew(self, rec: Row) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        expired = []
+        for lease in rec["lease_ids"]:
+            n = self.conn.execute("UPDATE inodes SET lease_expiry_ms=? WHERE lease_id=? AND lease_client=?",
+                                  (now_ms + rec["lease_ms"], lease, rec["client_id"])).rowcount
+            if n == 0:
+                expired.append(lease)
+        return {"expired": expired}
+
+    def op_expire_leases(self, rec: Row) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        freed: list[int] = []
+        for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?",
+                                        (now_ms,)).fetchall():
+            freed += self._release(ino)
+        return {"freed": freed}
+
+    def op_link(self, rec: Row) -> Row:
+        cred, now = cred_of(rec), rec["now_ns"]
+        posix.check_name(rec["new_name"])
+        row = self.inode(rec["ino"])
+        if stat.S_ISDIR(row["mode"]):
+            raise err(errno.EPERM, "hard links to directories are not allowed")
+        self._writable_dir(cred, rec["new_parent"])
+        if self.child(rec["new_parent"], rec["new_name"]) is not None:
+            raise err(errno.EEXIST)
+        if row["nlink"] == 0:
+            raise err(errno.ENOENT)
+        self._add_entry(rec["new_parent"], rec["new_name"], row["ino"])
+        self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row["ino"]))
+        self._touch_dir(rec["new_parent"], now)
+        return {"attr": self.inode(row["ino"])}
+
+    def op_unlink(self, rec: Row) -> Row:
+        cred, now = cred_of(rec), rec["now_ns"]
+        posix.check_name(rec["name"])
+        d = self._writable_dir(cred, rec["parent"])
+        victim = self.child(rec["parent"], rec["name"])
+        if victim is None:
+            raise err(errno.ENOENT)
+        if stat.S_ISDIR(victim["mode"]):
+            raise err(errno.EISDIR)
+        self._check_removable(cred, d, victim)
+        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
+        self._touch_dir(rec["parent"], now)
+        return {"freed": self._drop_link(victim, now)}
+
+    def op_rmdir(self, rec: Row) -> Row:
+        cred, now = cred_of(rec), rec["now_ns"]
+        if rec["name"] == ".":
+            raise err(errno.EINVAL)
+        if rec["name"] == "..":
+            raise err(errno.ENOTEMPTY)
+        posix.check_name(rec["name"])
+        d = self._writable_dir(cred, rec["parent"])
+        victim = self.child(rec["parent"], rec["name"])
+        if victim is None:
+            raise err(errno.ENOENT)
+        if not stat.S_ISDIR(victim["mode"]):
+            raise err(errno.ENOTDIR)
+        if not self.is_empty_dir(victim["ino"]):
+            raise err(errno.ENOTEMPTY)
+        self._check_removable(cred, d, victim)
+        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
+        self._touch_dir(rec["parent"], now, -1)
+        return {"freed": self._delete_inode(victim["ino"])}
+
+    def _is_ancestor(self, anc: int, ino: int) -> bool:
+        """Is anc an ancestor of (or equal to) directory ino?"""
+        seen = 0
+        while True:
+            if ino == anc:
+                return True
+            if ino == ROOT_INO or seen > 100000:
+                return False
+            ino = self.parent_of_dir(ino)
+            seen += 1
+
+    def op_rename(self, rec: Row) -> Row:
+        cred, now = cred_of(rec), rec["now_ns"]
+        sp, sn, dp, dn, flags = rec["parent"], rec["name"], rec["new_parent"], rec["new_name"], rec.get("flags", 0)
+        posix.check_name(sn)
+        posix.check_name(dn)
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            raise err(errno.EINVAL, "bad rename flags")
+        sd, dd = self._writable_dir(cred, sp), self._writable_dir(cred, dp)
+        src = self.child(sp, sn)
+        if src is None:
+            raise err(errno.ENOENT)
+        dst = self.child(dp, dn)
+        self._check_removable(cred, sd, src)
+        if flags & RENAME_EXCHANGE:
+            return self._exchange(cred, rec, src, dst, dd)
+        if dst is not None and flags & RENAME_NOREPLACE:
+            raise err(errno.EEXIST)
+        if dst is not None and dst["ino"] == src["ino"]:
+            return {"freed": []}
+        src_dir = stat.S_ISDIR(src["mode"])
+        if src_dir:
+            if self._is_ancestor(src["ino"], dp):
+                raise err(errno.EINVAL, "cannot move a directory into itself")
+            if sp != dp:
+                posix.require(src, cred, W)
+        freed: list[int] = []
+        if dst is not None:
+            self._check_removable(cred, dd, dst)
+            if src_dir and not stat.S_ISDIR(dst["mode"]):
+                raise err(errno.ENOTDIR)
+            if not src_dir and stat.S_ISDIR(dst["mode"]):
+                raise err(errno.EISDIR)
+            if stat.S_ISDIR(dst["mode"]):
+                if not self.is_empty_dir(dst["ino"]):
+                    raise err(errno.ENOTEMPTY)
+                self._touch_dir(dp, now, -1)
+            self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
+            freed = self._drop_link(dst, now)
+        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (sp, sn))
+        self._add_entry(dp, dn, src["ino"])
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src["ino"]))
+        self._touch_dir(sp, now, -1 if src_dir and sp != dp else 0)
+        self._touch_dir(dp, now, 1 if src_dir and sp != dp else 0)
+        return {"freed": freed}
+
+    def _exchange(self, cred: Cred, rec: Row, src: Row, dst: Row | None, dd: Row) -> Row:
+        if dst is None:
+            raise err(errno.ENOENT)
+        self._check_removable(cred, dd, dst)
+        sp, dp, now = rec["parent"], rec["new_parent"], rec["now_ns"]
+        for a, b in ((src, dp), (dst, sp)):
+            if stat.S_ISDIR(a["mode"]) and self._is_ancestor(a["ino"], b) and sp != dp:
+                raise err(errno.EINVAL, "cannot move a directory into itself")
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst["ino"], sp, rec["name"]))
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src["ino"], dp, rec["new_name"]))
+        if sp != dp:
+            delta = int(stat.S_ISDIR(src["mode"])) - int(stat.S_ISDIR(dst["mode"]))
+            self._touch_dir(sp, now, -delta)
+            self._touch_dir(dp, now, delta)
+        else:
+            self._touch_dir(sp, now)
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino IN (?, ?)", (now, src["ino"], dst["ino"]))
+        return {"freed": []}
+
+    def op_setattr(self, rec: Row) -> Row:
+        cred, now, valid = cred_of(rec), rec["now_ns"], rec["valid"]
+        row = self.inode(rec["ino"])
+        sets: dict[str, Any] = {}
+        freed: list[int] = []
+        mode = row["mode"]
+        if valid & SETATTR_MODE:
+            mode = posix.chmod_mode(row, cred, rec["mode"])
+        if valid & (SETATTR_UID | SETATTR_GID):
+            uid = rec["uid"] if valid & SETATTR_UID else None
+            gid = rec["gid"] if valid & SETATTR_GID else None
+            posix.chown_check(row, cred, uid, gid)
+            if uid is not None:
+                sets["uid"] = uid
+            if gid is not None:
+                sets["gid"] = gid
+            if (uid is not None and uid != row["uid"]) or (gid is not None and gid != row["gid"]) or not cred.root:
+                mode = posix.clear_suid(mode)
+        if valid & SETATTR_SIZE:
+            freed = self._setsize(row, cred, rec)
+            sets.update(size=rec["size"], mtime_ns=now, generation=row["generation"] + 1)
+            if rec["size"] != row["size"] or not cred.root:
+                mode = posix.clear_suid(mode, cred)
+        self._settimes(row, cred, rec, sets)
+        sets["mode"] = mode
+        sets["ctime_ns"] = now
+        cols = ", ".join(f"{k}=?" for k in sets)
+        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
+        return {"attr": self.inode(row["ino"]), "freed": freed}
+
+    def _setsize(self, row: Row, cred: Cred, rec: Row) -> list[int]:
+        if stat.S_ISDIR(row["mode"]):
+            raise err(errno.EISDIR)
+        if not stat.S_ISREG(row["mode"]):
+            raise err(errno.EINVAL)
+        if rec["size"] < 0 or rec["size"] > 1 << 50:
+            raise err(errno.EFBIG if rec["size"] > 0 else errno.EINVAL)
+        if not rec.get("skip_perm"):
+            posix.require(row, cred, W)
+        if self._lease_busy(row, rec.get("client_id", ""), rec["now_ns"] // 1_000_000):
+            raise err(errno.EBUSY, "file is open for writing on another client")
+        return self._truncate(row, rec["size"]) if rec["size"] < row["size"] else []
+
+    def _settimes(self, row: Row, cred: Cred, rec: Row, sets: dict[str, Any]) -> None:
+        valid, now = rec["valid"], rec["now_ns"]
+        explicit = valid & (SETATTR_ATIME | SETATTR_MTIME) and not valid & (SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)
+        if valid & (SETATTR_ATIME | SETATTR_MTIME | SETATTR_ATIME_NOW | SETATTR_MTIME_NOW):
+            if explicit and not (cred.root or cred.uid == row["uid"]):
+                raise err(errno.EPERM)
+            if not explicit and not (cred.root or cred.uid == row["uid"]
+                                     or posix.allowed(row["mode"], row["uid"], row["gid"], cred, W)):
+                raise err(errno.EACCES)
+        if valid & SETATTR_ATIME_NOW:
+            sets["atime_ns"] = now
+        elif valid & SETATTR_ATIME:
+            sets["atime_ns"] = rec["atime_ns"]
+        if valid & SETATTR_MTIME_NOW:
+            sets["mtime_ns"] = now
+        elif valid & SETATTR_MTIME:
+            sets["mtime_ns"] = rec["mtime_ns"]
+
+    def op_setxattr(self, rec: Row) -> Row:
+        cred, name, value = cred_of(rec), rec["name"], rec["value"]
+        row = self.inode(rec["ino"])
+        self._xattr_access(row, cred, name, write=True)
+        if len(value) > XATTR_MAX:
+            raise err(errno.E2BIG)
+        exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
+        if rec.get("flags", 0) & XATTR_CREATE and exists:
+            raise err(errno.EEXIST)
+        if rec.get("flags", 0) & XATTR_REPLACE and not exists:
+            raise err(errno.ENODATA)
+        self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)", (row["ino"], name, value))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec["now_ns"], row["ino"]))
+        return {}
+
+    def op_removexattr(self, rec: Row) -> Row:
+        cred = cred_of(rec)
+        row = self.inode(rec["ino"])
+        self._xattr_access(row, cred, rec["name"], write=True)
+        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec["name"])).rowcount == 0:
+            raise err(errno.ENODATA)
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec["now_ns"], row["ino"]))
+        return {}
+
+    def op_register_worker(self, rec: Row) -> Row:
+        r = self.conn.execute("SELECT worker_id FROM workers WHERE storage_id=?", (rec["storage_id"],)).fetchone()
+        if r is not None:
+            self.conn.execute("UPDATE workers SET host=? WHERE storage_id=?", (rec["host"], rec["storage_id"]))
+            return {"worker_id": r[0]}
+        wid = self.counter("next_worker")
+        self.conn.execute("INSERT INTO workers(storage_id, worker_id, host) VALUES (?,?,?)",
+                          (rec["storage_id"], wid, rec["host"]))
+        return {"worker_id": wid}

@@ -1,0 +1,83 @@
+"""The SQLite schema of the master's durable store (docs/formats.md explains every column)."""
+from __future__ import annotations
+
+import sqlite3
+import stat
+import time
+
+from curvine_py.common.types import ROOT_INO
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS inodes (
+  ino INTEGER PRIMARY KEY,
+  mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+  size INTEGER NOT NULL DEFAULT 0, nlink INTEGER NOT NULL DEFAULT 1,
+  atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+  rdev INTEGER NOT NULL DEFAULT 0,
+  block_size INTEGER NOT NULL DEFAULT 0, replicas INTEGER NOT NULL DEFAULT 0,
+  complete INTEGER NOT NULL DEFAULT 1, generation INTEGER NOT NULL DEFAULT 0,
+  target TEXT,
+  lease_id INTEGER NOT NULL DEFAULT 0, lease_client TEXT NOT NULL DEFAULT '',
+  lease_expiry_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS inodes_lease ON inodes(lease_expiry_ms) WHERE lease_id != 0;
+CREATE TABLE IF NOT EXISTS dirents (
+  parent INTEGER NOT NULL, name TEXT NOT NULL, ino INTEGER NOT NULL, seq INTEGER NOT NULL,
+  PRIMARY KEY (parent, name)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS dirents_seq ON dirents(parent, seq);
+CREATE INDEX IF NOT EXISTS dirents_ino ON dirents(ino);
+CREATE TABLE IF NOT EXISTS blocks (
+  ino INTEGER NOT NULL, idx INTEGER NOT NULL, block_id INTEGER NOT NULL,
+  length INTEGER NOT NULL, checksum INTEGER NOT NULL,
+  PRIMARY KEY (ino, idx)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS blocks_id ON blocks(block_id);
+CREATE TABLE IF NOT EXISTS pending_blocks (
+  block_id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, lease_id INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pending_ino ON pending_blocks(ino);
+CREATE TABLE IF NOT EXISTS xattrs (
+  ino INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name)
+);
+CREATE TABLE IF NOT EXISTS workers (
+  storage_id TEXT PRIMARY KEY, worker_id INTEGER NOT NULL UNIQUE, host TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS oplog (
+  seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,
+  op TEXT NOT NULL, result TEXT
+);
+CREATE INDEX IF NOT EXISTS oplog_req ON oplog(request_id) WHERE request_id != '';
+"""
+
+COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lease": 1,
+            "next_worker": 1, "schema_version": SCHEMA_VERSION}
+
+
+def open_db(path: str, sync: str = "normal") -> sqlite3.Connection:
+    """Open (and create if new) the store; WAL so readers never block the writer."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute("PRAGMA cache_size=-65536")
+    return conn
+
+
+def init_db(conn: sqlite3.Connection, block_size: int, replicas: int) -> None:
+    """Create the tables, the counters and the root directory if they are missing."""
+    conn.executescript(SCHEMA)
+    conn.execute("BEGIN IMMEDIATE")
+    for key, value in COUNTERS.items():
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+    if conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
+        now = time.time_ns()
+        conn.execute(
+            "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns,"
+            " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now, block_size, replicas))
+    conn.execute("COMMIT")

@@ -1,0 +1,347 @@
+"""The master's gRPC service: translates calls into namespace reads and journal records.
+
+Reads run on a per-thread SQLite connection (WAL lets them proceed beside the
+writer); mutations become op records given to the journal, and blocks they free are
+queued for deletion on the workers holding them after the commit.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Any, Iterable
+
+import grpc
+
+from curvine_py.common.config import Config
+from curvine_py.common.errors import err, rpc_method
+from curvine_py.master import posix, schema
+from curvine_py.master.journal import Journal
+from curvine_py.master.namespace import Namespace, Row
+from curvine_py.master.placement import Placement
+from curvine_py.master.posix import R, W, Cred
+from curvine_py.master.workers import Registry
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
+               "block_size", "replicas", "generation")
+
+
+def to_attr(row: Row) -> pb.Attr:
+    a = pb.Attr(**{k: row[k] for k in ATTR_FIELDS})
+    a.complete = bool(row.get("complete", 1))
+    return a
+
+
+def cred_of(c: pb.Caller) -> Cred:
+    return Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
+
+
+def caller_rec(c: pb.Caller, op: str, **fields: Any) -> dict[str, Any]:
+    return {"op": op, "cred": [c.uid, c.gid, sorted(set(c.groups) | {c.gid})],
+            "request_id": c.request_id, "client_id": c.client_id, **fields}
+
+
+class MasterService(pb_grpc.MasterServiceServicer):
+    """One instance per master process."""
+
+    def __init__(self, cfg: Config, db_path: str) -> None:
+        self.cfg = cfg
+        self.db_path = db_path
+        conn = schema.open_db(db_path, cfg.master.sync)
+        schema.init_db(conn, cfg.master.block_size, cfg.master.replicas)
+        self.writer_ns = Namespace(conn, cfg.master.block_size, cfg.master.replicas)
+        self.journal = Journal(self.writer_ns, cfg.master.retry_cache_s)
+        self.registry = Registry(cfg.master.worker_timeout_s)
+        self.placement = Placement(self.registry, cfg.master.vnodes)
+        self._local = threading.local()
+        self.lease_ms = int(cfg.master.lease_s * 1000)
+        self.address = f"{cfg.master.bind}:{cfg.master.port}"
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def ns(self) -> Namespace:
+        """This thread's read connection."""
+        ns = getattr(self._local, "ns", None)
+        if ns is None:
+            ns = Namespace(schema.open_db(self.db_path, self.cfg.master.sync), self.cfg.master.block_size,
+                           self.cfg.master.replicas)
+            self._local.ns = ns
+        return ns
+
+    def submit(self, rec: dict[str, Any]) -> dict[str, Any]:
+        result = self.journal.submit(rec)
+        if result.get("freed"):
+            self.registry.free_blocks(result["freed"])
+        return result
+
+    def _blocks(self, rows: Iterable[Row], block_size: int) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
+        infos, wids = [], set()
+        for b in rows:
+            holders = self.registry.replicas(b["block_id"])
+            wids.update(holders)
+            infos.append(pb.BlockInfo(block_id=b["block_id"], offset=b["idx"] * block_size, length=b["length"],
+                                      checksum=b["checksum"], workers=holders))
+        return infos, self._addresses(wids)
+
+    def _addresses(self, wids: Iterable[int]) -> list[pb.WorkerAddress]:
+        out = []
+        for wid in sorted(set(wids)):
+            w = self.registry.get(wid)
+            if w is not None:
+                out.append(w.address())
+        return out
+
+    def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
+        attr = result["attr"]
+        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"])
+        return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
+                            lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0))
+
+    # ------------------------------------------------------------------ namespace reads
+    @rpc_method
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        return pb.AttrReply(attr=to_attr(self.ns.lookup(cred_of(request.caller), request.parent, request.name)))
+
+    @rpc_method
+    def GetAttr(self, request: pb.InodeRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        return pb.AttrReply(attr=to_attr(self.ns.inode(request.ino)))
+
+    @rpc_method
+    def ResolvePath(self, request: pb.PathRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks)
+        return pb.AttrReply(attr=to_attr(row))
+
+    @rpc_method
+    def ReadDir(self, request: pb.ReadDirRequest, context: grpc.ServicerContext) -> pb.ReadDirReply:
+        limit = request.limit or 1000
+        rows = self.ns.readdir(cred_of(request.caller), request.ino, request.offset, limit, request.plus)
+        entries = [pb.DirEntry(name=r["name"], ino=r["ino"], mode=r["mode"], offset=r["seq"],
+                               attr=to_attr(r) if request.plus else None) for r in rows]
+        return pb.ReadDirReply(entries=entries, eof=len(rows) < min(limit, 10000))
+
+    @rpc_method
+    def Readlink(self, request: pb.InodeRequest, context: grpc.ServicerContext) -> pb.ReadlinkReply:
+        return pb.ReadlinkReply(target=self.ns.readlink(request.ino))
+
+    @rpc_method
+    def GetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.XattrReply:
+        return pb.XattrReply(value=self.ns.getxattr(cred_of(request.caller), request.ino, request.name))
+
+    @rpc_method
+    def ListXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.XattrReply:
+        return pb.XattrReply(names=self.ns.listxattr(cred_of(request.caller), request.ino))
+
+    @rpc_method
+    def StatFs(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.StatFsReply:
+        live = self.registry.live_workers()
+        cap, used = sum(w.capacity for w in live), sum(w.used for w in live)
+        files, _ = self.ns.counts()
+        return pb.StatFsReply(capacity=cap, used=used, available=max(0, cap - used), files=files,
+                              block_size=self.cfg.master.block_size)
+
+    # ------------------------------------------------------------------ namespace mutations
+    @rpc_method
+    def SetAttr(self, request: pb.SetAttrRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        rec = caller_rec(request.caller, "setattr", ino=request.ino, valid=request.valid, mode=request.mode,
+                         uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
+                         mtime_ns=request.mtime_ns)
+        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+
+    @rpc_method
+    def Mknod(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        rec = caller_rec(request.caller, "mknod", parent=request.parent, name=request.name, mode=request.mode,
+                         umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
+                         block_size=request.block_size)
+        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+
+    @rpc_method
+    def Create(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        rec = caller_rec(request.caller, "create", parent=request.parent, name=request.name, mode=request.mode,
+                         umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
+                         flags=request.open_flags, lease_ms=self.lease_ms)
+        return self._open_reply(self.submit(rec))
+
+    @rpc_method
+    def Link(self, request: pb.LinkRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        rec = caller_rec(request.caller, "link", ino=request.ino, new_parent=request.new_parent,
+                         new_name=request.new_name)
+        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+
+    @rpc_method
+    def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name))
+        return pb.Empty()
+
+    @rpc_method
+    def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.submit(caller_rec(request.caller, "rmdir", parent=request.parent, name=request.name))
+        return pb.Empty()
+
+    @rpc_method
+    def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.submit(caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
+                               new_parent=request.new_parent, new_name=request.new_name, flags=request.flags))
+        return pb.Empty()
+
+    @rpc_method
+    def SetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.submit(caller_rec(request.caller, "setxattr", ino=request.ino, name=request.name,
+                               value=bytes(request.value), flags=request.flags))
+        return pb.Empty()
+
+    @rpc_method
+    def RemoveXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.submit(caller_rec(request.caller, "removexattr", ino=request.ino, name=request.name))
+        return pb.Empty()
+
+    # ------------------------------------------------------------------ file data
+    @rpc_method
+    def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        if request.write:
+            rec = caller_rec(request.caller, "open_write", ino=request.ino, flags=request.flags,
+                             lease_ms=self.lease_ms)
+            return self._open_reply(self.submit(rec))
+        row = self.ns.inode(request.ino)
+        if stat.S_ISDIR(row["mode"]):
+            raise err(errno.EISDIR)
+        acc = request.flags & os.O_ACCMODE
+        posix.require(row, cred_of(request.caller), R | (W if acc != os.O_RDONLY else 0))
+        return self._open_reply({"attr": row})
+
+    @rpc_method
+    def AllocateBlocks(self, request: pb.AllocateBlocksRequest,
+                       context: grpc.ServicerContext) -> pb.AllocateBlocksReply:
+        # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
+        self.placement.place(0, 1, self.cfg.master.block_size)
+        result = self.submit(caller_rec(request.caller, "allocate", ino=request.ino, lease_id=request.lease_id,
+                                        count=request.count or 1))
+        exclude = frozenset(request.exclude_workers)
+        blocks, wids = [], set()
+        for bid in result["block_ids"]:
+            targets = self.placement.place(bid, result["replicas"], result["block_size"], exclude)
+            wids.update(targets)
+            blocks.append(pb.BlockInfo(block_id=bid, workers=targets))
+        return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids))
+
+    @rpc_method
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        blocks = [{"block_id": b.block_id, "offset": b.offset, "length": b.length, "checksum": b.checksum}
+                  for b in request.blocks]
+        rec = caller_rec(request.caller, "commit", ino=request.ino, lease_id=request.lease_id, size=request.size,
+                         blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
+        result = self.submit(rec)
+        for b in request.blocks:
+            for wid in b.workers:
+                self.registry.add_replica(b.block_id, wid)
+        return pb.AttrReply(attr=to_attr(result["attr"]))
+
+    @rpc_method
+    def RenewLeases(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+        rec = caller_rec(request.caller, "renew", lease_ids=list(request.lease_ids), lease_ms=self.lease_ms)
+        rec["request_id"] = ""  # renewals are naturally idempotent
+        return pb.LeaseReply(expired=self.submit(rec)["expired"])
+
+    @rpc_method
+    def GetBlockLocations(self, request: pb.BlockLocationsRequest,
+                          context: grpc.ServicerContext) -> pb.BlockLocationsReply:
+        row, rows = self.ns.file_blocks(request.ino)
+        blocks, workers = self._blocks(rows, row["block_size"])
+        return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers)
+
+    # ------------------------------------------------------------------ cluster
+    @rpc_method
+    def RegisterWorker(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+        if not request.storage_id or not request.ip or not request.data_port:
+            raise err(errno.EINVAL, "registration needs storage_id, ip and data_port")
+        result = self.journal.submit({"op": "register_worker", "storage_id": request.storage_id,
+                                      "host": request.host})
+        self.registry.register(result["worker_id"], request)
+        return pb.RegisterReply(worker_id=result["worker_id"], heartbeat_ms=self.cfg.master.heartbeat_ms)
+
+    @rpc_method
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        w = self.registry.heartbeat(request.worker_id, list(request.dirs))
+        if w is None:
+            return pb.HeartbeatReply(reregister=True)
+        if request.HasField("report"):
+            self._apply_report(request.worker_id, request.report)
+        return pb.HeartbeatReply(delete_blocks=self.registry.take_deletes(request.worker_id),
+                                 ring_epoch=self.placement.ring().epoch)
+
+    @rpc_method
+    def ReportBlocks(self, request: pb.BlockReport, context: grpc.ServicerContext) -> pb.Empty:
+        if self.registry.get(request.worker_id) is None:
+            raise err(errno.ENOENT, f"unknown worker {request.worker_id}; register first")
+        self._apply_report(request.worker_id, request)
+        return pb.Empty()
+
+    def _apply_report(self, wid: int, report: pb.BlockReport) -> None:
+        """Count valid replicas; tell the worker to delete blocks no file (or writer) needs."""
+        for b in report.removed:
+            self.registry.remove_replica(b, wid)
+        added = list(report.added)
+        stale: list[int] = []
+        conn = self.ns.conn
+        for i in range(0, len(added), 500):
+            chunk = added[i:i + 500]
+            ids = [b.block_id for b in chunk]
+            marks = ",".join("?" * len(ids))
+            known = {r[0]: (r[1], r[2]) for r in conn.execute(
+                f"SELECT block_id, length, checksum FROM blocks WHERE block_id IN ({marks})", ids)}
+            pending = {r[0] for r in conn.execute(
+                f"SELECT block_id FROM pending_blocks WHERE block_id IN ({marks})", ids)}
+            for b in chunk:
+                k = known.get(b.block_id)
+                if (k is not None and b.length >= k[0]) or b.block_id in pending:
+                    self.registry.add_replica(b.block_id, wid)
+                else:
+                    stale.append(b.block_id)
+        if stale:
+            self.registry.delete_on(wid, stale)
+
+    @rpc_method
+    def GetRing(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.RingReply:
+        ring = self.placement.ring()
+        nodes = [pb.RingNode(worker_id=n.worker_id, host=n.host) for n in ring.nodes.values()]
+        return pb.RingReply(epoch=ring.epoch, vnodes=ring.vnodes, nodes=nodes,
+                            workers=self._addresses(ring.nodes))
+
+    @rpc_method
+    def Report(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.ReportReply:
+        statuses = []
+        now = time.monotonic()
+        for w in sorted(self.registry.workers.values(), key=lambda w: w.worker_id):
+            statuses.append(pb.WorkerStatus(
+                address=w.address(), state="live" if w.live else "lost", capacity=w.capacity, used=w.used,
+                dirs=w.dirs, blocks=len(w.blocks), last_heartbeat_ms=int((now - w.last_heartbeat) * 1000)))
+        live = self.registry.live_workers()
+        files, nblocks = self.ns.counts()
+        return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,
+                              capacity=sum(w.capacity for w in live), used=sum(w.used for w in live),
+                              files=files, blocks=nblocks, under_replicated=self.under_replicated(),
+                              master_address=self.address, version=VERSION)
+
+    def under_replicated(self) -> int:
+        """Committed blocks with fewer live replicas than their file asks for."""
+        count = 0
+        for bid, want in self.ns.conn.execute(
+                "SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino"):
+            if len(self.registry.replicas(bid)) < want:
+                count += 1
+        return count
+
+    # ------------------------------------------------------------------ housekeeping
+    def housekeeping(self) -> None:
+        """Run by a timer thread: liveness of workers, expired write leases."""
+        self.registry.check_liveness()
+        now_ms = time.time_ns() // 1_000_000
+        if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
+                                (now_ms,)).fetchone():
+            self.submit({"op": "expire_leases", "cred": [0, 0, []], "request_id": ""})

@@ -1,0 +1,172 @@
+"""The worker registry: addresses, heartbeats, liveness, usage, and who holds which block.
+
+This is soft state, rebuilt after a master restart from registrations and block
+reports (as HDFS and Curvine do): only the storage_id -> worker_id mapping is
+durable (in the namespace store, through the journal).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Worker:
+    worker_id: int
+    host: str
+    ip: str
+    rpc_port: int
+    data_port: int
+    dirs: list[pb.DataDir] = field(default_factory=list)
+    last_heartbeat: float = 0.0
+    live: bool = True
+    blocks: set[int] = field(default_factory=set)
+    pending_deletes: set[int] = field(default_factory=set)
+
+    @property
+    def capacity(self) -> int:
+        return sum(d.capacity for d in self.dirs)
+
+    @property
+    def used(self) -> int:
+        return sum(d.used for d in self.dirs)
+
+    @property
+    def available(self) -> int:
+        return max(0, self.capacity - self.used)
+
+    def address(self) -> pb.WorkerAddress:
+        return pb.WorkerAddress(worker_id=self.worker_id, host=self.host, ip=self.ip,
+                                rpc_port=self.rpc_port, data_port=self.data_port)
+
+
+class Registry:
+    """Thread-safe map of workers and block locations."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.lock = threading.RLock()
+        self.workers: dict[int, Worker] = {}
+        self.locations: dict[int, set[int]] = {}
+        self.membership_version = 0   # bumped when the set of live workers changes
+
+    def register(self, wid: int, req: pb.RegisterRequest) -> None:
+        with self.lock:
+            old = self.workers.get(wid)
+            if old is not None:
+                self._forget_blocks(old)
+            self.workers[wid] = Worker(wid, req.host, req.ip, req.rpc_port, req.data_port, list(req.dirs),
+                                       time.monotonic())
+            self.membership_version += 1
+        log.info("worker %d registered: host %s data %s:%d", wid, req.host, req.ip, req.data_port)
+
+    def heartbeat(self, wid: int, dirs: list[pb.DataDir]) -> Worker | None:
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is None:
+                return None
+            w.dirs = list(dirs) or w.dirs
+            w.last_heartbeat = time.monotonic()
+            if not w.live:
+                w.live = True
+                self.membership_version += 1
+                log.info("worker %d is live again", wid)
+            return w
+
+    def check_liveness(self) -> list[int]:
+        """Mark workers silent past the timeout as lost; returns their ids."""
+        now = time.monotonic()
+        lost = []
+        with self.lock:
+            for w in self.workers.values():
+                if w.live and now - w.last_heartbeat > self.timeout_s:
+                    w.live = False
+                    lost.append(w.worker_id)
+            if lost:
+                self.membership_version += 1
+        for wid in lost:
+            log.warning("worker %d lost (no heartbeat for %.0f s)", wid, self.timeout_s)
+        return lost
+
+    def live_workers(self) -> list[Worker]:
+        with self.lock:
+            return [w for w in self.workers.values() if w.live]
+
+    def get(self, wid: int) -> Worker | None:
+        with self.lock:
+            return self.workers.get(wid)
+
+    # ------------------------------------------------------------------ block locations
+    def add_replica(self, block_id: int, wid: int) -> None:
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is None:
+                return
+            w.blocks.add(block_id)
+            self.locations.setdefault(block_id, set()).add(wid)
+
+    def remove_replica(self, block_id: int, wid: int) -> None:
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is not None:
+                w.blocks.discard(block_id)
+            holders = self.locations.get(block_id)
+            if holders is not None:
+                holders.discard(wid)
+                if not holders:
+                    del self.locations[block_id]
+
+    def replicas(self, block_id: int, live_only: bool = True) -> list[int]:
+        with self.lock:
+            holders = self.locations.get(block_id, ())
+            return [w for w in holders if not live_only or (w in self.workers and self.workers[w].live)]
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """Blocks no file needs any more: tell every holder to delete them."""
+        with self.lock:
+            for b in block_ids:
+                for wid in self.locations.pop(b, ()):
+                    w = self.workers.get(wid)
+                    if w is not None:
+                        w.blocks.discard(b)
+                        w.pending_deletes.add(b)
+
+    def delete_on(self, wid: int, block_ids: list[int]) -> None:
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is not None:
+                w.pending_deletes.update(block_ids)
+                for b in block_ids:
+                    self.remove_replica(b, wid)
+
+    def take_deletes(self, wid: int, limit: int = 10000) -> list[int]:
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is None or not w.pending_deletes:
+                return []
+            out = []
+            while w.pending_deletes and len(out) < limit:
+                out.append(w.pending_deletes.pop())
+            return out
+
+    def _forget_blocks(self, w: Worker) -> None:
+        for b in w.blocks:
+            holders = self.locations.get(b)
+            if holders is not None:
+                holders.discard(w.worker_id)
+                if not holders:
+                    del self.locations[b]
+        w.blocks.clear()
+
+    def reset_blocks(self, wid: int) -> None:
+        """A full report replaces what we knew of this worker."""
+        with self.lock:
+            w = self.workers.get(wid)
+            if w is not None:
+                self._forget_blocks(w)
