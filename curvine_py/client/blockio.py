@@ -1,0 +1,129 @@
+"""Block I/O on the workers' framed TCP data channel (curvine_py/common/frames.py).
+
+Writes go to the first replica with the others as its chain (the worker forwards
+each piece down the chain as it arrives); reads ask one replica and receive the
+bytes straight into the caller's buffer.  Connections are pooled per worker and
+reused across blocks; a connection that saw an error is never reused.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+from collections import defaultdict
+
+import xxhash
+
+from curvine_py.common import frames
+from curvine_py.common.errors import CurvineError
+from curvine_py.common.frames import DataHeader, Op
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import data_pb2
+
+log = logging.getLogger(__name__)
+PIECE = 1 << 20
+
+
+class ConnectionPool:
+    """Idle data connections per (ip, port)."""
+
+    def __init__(self, timeout_s: float, max_idle: int = 8) -> None:
+        self.timeout_s = timeout_s
+        self.max_idle = max_idle
+        self._idle: dict[tuple[str, int], list[socket.socket]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def get(self, ip: str, port: int) -> socket.socket:
+        with self._lock:
+            idle = self._idle.get((ip, port))
+            if idle:
+                return idle.pop()
+        try:
+            sock = socket.create_connection((ip, port), timeout=self.timeout_s)
+        except OSError as e:
+            raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
+        return frames.tune(sock)
+
+    def put(self, ip: str, port: int, sock: socket.socket) -> None:
+        with self._lock:
+            idle = self._idle[(ip, port)]
+            if len(idle) < self.max_idle:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for socks in self._idle.values():
+                for s in socks:
+                    s.close()
+            self._idle.clear()
+
+
+class BlockIO:
+    """Send and fetch whole or partial blocks."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview) -> tuple[list[int], int]:
+        """Store data as block_id on targets (chained); returns (worker ids that acked, checksum).
+
+        If the first target cannot be reached the next one becomes the head of the chain;
+        raises CurvineError when no target stored the block.
+        """
+        checksum = xxhash.xxh3_64_intdigest(data)
+        last: CurvineError | None = None
+        for i, head in enumerate(targets):
+            chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets[i + 1:]]
+            try:
+                return self._send(head, chain, block_id, data, checksum), checksum
+            except (CurvineError, OSError) as e:
+                last = e if isinstance(e, CurvineError) else CurvineError(e.errno or errno.EIO, str(e))
+                if last.errno == errno.ENOSPC and i + 1 >= len(targets):
+                    break
+                log.warning("write of block %d to worker %d failed: %s", block_id, head.worker_id, last)
+        raise last or CurvineError(errno.EIO, "no worker to write to")
+
+    def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
+              checksum: int) -> list[int]:
+        sock = self.pool.get(head.ip, head.data_port)
+        ok = False
+        try:
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain))
+            for off in range(0, len(data), PIECE):
+                frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=len(data),
+                                               checksum=checksum))
+            reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
+            ok = True
+            return list(reply.acked) or [head.worker_id]
+        except socket.timeout:
+            raise CurvineError(errno.ETIMEDOUT, f"worker {head.ip}:{head.data_port} timed out") from None
+        finally:
+            if ok:
+                self.pool.put(head.ip, head.data_port, sock)
+            else:
+                sock.close()
+
+    def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview) -> int:
+        """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read."""
+        sock = self.pool.get(worker.ip, worker.data_port)
+        ok = False
+        try:
+            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into)))
+            reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")
+            n = reply.length
+            if n > len(into):
+                raise frames.ChannelClosed(f"worker sent {n} bytes for a {len(into)}-byte read")
+            frames.recv_exact_into(sock, into[:n])
+            ok = True
+            return n
+        except socket.timeout:
+            raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
+        finally:
+            if ok:
+                self.pool.put(worker.ip, worker.data_port, sock)
+            else:
+                sock.close()

@@ -1,0 +1,124 @@
+"""The client core: one per process, shared by the SDK and the mount.
+
+Holds the master client, the data-channel connections, the buffer pool, the I/O
+threads, the directory of worker addresses and the lease keeper that renews the
+write leases of every file this process has open for writing.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from curvine_py.common.buffers import BufferPool
+from curvine_py.common.config import Config, host_identity
+from curvine_py.client.blockio import BlockIO, ConnectionPool
+from curvine_py.client.metaclient import MasterClient
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDirectory:
+    """worker_id -> address, learned from every reply that names workers."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, pb.WorkerAddress] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, addresses: list[pb.WorkerAddress]) -> None:
+        with self._lock:
+            for a in addresses:
+                self._by_id[a.worker_id] = a
+
+    def get(self, wid: int) -> pb.WorkerAddress | None:
+        with self._lock:
+            return self._by_id.get(wid)
+
+
+class LeaseKeeper:
+    """Renews the leases of open writers a few times per lease period."""
+
+    def __init__(self, meta: MasterClient, period_s: float) -> None:
+        self.meta = meta
+        self.period_s = period_s
+        self._leases: dict[int, int] = {}   # lease_id -> open count
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease_id: int) -> None:
+        with self._lock:
+            self._leases[lease_id] = self._leases.get(lease_id, 0) + 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+                self._thread.start()
+
+    def remove(self, lease_id: int) -> None:
+        with self._lock:
+            n = self._leases.get(lease_id, 0) - 1
+            if n <= 0:
+                self._leases.pop(lease_id, None)
+            else:
+                self._leases[lease_id] = n
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with self._lock:
+                leases = list(self._leases)
+            if not leases:
+                continue
+            try:
+                expired = self.meta.renew(leases)
+                if expired:
+                    log.warning("write leases expired: %s", expired)
+            except Exception as e:  # the master may be restarting; the next round retries
+                log.warning("lease renewal failed: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class ClientCore:
+    """Everything a client process shares across its open files."""
+
+    def __init__(self, cfg: Config, master: str | None = None) -> None:
+        self.cfg = cfg
+        self.meta = MasterClient(master or cfg.client.master, cfg.client)
+        self.host = host_identity(cfg.client.host)
+        self.pool = ConnectionPool(cfg.client.data_timeout_s)
+        self.io = BlockIO(self.pool)
+        self.buffers = BufferPool(cfg.master.block_size, max_buffers=64)
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
+        self.workers = WorkerDirectory()
+        self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
+
+    def buffer_pool(self, block_size: int) -> BufferPool:
+        """The shared pool when sizes match; files with other block sizes get their own."""
+        if block_size == self.buffers.size:
+            return self.buffers
+        with _pools_lock:
+            pool = _pools.get(block_size)
+            if pool is None:
+                pool = _pools[block_size] = BufferPool(block_size, max_buffers=16)
+            return pool
+
+    def replica_order(self, block: pb.BlockInfo) -> list[pb.WorkerAddress]:
+        """Replicas to try, local host first, others rotated by block id to spread load."""
+        addrs = [a for a in (self.workers.get(w) for w in block.workers) if a is not None]
+        local = [a for a in addrs if a.host == self.host]
+        remote = [a for a in addrs if a.host != self.host]
+        if remote:
+            k = block.block_id % len(remote)
+            remote = remote[k:] + remote[:k]
+        return local + remote
+
+    def close(self) -> None:
+        self.leases.stop()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
+        self.meta.close()
+
+
+_pools: dict[int, BufferPool] = {}
+_pools_lock = threading.Lock()
