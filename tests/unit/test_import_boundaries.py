@@ -1,0 +1,62 @@
+"""The tree's architecture, enforced: who may import whom (as Curvine's check-deps does)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# folder -> module prefixes its code must never import
+FORBIDDEN = {
+    "master": ("curvine_py.worker", "curvine_py.client", "curvine_py.sdk", "curvine_py.fuse", "curvine_py.cli"),
+    "worker": ("curvine_py.master", "curvine_py.client", "curvine_py.sdk", "curvine_py.fuse", "curvine_py.cli"),
+    "fuse": ("curvine_py.master", "curvine_py.worker", "curvine_py.cli"),
+    "curvine_py/common": ("curvine_py.master", "curvine_py.worker", "curvine_py.client", "curvine_py.sdk",
+                          "curvine_py.fuse", "curvine_py.cli"),
+    "curvine_py/client": ("curvine_py.master", "curvine_py.worker", "curvine_py.fuse", "curvine_py.cli"),
+    "curvine_py/cli": ("curvine_py.master", "curvine_py.worker"),
+}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def banned(mod: str, prefixes: tuple[str, ...]) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def violations() -> list[str]:
+    found = []
+    for folder, banned_mods in FORBIDDEN.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, mod in imported_modules(path):
+                if banned(mod, banned_mods) or mod.split(".")[0] in ("master", "worker", "fuse"):
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    for path in [ROOT / "curvine_py" / "sdk.py", ROOT / "curvine_py" / "localcluster.py"]:
+        if path.exists():
+            for line, mod in imported_modules(path):
+                if banned(mod, ("curvine_py.master", "curvine_py.worker")):
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return found
+
+
+def test_no_forbidden_imports() -> None:
+    assert violations() == []
+
+
+def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "x.py"
+    bad.write_text("from curvine_py.worker import blockstore\nimport curvine_py.master.namespace\n")
+    mods = [m for _, m in imported_modules(bad)]
+    assert any(banned(m, FORBIDDEN["master"]) for m in mods)
+    assert any(banned(m, FORBIDDEN["worker"]) for m in mods)
+    assert not banned("curvine_py.client.core", FORBIDDEN["curvine_py/cli"])

@@ -1,0 +1,232 @@
+"""The master's namespace through the journal: POSIX rules, errors, retry cache, durability."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from curvine_py.common.errors import CurvineError
+from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_MODE, SETATTR_SIZE, SETATTR_UID
+from curvine_py.master import schema
+from curvine_py.master.journal import Journal
+from curvine_py.master.namespace import Namespace
+from curvine_py.master.posix import Cred
+
+ROOT = [0, 0, []]
+ALICE = [1000, 1000, []]
+BOB = [1001, 1001, []]
+
+
+class NS:
+    """A namespace with a running journal, as the master uses it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path / "meta.db")
+        conn = schema.open_db(self.path)
+        schema.init_db(conn, 4 << 20, 2)
+        self.ns = Namespace(conn, 4 << 20, 2)
+        self.journal = Journal(self.ns)
+        self.journal.start()
+
+    def do(self, op: str, cred: list = ROOT, **kw: Any) -> dict:
+        return self.journal.submit({"op": op, "cred": cred, "client_id": "c1", **kw})
+
+    def mkdir(self, parent: int, name: str, mode: int = 0o755, cred: list = ROOT) -> int:
+        return self.do("mknod", cred, parent=parent, name=name, mode=stat.S_IFDIR | mode)["attr"]["ino"]
+
+    def create(self, parent: int, name: str, mode: int = 0o644, cred: list = ROOT, **kw: Any) -> dict:
+        return self.do("create", cred, parent=parent, name=name, mode=mode, exclusive=kw.pop("exclusive", False),
+                       lease_ms=60000, flags=kw.pop("flags", 0), **kw)
+
+    def lookup(self, parent: int, name: str, cred: list = ROOT) -> dict:
+        return self.ns.lookup(Cred(cred[0], cred[1], frozenset(cred[2])), parent, name)
+
+
+@pytest.fixture
+def ns(tmp_path: Path) -> Iterator[NS]:
+    n = NS(tmp_path)
+    yield n
+    n.journal.stop()
+
+
+def errno_of(fn: Any) -> int:
+    with pytest.raises(CurvineError) as e:
+        fn()
+    return e.value.errno
+
+
+def test_mkdir_lookup_and_nlink(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "a")
+    assert ns.lookup(ROOT_INO, "a")["ino"] == d
+    assert ns.ns.inode(ROOT_INO)["nlink"] == 3
+    ns.mkdir(d, "b")
+    assert ns.ns.inode(d)["nlink"] == 3
+    assert errno_of(lambda: ns.mkdir(ROOT_INO, "a")) == errno.EEXIST
+    assert errno_of(lambda: ns.lookup(ROOT_INO, "zz")) == errno.ENOENT
+    assert errno_of(lambda: ns.mkdir(ROOT_INO, "x" * 256)) == errno.ENAMETOOLONG
+    assert errno_of(lambda: ns.mkdir(ROOT_INO, "a/b")) == errno.EINVAL
+    assert errno_of(lambda: ns.do("rmdir", parent=ROOT_INO, name="a")) == errno.ENOTEMPTY
+
+
+def test_rename_rules(ns: NS) -> None:
+    a, b = ns.mkdir(ROOT_INO, "a"), ns.mkdir(ROOT_INO, "b")
+    f = ns.create(a, "f")["attr"]["ino"]
+    ns.do("commit", ino=f, lease_id=ns.ns.inode(f)["lease_id"], size=0, blocks=[], release=True)
+    ns.do("rename", parent=a, name="f", new_parent=b, new_name="g")
+    assert ns.lookup(b, "g")["ino"] == f
+    assert errno_of(lambda: ns.do("rename", parent=ROOT_INO, name="a", new_parent=a, new_name="x")) == errno.EINVAL
+    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=ROOT_INO, new_name="a")) == errno.EISDIR
+    assert errno_of(lambda: ns.do("rename", parent=ROOT_INO, name="a", new_parent=b, new_name="g")) == errno.ENOTDIR
+    ns.mkdir(a, "sub")
+    ns.do("rename", parent=a, name="sub", new_parent=b, new_name="sub")
+    assert ns.ns.inode(a)["nlink"] == 2 and ns.ns.inode(b)["nlink"] == 3
+    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=b, new_name="sub",
+                                  flags=RENAME_NOREPLACE)) == errno.EEXIST
+    ns.create(b, "h")
+    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=b, new_name="h",
+                                  flags=RENAME_NOREPLACE)) == errno.EEXIST
+    g, h = ns.lookup(b, "g")["ino"], ns.lookup(b, "h")["ino"]
+    ns.do("rename", parent=b, name="g", new_parent=b, new_name="h", flags=RENAME_EXCHANGE)
+    assert ns.lookup(b, "g")["ino"] == h and ns.lookup(b, "h")["ino"] == g
+
+
+def test_rename_over_file_frees_its_blocks(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "t.tmp")
+    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ids = ns.do("allocate", ino=ino, lease_id=lease, count=2)["block_ids"]
+    ns.do("commit", ino=ino, lease_id=lease, size=5 << 20, release=True,
+          blocks=[{"block_id": ids[0], "offset": 0, "length": 4 << 20, "checksum": 1},
+                  {"block_id": ids[1], "offset": 4 << 20, "length": 1 << 20, "checksum": 2}])
+    r2 = ns.create(ROOT_INO, "u.tmp")
+    ns.do("commit", ino=r2["attr"]["ino"], lease_id=r2["lease_id"], size=0, blocks=[], release=True)
+    out = ns.do("rename", parent=ROOT_INO, name="u.tmp", new_parent=ROOT_INO, new_name="t.tmp")
+    assert sorted(out["freed"]) == sorted(ids)
+
+
+def test_hard_links_and_unlink(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "f")
+    ino = r["attr"]["ino"]
+    ns.do("commit", ino=ino, lease_id=r["lease_id"], size=0, blocks=[], release=True)
+    ns.do("link", ino=ino, new_parent=ROOT_INO, new_name="f2")
+    assert ns.ns.inode(ino)["nlink"] == 2
+    ns.do("unlink", parent=ROOT_INO, name="f")
+    assert ns.ns.inode(ino)["nlink"] == 1
+    ns.do("unlink", parent=ROOT_INO, name="f2")
+    assert errno_of(lambda: ns.ns.inode(ino)) == errno.ENOENT
+
+
+def test_permissions_and_sticky_bit(ns: NS) -> None:
+    tmp = ns.mkdir(ROOT_INO, "tmp", 0o1777)
+    mine = ns.create(tmp, "alice-file", cred=ALICE)
+    assert mine["attr"]["uid"] == 1000 and mine["attr"]["gid"] == 1000
+    ns.do("commit", cred=ALICE, ino=mine["attr"]["ino"], lease_id=mine["lease_id"], size=0, blocks=[],
+          release=True)
+    assert errno_of(lambda: ns.do("unlink", BOB, parent=tmp, name="alice-file")) == errno.EPERM
+    assert errno_of(lambda: ns.mkdir(ROOT_INO, "nope", cred=ALICE)) == errno.EACCES
+    private = ns.mkdir(ROOT_INO, "private", 0o700)
+    assert errno_of(lambda: ns.lookup(private, "x", cred=ALICE)) == errno.EACCES
+    assert errno_of(lambda: ns.do("setattr", ALICE, ino=private, valid=SETATTR_MODE, mode=0o777)) == errno.EPERM
+    assert errno_of(lambda: ns.do("setattr", ALICE, ino=mine["attr"]["ino"], valid=SETATTR_UID,
+                                  uid=0)) == errno.EPERM
+    ns.do("unlink", ALICE, parent=tmp, name="alice-file")
+
+
+def test_setgid_directory_inheritance(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "shared", 0o2777)
+    ns.do("setattr", ino=d, valid=4, gid=50)
+    sub = ns.do("mknod", ALICE, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)["attr"]
+    assert sub["gid"] == 50 and sub["mode"] & stat.S_ISGID
+    f = ns.create(d, "f", cred=ALICE)["attr"]
+    assert f["gid"] == 50
+
+
+def test_suid_cleared_on_write_by_non_root(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "w", 0o777)
+    r = ns.create(d, "prog", 0o6755, cred=ALICE)
+    ino = r["attr"]["ino"]
+    assert r["attr"]["mode"] & stat.S_ISUID
+    ids = ns.do("allocate", ALICE, ino=ino, lease_id=r["lease_id"], count=1)["block_ids"]
+    attr = ns.do("commit", ALICE, ino=ino, lease_id=r["lease_id"], size=10, release=True,
+                 blocks=[{"block_id": ids[0], "offset": 0, "length": 10, "checksum": 0}])["attr"]
+    assert not attr["mode"] & stat.S_ISUID and not attr["mode"] & stat.S_ISGID
+
+
+def test_truncate_drops_blocks(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "big")
+    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ids = ns.do("allocate", ino=ino, lease_id=lease, count=3)["block_ids"]
+    blocks = [{"block_id": b, "offset": i * (4 << 20), "length": 4 << 20, "checksum": 0} for i, b in enumerate(ids)]
+    ns.do("commit", ino=ino, lease_id=lease, size=12 << 20, blocks=blocks, release=True)
+    out = ns.do("setattr", ino=ino, valid=SETATTR_SIZE, size=5 << 20)
+    assert out["freed"] == [ids[2]]
+    assert [b["length"] for b in ns.ns.blocks(ino)] == [4 << 20, 1 << 20]
+
+
+def test_lease_excludes_other_clients_and_expires(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "leased")
+    ino = r["attr"]["ino"]
+    assert errno_of(lambda: ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
+    ns.do("expire_leases", now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
+    assert ns.ns.inode(ino)["lease_id"] == 0
+    assert ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)["lease_id"]
+
+
+def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "f")
+    ino = r["attr"]["ino"]
+    assert errno_of(lambda: ns.do("commit", ino=ino, lease_id=r["lease_id"] + 99, size=0, blocks=[],
+                                  release=True)) == errno.ESTALE
+    bad = [{"block_id": 999999, "offset": 0, "length": 1, "checksum": 0}]
+    assert errno_of(lambda: ns.do("commit", ino=ino, lease_id=r["lease_id"], size=1, blocks=bad,
+                                  release=True)) == errno.EINVAL
+
+
+def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:
+    first = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
+    again = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
+    assert again["attr"]["ino"] == first["attr"]["ino"]
+    e1 = errno_of(lambda: ns.do("unlink", request_id="req-3", parent=ROOT_INO, name="missing"))
+    ns.create(ROOT_INO, "missing")
+    e2 = errno_of(lambda: ns.do("unlink", request_id="req-3", parent=ROOT_INO, name="missing"))
+    assert e1 == e2 == errno.ENOENT  # the retry gets the first answer, not a second application
+
+
+def test_readdir_offsets_are_stable(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "d")
+    for i in range(10):
+        ns.create(d, f"f{i}")
+    root = Cred(0, 0, frozenset())
+    first = ns.ns.readdir(root, d, 0, 4, False)
+    ns.do("unlink", parent=d, name="f0")
+    ns.create(d, "new")
+    rest = ns.ns.readdir(root, d, first[-1]["seq"], 100, False)
+    names = [r["name"] for r in first + rest]
+    assert names[:4] == ["f0", "f1", "f2", "f3"]
+    assert set(names[4:]) == {f"f{i}" for i in range(4, 10)} | {"new"}
+
+
+def test_symlinks_resolve(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "real")
+    ns.create(d, "file")
+    ns.do("mknod", parent=ROOT_INO, name="link", mode=stat.S_IFLNK | 0o777, target="real")
+    ns.do("mknod", parent=ROOT_INO, name="loop", mode=stat.S_IFLNK | 0o777, target="/loop")
+    root = Cred(0, 0, frozenset())
+    assert ns.ns.resolve(root, "/link/file")["ino"] == ns.lookup(d, "file")["ino"]
+    assert stat.S_ISLNK(ns.ns.resolve(root, "/link", follow=False)["mode"])
+    assert errno_of(lambda: ns.ns.resolve(root, "/loop")) == errno.ELOOP
+
+
+def test_state_survives_reopen(tmp_path: Path) -> None:
+    a = NS(tmp_path)
+    a.mkdir(ROOT_INO, "persist")
+    a.journal.stop()
+    a.ns.conn.close()
+    b = NS(tmp_path)
+    assert b.lookup(ROOT_INO, "persist")["ino"] > ROOT_INO
+    assert b.mkdir(ROOT_INO, "next") > b.lookup(ROOT_INO, "persist")["ino"]
+    b.journal.stop()
+    assert os.path.exists(b.path)
