@@ -119,11 +119,11 @@ class File(io.RawIOBase):
         return self._writer is not None
 
     def seekable(self) -> bool:
-        return self._reader is not None
+        return True
 
     @property
     def size(self) -> int:
-        return self._writer.size if self._writer else self._reader.size if self._reader else 0
+        return self._writer.size if self._writer else self._reader.size if self._reader else 0  # type: ignore
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         if self._reader is None:
@@ -149,16 +149,23 @@ class File(io.RawIOBase):
     def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
         if self._writer is None:
             raise io.UnsupportedOperation("file not open for writing")
-        n = self._wrap(lambda: self._writer.write(b))  # type: ignore[union-attr]
+        n = self._wrap(lambda: self._writer.pwrite(self._pos, b))  # type: ignore[union-attr]
         self._pos += n
         return n
 
+    def truncate(self, size: int | None = None) -> int:  # type: ignore[override]
+        if self._writer is None:
+            raise io.UnsupportedOperation("file not open for writing")
+        size = self._pos if size is None else size
+        self._wrap(lambda: self._writer.truncate(size))  # type: ignore[union-attr]
+        return size
+
+    def flush(self) -> None:
+        """Make what was written so far visible to other clients (commit without closing)."""
+        if self._writer is not None and not self._writer.closed:
+            self._wrap(lambda: self._writer.flush())  # type: ignore[union-attr]
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if self._writer is not None:
-            if (whence, offset) in ((io.SEEK_CUR, 0), (io.SEEK_END, 0)) or \
-                    (whence == io.SEEK_SET and offset == self._pos):
-                return self._pos
-            raise io.UnsupportedOperation("SDK writes are sequential; use the mount for random writes")
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
         if base + offset < 0:
             raise err(errno.EINVAL, "negative seek position")
@@ -326,13 +333,14 @@ class Client:
     def touch(self, path: str) -> None:
         """Create an empty file, or set an existing one's times to now."""
         from curvine_py.common.types import SETATTR_ATIME_NOW, SETATTR_MTIME_NOW
+        ino, name = self._parent(path)
         try:
-            a = self._attr(path)
+            self.meta.mknod(ino, name, stat.S_IFREG | 0o644, umask=0o022)
+            return
         except CurvineError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            with self.open(path, "xb"):
-                return
+            if e.errno != errno.EEXIST:
+                raise e.with_path(path) from None
+        a = self._attr(path)
         self._do(path, lambda: self.meta.call("SetAttr", pb.SetAttrRequest(
             caller=self.meta.caller(mutation=True), ino=a.ino, valid=SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)))
 
@@ -373,8 +381,11 @@ class Client:
                                                         exclusive=m == "x", block_size=block_size))
         if stat.S_ISDIR(reply.attr.mode):  # type: ignore[attr-defined]
             raise err(errno.EISDIR).with_path(path)
-        writer = self._do(path, lambda: FileWriter(self.core, reply, append=m == "a"))  # type: ignore[arg-type]
-        return File(self, normpath(path), mode, None, writer)  # type: ignore[arg-type]
+        writer = self._do(path, lambda: FileWriter(self.core, reply))  # type: ignore[arg-type]
+        f = File(self, normpath(path), mode, None, writer)  # type: ignore[arg-type]
+        if m == "a":
+            f.seek(0, io.SEEK_END)
+        return f
 
     def put_bytes(self, path: str, data: bytes | bytearray | memoryview, block_size: int = 0) -> None:
         """Store a whole object (replacing any previous content); visible to all once this returns."""

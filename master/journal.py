@@ -107,9 +107,12 @@ class Journal:
         self.conn.execute("SAVEPOINT op")
         try:
             result = self.ns.apply(rec)
-        except CurvineError as e:
+        except (CurvineError, ValueError, TypeError, OverflowError, KeyError) as e:
             self.conn.execute("ROLLBACK TO op")
             self.conn.execute("RELEASE op")
+            if not isinstance(e, CurvineError):  # a malformed record: fail it alone
+                log.warning("op %s rejected: %r", rec.get("op"), e)
+                e = CurvineError(22, f"invalid {rec.get('op')} request: {e}")
             if rid:  # a failed op is remembered too, so its retry fails the same way
                 self._log(rec, rid, {"__errno": e.errno, "__msg": e.strerror})
             return e

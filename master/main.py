@@ -13,6 +13,7 @@ import grpc
 
 from curvine_py.common import config
 from curvine_py.common.errors import ConfigError
+from curvine_py.common.memory import tune_malloc
 from curvine_py.common.rpc import server_options
 from curvine_py.master.service import MasterService
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
@@ -29,7 +30,10 @@ def build_server(cfg: config.Config) -> tuple[grpc.Server, MasterService, int]:
                                                     thread_name_prefix="rpc"),
                          options=server_options())
     pb_grpc.add_MasterServiceServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
+    try:
+        port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
+    except RuntimeError:
+        port = 0
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
     server.start()
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     config.add_flags(parser, ["cluster", "master"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
     try:
         cfg = config.load(args)
         server, service, port = build_server(cfg)

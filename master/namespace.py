@@ -31,6 +31,15 @@ MAX_SYMLINKS = 40
 XATTR_MAX = 64 * 1024
 
 
+def to_i64(u: int) -> int:
+    """SQLite integers are signed 64-bit; xxh3 checksums are unsigned."""
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def to_u64(i: int) -> int:
+    return i + (1 << 64) if i < 0 else i
+
+
 def cred_of(rec: Row) -> Cred:
     c = rec["cred"]
     return Cred(c[0], c[1], frozenset(c[2]))
@@ -69,8 +78,11 @@ class Store:
         return r[0] if r else ROOT_INO
 
     def blocks(self, ino: int) -> list[Row]:
-        return [dict(r) for r in self.conn.execute(
+        rows = [dict(r) for r in self.conn.execute(
             "SELECT idx, block_id, length, checksum FROM blocks WHERE ino=? ORDER BY idx", (ino,))]
+        for r in rows:
+            r["checksum"] = to_u64(r["checksum"])
+        return rows
 
     def counter(self, key: str, n: int = 1) -> int:
         """Take n values of a counter; returns the first."""
@@ -359,7 +371,7 @@ class Namespace(Store):
             if old is not None:
                 freed.append(old[0])
             self.conn.execute("INSERT OR REPLACE INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
-                              (ino, idx, bid, b["length"], b["checksum"]))
+                              (ino, idx, bid, b["length"], to_i64(b["checksum"])))
         if size < row["size"] or rec["blocks"]:
             freed += self._truncate(row, size)
         mtime = rec.get("mtime_ns") or rec["now_ns"]

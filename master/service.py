@@ -212,7 +212,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         if stat.S_ISDIR(row["mode"]):
             raise err(errno.EISDIR)
         acc = request.flags & os.O_ACCMODE
-        posix.require(row, cred_of(request.caller), R | (W if acc != os.O_RDONLY else 0))
+        want = {os.O_RDONLY: R, os.O_WRONLY: W}.get(acc, R | W)
+        posix.require(row, cred_of(request.caller), want)
         return self._open_reply({"attr": row})
 
     @rpc_method

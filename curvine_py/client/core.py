@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import Config, host_identity
+from curvine_py.common.memory import tune_malloc
 from curvine_py.client.blockio import BlockIO, ConnectionPool
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.pb import curvine_pb2 as pb
@@ -83,6 +84,8 @@ class ClientCore:
     """Everything a client process shares across its open files."""
 
     def __init__(self, cfg: Config, master: str | None = None) -> None:
+        if cfg.client.tune_malloc:
+            tune_malloc()
         self.cfg = cfg
         self.meta = MasterClient(master or cfg.client.master, cfg.client)
         self.host = host_identity(cfg.client.host)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
@@ -19,8 +21,44 @@ from curvine_py.pb import curvine_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-def fetch_block(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
-    """Read block bytes [offset, offset+len(into)) from the first replica that answers."""
+LOCATION_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
+
+
+def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
+    """Read block bytes [offset, offset+len(into)) from the first replica that answers.
+
+    When no replica answers, the block's locations are asked again from the master a few
+    times (a restarted master learns them from block reports within a few heartbeats).
+    """
+    last: CurvineError | None = None
+    for delay in (0.0, *LOCATION_RETRY_DELAYS):
+        if delay:
+            time.sleep(delay)
+            fresh = _relocate(core, ino, block)
+            if fresh is None:
+                break
+            block = fresh
+        try:
+            return _fetch_once(core, block, offset, into)
+        except CurvineError as e:
+            last = e
+    raise last or CurvineError(errno.EIO, f"block {block.block_id} unreadable")
+
+
+def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo | None:
+    """The block's current locations, or None if its file no longer holds it."""
+    try:
+        reply = core.meta.block_locations(ino)
+    except CurvineError:
+        return None
+    core.workers.learn(list(reply.workers))
+    for b in reply.blocks:
+        if b.block_id == block.block_id:
+            return b
+    return None
+
+
+def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
     want = min(len(into), max(0, block.length - offset))
     if want == 0:
         return 0
@@ -62,10 +100,21 @@ class FileReader:
         self.read_ahead = core.cfg.client.read_ahead_blocks
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._last_end = -1
+        self._lock = threading.RLock()
         core.workers.learn(list(workers))
 
     def pread(self, offset: int, into: memoryview) -> int:
         """Fill into from file offset; returns bytes read (short only at end of file)."""
+        with self._lock:
+            return self._pread(offset, into)
+
+    def invalidate(self, idx: int) -> None:
+        """Slot idx now has another block: drop what was fetched of the old one."""
+        with self._lock:
+            if idx in self._cache:
+                self._evict(idx)
+
+    def _pread(self, offset: int, into: memoryview) -> int:
         if offset >= self.size or len(into) == 0:
             return 0
         total = min(len(into), self.size - offset)
@@ -102,7 +151,7 @@ class FileReader:
             out[have:] = bytes(len(out) - have)
 
     def _fill(self, block: pb.BlockInfo, within: int, out: memoryview) -> None:
-        n = fetch_block(self.core, block, within, out)
+        n = fetch_block(self.core, self.attr.ino, block, within, out)
         if n < len(out):
             out[n:] = bytes(len(out) - n)
 
@@ -110,7 +159,7 @@ class FileReader:
         block = self.blocks[idx]
         raw = self.pool.acquire()
         view = memoryview(raw)
-        fut = self.core.executor.submit(fetch_block, self.core, block, 0, view[:block.length])
+        fut = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0, view[:block.length])
         entry = _Cached(raw, view, fut)
         self._cache[idx] = entry
         while len(self._cache) > self.read_ahead + 2:
@@ -149,5 +198,6 @@ class FileReader:
         return self.size
 
     def close(self) -> None:
-        for idx in list(self._cache):
-            self._evict(idx)
+        with self._lock:
+            for idx in list(self._cache):
+                self._evict(idx)

@@ -1,10 +1,16 @@
-"""Sequential file writer: gathers bytes into whole blocks and ships them, two at a time.
+"""File writer: random writes over immutable blocks, shipped whole, committed on flush.
 
-Bytes are copied once into a pooled block-sized buffer (or, when the caller hands
-over whole aligned blocks, sent straight from the caller's memory); a full buffer
-is sent to its replicas by an I/O thread while the caller fills the next one.  The
-master learns the new blocks at close (commit + release of the lease), which is
-when the file becomes visible with its full contents (close-to-open).
+Blocks on the workers never change.  A write lands in a *dirty block*: a pooled
+block-sized buffer plus the byte ranges written into it.  A dirty block that the
+writes cover completely (the sequential case) is shipped at once by an I/O thread
+while the caller goes on; the others are completed from the slot's current bytes
+(or zeros) and shipped on flush.  Shipping stores the bytes as a *new* block id on
+two workers; ``flush`` tells the master the new blocks and size (``Commit``), which is
+when other clients see them (close-to-open).  Whole aligned blocks handed over by the
+caller are sent straight from the caller's memory with no copy.
+
+Reads through a file that has a writer see the writer's bytes: dirty blocks first,
+then shipped blocks, then the committed ones (``FileReader`` over ``self.current``).
 """
 from __future__ import annotations
 
@@ -16,138 +22,267 @@ from typing import Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
+from curvine_py.client.reader import FileReader
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
-IN_FLIGHT = 2
+IN_FLIGHT = 2          # blocks being shipped at once per writer
+MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 WRITE_ATTEMPTS = 3
 
 
-class FileWriter:
-    """Writes one file from its current end; not thread-safe (one writer per file)."""
+class DirtyBlock:
+    """A block-sized pooled buffer and the sorted, merged ranges written into it."""
 
-    def __init__(self, core: ClientCore, reply: pb.OpenReply, ident: Identity | None = None,
-                 append: bool = False) -> None:
+    __slots__ = ("raw", "view", "ranges")
+
+    def __init__(self, raw: object, view: memoryview) -> None:
+        self.raw, self.view = raw, view
+        self.ranges: list[list[int]] = []
+
+    def write(self, within: int, data: memoryview) -> None:
+        end = within + len(data)
+        self.view[within:end] = data
+        merged: list[list[int]] = []
+        new = [within, end]
+        for r in self.ranges:
+            if r[1] < new[0] or r[0] > new[1]:
+                merged.append(r)
+            else:
+                new = [min(r[0], new[0]), max(r[1], new[1])]
+        merged.append(new)
+        merged.sort()
+        self.ranges = merged
+
+    def covers(self, length: int) -> bool:
+        return bool(self.ranges) and self.ranges[0][0] == 0 and self.ranges[0][1] >= length
+
+    def gaps(self, length: int) -> list[tuple[int, int]]:
+        out, pos = [], 0
+        for a, b in self.ranges:
+            if a > pos:
+                out.append((pos, min(a, length)))
+            pos = max(pos, b)
+        if pos < length:
+            out.append((pos, length))
+        return [(a, b) for a, b in out if a < b]
+
+    def clip(self, length: int) -> None:
+        """Forget bytes at or past length (truncate inside this block)."""
+        self.ranges = [[a, min(b, length)] for a, b in self.ranges if a < length]
+
+
+class FileWriter:
+    """The write state of one open file; methods are serialized by an internal lock."""
+
+    def __init__(self, core: ClientCore, reply: pb.OpenReply, ident: Identity | None = None) -> None:
         self.core = core
         self.ident = ident
         self.ino = reply.attr.ino
         self.lease_id = reply.lease_id
-        self.bs = reply.attr.block_size
-        self.orig_size = reply.attr.size
-        self.size = reply.attr.size if append else 0
+        self.bs = reply.attr.block_size or core.cfg.master.block_size
+        self.size = reply.attr.size
+        self.committed_size = reply.attr.size
         self.pool = core.buffer_pool(self.bs)
-        self._buf_raw = self.pool.acquire()
-        self._buf = memoryview(self._buf_raw)
-        self._buf_idx = self.size // self.bs
-        self._buf_len = 0
-        self._done: list[pb.BlockInfo] = []
-        self._inflight: list[Future[pb.BlockInfo]] = []
+        self.reader = FileReader(core, reply.attr, list(reply.blocks), list(reply.workers))
+        self.current = self.reader.blocks      # slot -> newest block (committed or shipped)
+        self.dirty: dict[int, DirtyBlock] = {}
+        self.inflight: dict[int, Future[pb.BlockInfo]] = {}   # slot -> its newest block being shipped
+        self.shipped: list[Future[pb.BlockInfo]] = []         # every ship since the last commit, in order
         self._slots = threading.Semaphore(IN_FLIGHT)
-        self._spare: list[pb.BlockInfo] = []
+        self._lock = threading.RLock()
         self._error: BaseException | None = None
+        self._spare: list[pb.BlockInfo] = []
         self.closed = False
-        core.workers.learn(list(reply.workers))
         core.leases.add(self.lease_id)
-        if append and self.size % self.bs:
-            self._load_tail(reply)
 
-    # ------------------------------------------------------------------ public
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        self._check()
+    # ------------------------------------------------------------------ writes
+    def pwrite(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        if offset < 0:
+            raise CurvineError(errno.EINVAL, "negative offset")
         mv = memoryview(data).cast("B")
-        total = len(mv)
         direct: list[Future[pb.BlockInfo]] = []
-        while len(mv):
-            if self._buf_len == 0 and len(mv) >= self.bs:
-                direct.append(self._ship(self._buf_idx, mv[:self.bs], None))
-                self._buf_idx += 1
-                mv = mv[self.bs:]
-                continue
-            n = min(len(mv), self.bs - self._buf_len)
-            self._buf[self._buf_len:self._buf_len + n] = mv[:n]
-            self._buf_len += n
-            mv = mv[n:]
-            if self._buf_len == self.bs:
-                self._ship_buffer()
-        for f in direct:  # the caller's memory must not be used after we return
+        with self._lock:
+            self._check()
+            done = 0
+            while done < len(mv):
+                idx, within = divmod(offset + done, self.bs)
+                n = min(len(mv) - done, self.bs - within)
+                piece = mv[done:done + n]
+                self.size = max(self.size, offset + done + n)
+                self.reader.size = self.size
+                if n == self.bs and idx not in self.dirty:
+                    direct.append(self._ship(idx, piece, None))
+                else:
+                    self._write_dirty(idx, within, piece)
+                done += n
+        for f in direct:   # the caller's memory must not be read after we return
             f.result()
-        self.size += total
         self._check()
-        return total
+        return len(mv)
+
+    def _write_dirty(self, idx: int, within: int, piece: memoryview) -> None:
+        db = self.dirty.get(idx)
+        if db is None:
+            if len(self.dirty) >= MAX_DIRTY:
+                self._ship_dirty(next(iter(self.dirty)))
+            raw = self.pool.acquire()
+            db = self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+        db.write(within, piece)
+        if db.covers(self.bs):
+            self._ship_dirty(idx)
+
+    def truncate(self, size: int) -> None:
+        """Change the size; bytes past it are gone, a later growth reads zeros."""
+        with self._lock:
+            self._check()
+            keep = (size + self.bs - 1) // self.bs
+            for idx in [i for i in self.dirty if i >= keep]:
+                self._drop_dirty(idx)
+            for idx in [i for i in self.inflight if i >= keep]:
+                self._apply(idx)
+            for idx in [i for i in self.current if i >= keep]:
+                del self.current[idx]
+                self.reader.invalidate(idx)
+            rem = size % self.bs
+            last = keep - 1
+            if rem and size < self.size and (last in self.current or last in self.dirty or last in self.inflight):
+                db = self._materialize(last, min(self.bs, self.size - last * self.bs))
+                db.clip(rem)
+                db.view[rem:] = bytearray(self.bs - rem)
+            self.size = size
+            self.reader.size = size
+
+    # ------------------------------------------------------------------ reads (overlay)
+    def pread(self, offset: int, into: memoryview) -> int:
+        with self._lock:
+            if offset >= self.size:
+                return 0
+            total = min(len(into), self.size - offset)
+            done = 0
+            while done < total:
+                idx, within = divmod(offset + done, self.bs)
+                n = min(total - done, self.bs - within)
+                if idx in self.dirty:
+                    db = self._materialize(idx, min(self.bs, self.size - idx * self.bs))
+                    into[done:done + n] = db.view[within:within + n]
+                else:
+                    if idx in self.inflight:
+                        self._apply(idx)
+                    self.reader.pread(offset + done, into[done:done + n])
+                done += n
+            return total
+
+    # ------------------------------------------------------------------ flush / close
+    def flush(self, release: bool = False, mtime_ns: int = 0) -> pb.Attr:
+        """Ship every dirty block, wait for all, and commit size and blocks to the master."""
+        with self._lock:
+            if self.closed:
+                raise CurvineError(errno.EBADF, "file already closed")
+            for idx in list(self.dirty):
+                self._ship_dirty(idx)
+            infos = self._wait_all()
+            self._check()
+            attr = self.core.meta.commit(self.ino, self.lease_id, self.size, infos, release=release,
+                                         mtime_ns=mtime_ns, ident=self.ident)
+            self.committed_size = self.size
+            if release:
+                self._finish()
+            return attr
 
     def close(self) -> pb.Attr:
-        """Ship the last partial block, wait for every block, commit and release the lease."""
-        if self.closed:
-            raise CurvineError(errno.EBADF, "file already closed")
-        self.closed = True
         try:
-            if self._buf_len:
-                self._ship_buffer(final=True)
-            self._wait_all()
-            if self._error is not None:
-                raise self._error
-            return self.core.meta.commit(self.ino, self.lease_id, self.size, self._done, release=True,
-                                         ident=self.ident)
-        finally:
-            self._release_buffer()
-            self.core.leases.remove(self.lease_id)
+            return self.flush(release=True)
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
-        """Give up: the lease is released with nothing new committed."""
-        if self.closed:
-            return
-        self.closed = True
-        self._wait_all()
-        self._release_buffer()
-        try:
-            self.core.meta.commit(self.ino, self.lease_id, self.orig_size, [], release=True, ident=self.ident)
-        except CurvineError as e:
-            log.warning("abort of inode %d: %s", self.ino, e)
-        finally:
-            self.core.leases.remove(self.lease_id)
+        """Give up: release the lease without committing what was not committed yet."""
+        with self._lock:
+            if self.closed:
+                return
+            for idx in list(self.dirty):
+                self._drop_dirty(idx)
+            try:
+                self._wait_all()
+            except BaseException:
+                pass
+            try:
+                self.core.meta.commit(self.ino, self.lease_id, self.committed_size, [], release=True,
+                                      ident=self.ident)
+            except CurvineError as e:
+                log.warning("abort of inode %d: %s", self.ino, e)
+            self._finish()
 
-    # ------------------------------------------------------------------ internals
+    def _finish(self) -> None:
+        self.closed = True
+        self.reader.close()
+        self.core.leases.remove(self.lease_id)
+
+    # ------------------------------------------------------------------ shipping
     def _check(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def _release_buffer(self) -> None:
-        if self._buf_raw is not None:
-            self._buf.release()
-            self.pool.release(self._buf_raw)
-            self._buf_raw = None
+    def _drop_dirty(self, idx: int) -> None:
+        db = self.dirty.pop(idx)
+        db.view.release()
+        self.pool.release(db.raw)  # type: ignore[arg-type]
 
-    def _ship_buffer(self, final: bool = False) -> None:
-        raw, view, n = self._buf_raw, self._buf, self._buf_len
-        self._ship(self._buf_idx, view[:n], (raw, view))
-        self._buf_idx += 1
-        self._buf_len = 0
-        if final:
-            self._buf_raw = None
-            return
-        self._buf_raw = self.pool.acquire()
-        self._buf = memoryview(self._buf_raw)
+    def _materialize(self, idx: int, length: int) -> DirtyBlock:
+        """Make slot idx a dirty block holding its full current bytes up to length."""
+        db = self.dirty.get(idx)
+        if db is None:
+            raw = self.pool.acquire()
+            db = self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+        gaps = db.gaps(length)
+        if gaps:
+            if idx in self.inflight:
+                self._apply(idx)
+            base = bytearray(length)
+            if idx in self.current:
+                self.reader.pread(idx * self.bs, memoryview(base))
+            for a, b in gaps:
+                db.view[a:b] = base[a:b]
+            db.ranges = [[0, length]]
+        return db
 
-    def _ship(self, idx: int, data: memoryview, owned: tuple | None) -> Future[pb.BlockInfo]:
+    def _apply(self, idx: int) -> None:
+        """A shipped block of slot idx is done: it becomes the slot's current block."""
+        info = self.inflight.pop(idx).result()
+        self.current[idx] = info
+        self.reader.invalidate(idx)
+
+    def _ship_dirty(self, idx: int) -> None:
+        length = max(0, min(self.bs, self.size - idx * self.bs))
+        db = self._materialize(idx, length)
+        del self.dirty[idx]
+        self._ship(idx, db.view[:length], db)
+
+    def _ship(self, idx: int, data: memoryview, owned: DirtyBlock | None) -> Future[pb.BlockInfo]:
         self._slots.acquire()
-        target = self._next_block()
+        try:
+            target = self._next_block()
+        except BaseException:
+            self._slots.release()
+            raise
         fut = self.core.executor.submit(self._send, idx, data, target, owned)
-        self._inflight.append(fut)
+        self.shipped.append(fut)
+        self.inflight[idx] = fut
         return fut
 
-    def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: tuple | None) -> pb.BlockInfo:
+    def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
         try:
             for attempt in range(WRITE_ATTEMPTS):
                 addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
                 try:
                     acked, checksum = self.core.io.write_block(addrs, target.block_id, data)
-                    info = pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
+                    return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
                                         checksum=checksum, workers=acked)
-                    self._done.append(info)
-                    return info
                 except CurvineError as e:
-                    if attempt + 1 == WRITE_ATTEMPTS or e.errno == errno.ENOSPC and len(addrs) == 0:
+                    if attempt + 1 == WRITE_ATTEMPTS:
                         raise
                     log.warning("block %d: %s; retrying on other workers", target.block_id, e)
                     target = self._allocate(1, exclude=list(target.workers))[0]
@@ -158,8 +293,8 @@ class FileWriter:
         finally:
             data.release()
             if owned is not None:
-                owned[1].release()
-                self.pool.release(owned[0])
+                owned.view.release()
+                self.pool.release(owned.raw)  # type: ignore[arg-type]
             self._slots.release()
 
     def _next_block(self) -> pb.BlockInfo:
@@ -172,37 +307,31 @@ class FileWriter:
         self.core.workers.learn(list(reply.workers))
         return list(reply.blocks)
 
-    def _wait_all(self) -> None:
-        for f in self._inflight:
+    def _wait_all(self) -> list[pb.BlockInfo]:
+        for idx in list(self.inflight):
             try:
-                f.result()
+                self._apply(idx)
             except BaseException as e:
                 self._error = self._error or e
-        self._inflight.clear()
-
-    def _load_tail(self, reply: pb.OpenReply) -> None:
-        """Appending inside a partial last block: start from its current bytes."""
-        from curvine_py.client.reader import fetch_block
-        idx = self.size // self.bs
-        for b in reply.blocks:
-            if b.offset // self.bs == idx:
-                n = fetch_block(self.core, b, 0, self._buf[:b.length])
-                self._buf[n:self.size - idx * self.bs] = bytes(self.size - idx * self.bs - n)
-                break
-        else:
-            self._buf[:self.size - idx * self.bs] = bytes(self.size - idx * self.bs)
-        self._buf_len = self.size - idx * self.bs
-        self.size = idx * self.bs
+        infos = []
+        for f in self.shipped:
+            try:
+                infos.append(f.result())
+            except BaseException as e:
+                self._error = self._error or e
+        self.shipped = []
+        return infos
 
 
 def write_all(core: ClientCore, reply: pb.OpenReply, data: memoryview,
               progress: Callable[[int], None] | None = None, ident: Identity | None = None) -> pb.Attr:
-    """Write a whole object from memory with no intermediate copy of full blocks."""
+    """Write a whole object from memory: full blocks go straight from `data`, no copy."""
     w = FileWriter(core, reply, ident)
     try:
-        step = w.bs * 4
+        w.truncate(0)
+        step = w.bs * 8
         for off in range(0, len(data), step):
-            w.write(data[off:off + step])
+            w.pwrite(off, data[off:off + step])
             if progress:
                 progress(min(step, len(data) - off))
         return w.close()

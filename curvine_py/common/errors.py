@@ -39,7 +39,16 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 
 
 class CurvineError(OSError):
-    """An error with a POSIX errno; the one error type crossing process boundaries."""
+    """An error with a POSIX errno; the one error type crossing process boundaries.
+
+    ``CurvineError(errno.ENOENT, ...)`` is also a ``FileNotFoundError`` (and likewise for
+    the other errno-specific OSError subclasses), so callers can catch either.
+    """
+
+    def __new__(cls, err: int = 0, message: str = "", path: str | None = None) -> "CurvineError":
+        if cls is CurvineError and err in _SPECIFIC:
+            cls = _SPECIFIC[err]
+        return super().__new__(cls, err, message)
 
     def __init__(self, err: int, message: str, path: str | None = None) -> None:
         super().__init__(err, message)
@@ -51,6 +60,19 @@ class CurvineError(OSError):
 
     def with_path(self, path: str) -> "CurvineError":
         return CurvineError(self.errno, self.strerror or os.strerror(self.errno), path)
+
+
+def _specific(base: type[OSError]) -> type[CurvineError]:
+    return type(f"Curvine{base.__name__}", (CurvineError, base), {"__module__": __name__})
+
+
+_SPECIFIC: dict[int, type[CurvineError]] = {
+    code: _specific(base) for code, base in (
+        (errno.ENOENT, FileNotFoundError), (errno.EEXIST, FileExistsError), (errno.EISDIR, IsADirectoryError),
+        (errno.ENOTDIR, NotADirectoryError), (errno.EACCES, PermissionError), (errno.EPERM, PermissionError),
+        (errno.ETIMEDOUT, TimeoutError), (errno.ECONNRESET, ConnectionResetError),
+        (errno.ECONNREFUSED, ConnectionRefusedError), (errno.EINTR, InterruptedError))
+}
 
 
 class ConfigError(Exception):

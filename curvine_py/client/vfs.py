@@ -1,0 +1,259 @@
+"""The VFS: the POSIX file API of the client core, in inodes and file handles.
+
+The mount (``curvine_py.fuse``) hands every kernel request to one method here; the
+SDK could too.  Policy lives here, not in the adapter: one write state per inode
+shared by every handle of this client (so reads see this client's writes), commits
+on flush (close-to-open), the lease released with the last writer, kernel page-cache
+reuse when a file did not change since it was last opened here.  All methods are
+blocking and thread-safe; the trio adapter runs them in worker threads.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import threading
+from dataclasses import dataclass, field
+
+from curvine_py.client.core import ClientCore
+from curvine_py.client.metaclient import Identity
+from curvine_py.client.reader import FileReader
+from curvine_py.client.writer import FileWriter
+from curvine_py.common.errors import CurvineError, err
+from curvine_py.common.types import SETATTR_SIZE
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InodeState:
+    """What this client has open of one inode."""
+    ino: int
+    writer: FileWriter | None = None
+    writers: int = 0          # handles open for writing
+    handles: int = 0
+
+
+@dataclass
+class Handle:
+    fh: int
+    ino: int
+    flags: int
+    state: InodeState
+    reader: FileReader | None = None
+    buf: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(frozen=True)
+class Opened:
+    fh: int
+    attr: pb.Attr
+    keep_cache: bool
+
+
+class VFS:
+    """Stateless metadata calls go to the master; open files keep their state here."""
+
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
+        self.meta = core.meta
+        self._lock = threading.Lock()
+        self._fhs = itertools.count(1)
+        self._handles: dict[int, Handle] = {}
+        self._inodes: dict[int, InodeState] = {}
+        self._seen_generation: dict[int, int] = {}   # ino -> generation when last opened here
+
+    # ------------------------------------------------------------------ attributes
+    def overlay(self, attr: pb.Attr) -> pb.Attr:
+        """This client's unflushed writes change the size others see only after flush."""
+        st = self._inodes.get(attr.ino)
+        if st is not None and st.writer is not None and not st.writer.closed and st.writer.size != attr.size:
+            a = pb.Attr()
+            a.CopyFrom(attr)
+            a.size = st.writer.size
+            return a
+        return attr
+
+    def lookup(self, parent: int, name: str, ident: Identity) -> pb.Attr:
+        return self.overlay(self.meta.lookup(parent, name, ident))
+
+    def getattr(self, ino: int, ident: Identity) -> pb.Attr:
+        return self.overlay(self.meta.getattr(ino, ident))
+
+    def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> pb.Attr:
+        st = self._inodes.get(ino)
+        if req.valid & SETATTR_SIZE and st is not None and st.writer is not None and not st.writer.closed:
+            st.writer.truncate(req.size)
+            st.writer.flush()
+            req.valid &= ~SETATTR_SIZE
+            if not req.valid:
+                return self.getattr(ino, ident)
+        req.caller.CopyFrom(self.meta.caller(ident, mutation=True))
+        return self.overlay(self.meta.call("SetAttr", req).attr)
+
+    # ------------------------------------------------------------------ namespace
+    def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity) -> pb.Attr:
+        return self.meta.mknod(parent, name, mode, umask=umask, rdev=rdev, ident=ident)
+
+    def mkdir(self, parent: int, name: str, mode: int, umask: int, ident: Identity) -> pb.Attr:
+        return self.meta.mknod(parent, name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
+
+    def symlink(self, parent: int, name: str, target: str, ident: Identity) -> pb.Attr:
+        return self.meta.mknod(parent, name, stat.S_IFLNK | 0o777, target=target, ident=ident)
+
+    def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> pb.Attr:
+        req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=new_parent, new_name=new_name)
+        return self.overlay(self.meta.call("Link", req).attr)
+
+    def unlink(self, parent: int, name: str, ident: Identity) -> None:
+        self.meta.unlink(parent, name, ident)
+
+    def rmdir(self, parent: int, name: str, ident: Identity) -> None:
+        self.meta.rmdir(parent, name, ident)
+
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int, ident: Identity) -> None:
+        self.meta.rename(parent, name, new_parent, new_name, flags, ident)
+
+    def readlink(self, ino: int, ident: Identity) -> str:
+        return self.meta.call("Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target
+
+    def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> pb.ReadDirReply:
+        return self.meta.readdir(ino, offset, limit, plus=True, ident=ident)
+
+    def statfs(self) -> pb.StatFsReply:
+        return self.meta.call("StatFs", pb.Empty())
+
+    def getxattr(self, ino: int, name: str, ident: Identity) -> bytes:
+        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name)
+        return self.meta.call("GetXattr", req).value
+
+    def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> None:
+        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name, value=value, flags=flags)
+        self.meta.call("SetXattr", req)
+
+    def listxattr(self, ino: int, ident: Identity) -> list[str]:
+        return list(self.meta.call("ListXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=ino)).names)
+
+    def removexattr(self, ino: int, name: str, ident: Identity) -> None:
+        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name)
+        self.meta.call("RemoveXattr", req)
+
+    # ------------------------------------------------------------------ open files
+    def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity) -> Opened:
+        reply = self.meta.create(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
+                                 exclusive=bool(flags & os.O_EXCL), ident=ident)
+        return self._open_writer(reply, flags, ident)
+
+    def open(self, ino: int, flags: int, ident: Identity) -> Opened:
+        write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        with self._lock:
+            st = self._inodes.get(ino)
+            shared = st is not None and st.writer is not None and not st.writer.closed
+        if write and not shared:
+            return self._open_writer(self.meta.open(ino, flags, write=True, ident=ident), flags, ident)
+        reply = self.meta.open(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
+        if write:
+            if flags & os.O_TRUNC:
+                st.writer.truncate(0)  # type: ignore[union-attr]
+            return self._new_handle(ino, flags, reply, writer_handle=True)
+        return self._new_handle(ino, flags, reply, writer_handle=False)
+
+    def _open_writer(self, reply: pb.OpenReply, flags: int, ident: Identity) -> Opened:
+        ino = reply.attr.ino
+        with self._lock:
+            st = self._inodes.setdefault(ino, InodeState(ino))
+            if st.writer is None or st.writer.closed:
+                st.writer = FileWriter(self.core, reply, ident)
+                st.writers = 0
+        return self._new_handle(ino, flags, reply, writer_handle=True)
+
+    def _new_handle(self, ino: int, flags: int, reply: pb.OpenReply, writer_handle: bool) -> Opened:
+        with self._lock:
+            st = self._inodes.setdefault(ino, InodeState(ino))
+            h = Handle(next(self._fhs), ino, flags, st)
+            if writer_handle:
+                st.writers += 1
+            elif st.writer is None or st.writer.closed:
+                h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+            st.handles += 1
+            self._handles[h.fh] = h
+            gen = reply.attr.generation
+            keep = self._seen_generation.get(ino) == gen and not writer_handle
+            self._seen_generation[ino] = gen
+        return Opened(h.fh, self.overlay(reply.attr), keep)
+
+    def handle(self, fh: int) -> Handle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise err(errno.EBADF)
+        return h
+
+    def read(self, fh: int, offset: int, size: int) -> bytes:
+        h = self.handle(fh)
+        if len(h.buf) < size:
+            h.buf = bytearray(size)
+        view = memoryview(h.buf)[:size]
+        st = h.state
+        if st.writer is not None and not st.writer.closed:
+            n = st.writer.pread(offset, view)
+        elif h.reader is not None:
+            n = h.reader.pread(offset, view)
+        else:  # the writer went away under a read-write handle: reopen for reading
+            reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
+            h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+            n = h.reader.pread(offset, view)
+        return bytes(view[:n])
+
+    def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
+        h = self.handle(fh)
+        w = h.state.writer
+        if w is None or w.closed or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
+            raise err(errno.EBADF, "file not open for writing")
+        if h.flags & os.O_APPEND:
+            offset = w.size
+        return w.pwrite(offset, data)
+
+    def flush(self, fh: int) -> None:
+        """close(2) of one descriptor: make its writes visible to every client."""
+        h = self.handle(fh)
+        w = h.state.writer
+        if w is not None and not w.closed and (h.flags & os.O_ACCMODE) != os.O_RDONLY:
+            w.flush()
+            self._seen_generation.pop(h.ino, None)
+
+    fsync = flush
+
+    def release(self, fh: int) -> None:
+        """The last reference to a descriptor went away; the last writer gives up the lease."""
+        with self._lock:
+            h = self._handles.pop(fh, None)
+            if h is None:
+                return
+            st = h.state
+            st.handles -= 1
+            last_writer = (h.flags & os.O_ACCMODE) != os.O_RDONLY and st.writers == 1
+            if (h.flags & os.O_ACCMODE) != os.O_RDONLY:
+                st.writers -= 1
+            if st.handles == 0:
+                self._inodes.pop(h.ino, None)
+        if h.reader is not None:
+            h.reader.close()
+        if last_writer and st.writer is not None and not st.writer.closed:
+            try:
+                st.writer.close()
+            except CurvineError as e:
+                log.error("closing inode %d: %s", h.ino, e)
+
+    def close(self) -> None:
+        """Unmount: flush and release everything still open."""
+        for fh in list(self._handles):
+            try:
+                h = self._handles[fh]
+                if h.state.writer is not None and not h.state.writer.closed:
+                    h.state.writer.close()
+                self.release(fh)
+            except Exception as e:  # best effort at shutdown
+                log.error("release of handle %d at unmount: %s", fh, e)
