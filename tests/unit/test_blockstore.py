@@ -1,0 +1,267 @@
+"""Block files: commit, checksums, restart scan, capacity, tiers, recycling."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import xxhash
+
+from curvine_py.common.errors import ConfigError, CurvineError
+from curvine_py.worker.blockstore import (CHUNK, TIER_INDEX, BlockMeta, BlockStore,
+                                          parse_dir_spec)
+from curvine_py.worker.uring import Uring
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def ring():
+    r = Uring(64)
+    yield r
+    r.close()
+
+
+def make(ring, *specs, **kw) -> BlockStore:
+    return BlockStore(list(specs), ring, reserve=0, **kw)
+
+
+def put(store: BlockStore, block_id: int, data: bytes, piece: int = MiB, **kw):
+    w = store.create(block_id, **kw)
+    for i in range(0, len(data), piece):
+        w.append(data[i:i + piece])
+    return w.commit(len(data), xxhash.xxh3_64_intdigest(data))
+
+
+def staging_files(store: BlockStore) -> list[str]:
+    return [n for d in store.dirs for n in os.listdir(d.staging_dir)]
+
+
+# ---------------------------------------------------------------- specs and meta
+
+def test_parse_dir_spec():
+    assert parse_dir_spec("[SSD:100GB]/data1") == ("SSD", 100 << 30, "/data1")
+    assert parse_dir_spec("[mem]/dev/shm/x") == ("MEM", None, "/dev/shm/x")
+    assert parse_dir_spec("/plain/path") == ("DISK", None, "/plain/path")
+    assert parse_dir_spec("[HDD:8MiB] rel/dir") == ("HDD", 8 << 20, "rel/dir")
+    for bad in ("[NVME]/x", "[SSD:lots]/x", "[SSD:0]/x", "", "[SSD"):
+        with pytest.raises(ConfigError):
+            parse_dir_spec(bad)
+
+
+def test_meta_roundtrip_and_self_check():
+    meta = BlockMeta(3 * MiB + 5, 1234, (1, 2, 3, 4))
+    raw = meta.encode()
+    assert BlockMeta.decode(raw) == meta
+    for broken in (raw[:-1], raw[:10], b"XXXX" + raw[4:], raw[:20] + bytes([raw[20] ^ 1]) + raw[21:]):
+        with pytest.raises(ValueError):
+            BlockMeta.decode(broken)
+    with pytest.raises(ValueError):   # chunk count inconsistent with the length
+        BlockMeta.decode(BlockMeta(5 * MiB, 1, (1,)).encode())
+
+
+# ---------------------------------------------------------------- write and read
+
+@pytest.mark.parametrize("size,piece", [(0, MiB), (1, MiB), (4 * MiB, MiB), (3 * MiB + 777, 300_000),
+                                        (2 * MiB, 4 * MiB)])
+def test_write_commit_read_back(ring, tmp_path, size, piece):
+    store = make(ring, f"[SSD]{tmp_path}/d")
+    data = os.urandom(size)
+    entry = put(store, 7, data, piece)
+    assert (entry.length, entry.checksum) == (size, xxhash.xxh3_64_intdigest(data))
+    assert len(entry.chunk_sums) == -(-size // CHUNK)
+    assert store.read_range(7) == data
+    for off, n in ((0, 10), (CHUNK - 3, 10), (1, CHUNK * 2), (size, 5), (size // 2, None)):
+        if off <= size:
+            want = data[off:] if n is None else data[off:off + n]
+            assert store.read_range(7, off, n) == want
+    assert staging_files(store) == []
+    assert os.path.exists(entry.path) and os.path.exists(entry.path + ".meta")
+
+
+def test_read_errors(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    put(store, 1, b"abc")
+    with pytest.raises(CurvineError) as e:
+        store.open_reader(2)
+    assert e.value.errno == errno.ENOENT
+    with pytest.raises(CurvineError) as e:
+        store.open_reader(1, offset=4)
+    assert e.value.errno == errno.EINVAL
+    assert store.read_range(1, 3) == b""
+
+
+def test_checksum_mismatch_on_commit_discards(ring, tmp_path):
+    store = make(ring, f"[SSD:64MiB]{tmp_path}/d")
+    w = store.create(9)
+    w.append(b"x" * 1000)
+    with pytest.raises(CurvineError) as e:
+        w.commit(1000, 12345)
+    assert e.value.errno == errno.EBADMSG
+    w2 = store.create(10)
+    w2.append(b"y" * 10)
+    with pytest.raises(CurvineError) as e:
+        w2.commit(11, xxhash.xxh3_64_intdigest(b"y" * 10))
+    assert e.value.errno == errno.EBADMSG
+    assert 9 not in store and 10 not in store
+    assert staging_files(store) == []
+    assert store.dir_usage()[0][3] == 0   # reservations released
+
+
+def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    data = os.urandom(3 * MiB)
+    entry = put(store, 5, data)
+    store.drain_changes()
+    with open(entry.path, "r+b") as f:
+        f.seek(2 * MiB + 100)
+        b = f.read(1)
+        f.seek(2 * MiB + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert store.read_range(5, 0, 2 * MiB) == data[:2 * MiB]   # untouched chunks still verify
+    with pytest.raises(CurvineError) as e:
+        store.read_range(5, 2 * MiB, 10)
+    assert e.value.errno == errno.EBADMSG
+    assert 5 not in store
+    assert store.drain_changes() == ([], [5])
+    assert not os.path.exists(entry.path)
+
+
+def test_truncated_file_is_corrupt(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    entry = put(store, 5, os.urandom(2 * MiB))
+    os.truncate(entry.path, MiB + 1)
+    with pytest.raises(CurvineError) as e:
+        store.read_range(5)
+    assert e.value.errno == errno.EBADMSG
+    assert 5 not in store
+
+
+# ---------------------------------------------------------------- restart
+
+def test_index_reload_and_staging_cleanup(ring, tmp_path):
+    spec = f"[SSD:1GiB]{tmp_path}/d"
+    store = make(ring, spec)
+    blobs = {i: os.urandom(i * 100_000 + 1) for i in range(1, 6)}
+    for i, data in blobs.items():
+        put(store, i, data)
+    w = store.create(99)          # a write in progress when the process "crashes"
+    w.append(b"partial")
+    w.flush()
+    assert staging_files(store)
+    again = make(ring, spec)
+    assert staging_files(again) == []
+    assert sorted(e.block_id for e in again.snapshot()) == sorted(blobs)
+    for i, data in blobs.items():
+        e = again.get(i)
+        assert (e.length, e.checksum) == (len(data), xxhash.xxh3_64_intdigest(data))
+        assert again.read_range(i) == data
+    assert again.dir_usage()[0][3] == sum(map(len, blobs.values()))
+
+
+def test_scan_drops_uncommitted_and_broken_blocks(ring, tmp_path):
+    spec = str(tmp_path / "d")
+    store = make(ring, spec)
+    good = put(store, 1, b"good" * 1000)
+    half = put(store, 2, b"half" * 1000)
+    os.unlink(half.path + ".meta")          # crash between the data and the meta rename
+    short = put(store, 3, b"short" * 1000)
+    os.truncate(short.path, 10)             # data file does not match its meta
+    bad = put(store, 4, b"bad" * 1000)
+    with open(bad.path + ".meta", "r+b") as f:
+        f.write(b"JUNK")
+    orphan_meta = put(store, 5, b"m" * 10)
+    os.unlink(orphan_meta.path)
+    again = make(ring, spec, reuse_files=False)
+    assert [e.block_id for e in again.snapshot()] == [1]
+    assert again.read_range(1) == b"good" * 1000
+    for e in (half, short, bad, orphan_meta):
+        assert not os.path.exists(e.path) and not os.path.exists(e.path + ".meta")
+    assert good.path == again.get(1).path
+
+
+# ---------------------------------------------------------------- capacity and tiers
+
+def test_enospc_with_tiny_capacity(ring, tmp_path):
+    store = make(ring, f"[SSD:8MiB]{tmp_path}/d")
+    put(store, 1, os.urandom(4 * MiB))
+    put(store, 2, os.urandom(4 * MiB))
+    with pytest.raises(CurvineError) as e:
+        store.create(3)
+    assert e.value.errno == errno.ENOSPC
+    store.delete(1)
+    put(store, 3, os.urandom(4 * MiB))
+    assert store.dir_usage()[0][2:] == (8 * MiB, 8 * MiB)
+
+
+def test_enospc_when_a_block_outgrows_its_reservation(ring, tmp_path):
+    store = make(ring, f"[SSD:6MiB]{tmp_path}/d")
+    w = store.create(1, size_hint=MiB)
+    w.append(os.urandom(4 * MiB))           # grows the reservation to 5 MiB
+    with pytest.raises(CurvineError) as e:
+        w.append(os.urandom(2 * MiB))
+    assert e.value.errno == errno.ENOSPC
+    w.abort()
+    assert store.dir_usage()[0][3] == 0
+
+
+def test_tier_preference_and_most_free_space(ring, tmp_path):
+    store = make(ring, f"[MEM:32MiB]{tmp_path}/mem", f"[SSD:64MiB]{tmp_path}/ssd")
+    assert put(store, 1, b"m", tier=TIER_INDEX["MEM"]).dir.tier == "MEM"
+    assert put(store, 2, b"s").dir.tier == "SSD"              # no preference: most room
+    assert put(store, 3, b"s", tier=TIER_INDEX["SSD"]).dir.tier == "SSD"
+    for i in range(4, 11):                                    # fill MEM: 28 MiB reserved
+        store.create(i, tier=TIER_INDEX["MEM"])
+    assert store.create(11, tier=TIER_INDEX["MEM"]).dir.tier == "SSD"   # falls back
+
+
+# ---------------------------------------------------------------- delete, recycle, reports
+
+def test_delete_recycles_files(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    big = os.urandom(3 * MiB)
+    put(store, 1, big)
+    assert store.delete(1) and not store.delete(1)
+    assert len(store.dirs[0].free_files) == 1
+    small = os.urandom(MiB + 3)              # reuses the bigger file: must be truncated
+    e = put(store, 2, small)
+    assert store.dirs[0].free_files == []
+    assert os.path.getsize(e.path) == len(small)
+    assert store.read_range(2) == small
+    again = make(ring, str(tmp_path / "d"))
+    assert again.read_range(2) == small
+
+
+def test_rewrite_same_block_id(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    put(store, 1, b"first" * 100)
+    put(store, 1, b"second")
+    assert store.read_range(1) == b"second"
+    assert store.dir_usage()[0][3] == 6
+    assert make(ring, str(tmp_path / "d")).read_range(1) == b"second"
+
+
+def test_change_log(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"))
+    put(store, 1, b"a")
+    put(store, 2, b"b")
+    store.delete(1)
+    added, removed = store.drain_changes()
+    assert [e.block_id for e in added] == [2] and removed == [1]
+    assert store.drain_changes() == ([], [])
+    store.requeue_changes(added, removed)     # a heartbeat failed
+    put(store, 3, b"c")
+    added2, removed2 = store.drain_changes()
+    assert sorted(e.block_id for e in added2) == [2, 3] and removed2 == [1]
+    assert store.snapshot()[0].block_id in (2, 3)
+
+
+def test_early_closed_readers_return_buffers(ring, tmp_path):
+    store = make(ring, str(tmp_path / "d"), read_buffers=4)
+    put(store, 1, os.urandom(3 * MiB))
+    for _ in range(50):
+        with store.open_reader(1) as r:
+            next(iter(r))
+    with store.open_reader(1, MiB, MiB) as r:
+        assert sum(len(p) for p in r) == MiB
+    assert store.get(1).readers == 0

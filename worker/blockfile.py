@@ -1,0 +1,383 @@
+"""One block file: its meta sidecar format, the streaming writer and the verifying reader.
+
+A block is written through a BlockWriter (pieces are checksummed as they stream by and
+written with io_uring while the next piece arrives; commit verifies and hands the file
+to the store) and read through a BlockReader (1 MiB chunks read with io_uring into
+pooled buffers, each verified against the meta file's chunk checksum before the caller
+sees it; the next chunk is read while the caller sends the current one).
+
+docs/worker.md has the byte format of the meta file; a short-circuit client can parse it
+the same way to verify what it reads.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import struct
+import typing
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generator, Iterator
+
+import xxhash
+
+from curvine_py.common.errors import CurvineError
+
+if typing.TYPE_CHECKING:
+    from curvine_py.worker.blockstore import BlockEntry, BlockStore, DataDir
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+CHUNK = MiB                       # checksum granularity of block files
+DEFAULT_BLOCK = 4 * MiB           # space reserved for a new block whose size is unknown
+
+META_MAGIC = b"CVBM"
+META_VERSION = 1
+_META_HEAD = struct.Struct("<4sHHQIIQ")   # magic, version, flags, length, chunk, nchunks, xxh3
+_U64 = struct.Struct("<Q")
+
+
+# ---------------------------------------------------------------- meta files
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """Contents of a block's sidecar file."""
+    length: int
+    checksum: int
+    chunk_sums: tuple[int, ...]
+    chunk_size: int = CHUNK
+
+    def encode(self) -> bytes:
+        body = _META_HEAD.pack(META_MAGIC, META_VERSION, 0, self.length, self.chunk_size,
+                               len(self.chunk_sums), self.checksum)
+        body += struct.pack(f"<{len(self.chunk_sums)}Q", *self.chunk_sums)
+        return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "BlockMeta":
+        """Parse and self-check a meta file; ValueError when it is not a valid one."""
+        if len(raw) < _META_HEAD.size + _U64.size:
+            raise ValueError("meta file too short")
+        magic, version, _flags, length, chunk, n, checksum = _META_HEAD.unpack_from(raw)
+        if magic != META_MAGIC or version != META_VERSION or chunk <= 0:
+            raise ValueError("not a block meta file")
+        end = _META_HEAD.size + 8 * n
+        if len(raw) != end + _U64.size or n != -(-length // chunk):
+            raise ValueError("meta file has the wrong size")
+        if _U64.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(raw[:end]):
+            raise ValueError("meta file checksum mismatch")
+        return cls(length, checksum, struct.unpack_from(f"<{n}Q", raw, _META_HEAD.size), chunk)
+
+
+def io_error(e: OSError, what: str) -> CurvineError:
+    """A disk error as the errno a client should see: ENOSPC stays ENOSPC, the rest is EIO."""
+    if isinstance(e, CurvineError):
+        return e
+    code = errno.ENOSPC if e.errno in (errno.ENOSPC, errno.EDQUOT) else errno.EIO
+    return CurvineError(code, f"{what}: {os.strerror(e.errno or errno.EIO)}")
+
+
+# ---------------------------------------------------------------- writer
+
+class PendingWrite:
+    """One in-flight write; wait() settles short writes and maps errors to CurvineError."""
+    __slots__ = ("future", "view", "offset", "writer", "fd", "close_fd", "_settled")
+
+    def __init__(self, writer: "BlockWriter", future: Future[int], view: memoryview, offset: int,
+                 fd: int | None = None, close_fd: bool = False) -> None:
+        self.writer, self.future, self.view, self.offset = writer, future, view, offset
+        self.fd = writer.fd if fd is None else fd
+        self.close_fd = close_fd
+        self._settled = False
+
+    def done(self) -> bool:
+        return self._settled or self.future.done()
+
+    def wait(self) -> None:
+        """Block until the piece is written; the caller may then reuse its buffer."""
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            n = self.future.result()
+            if n < len(self.view):
+                self.writer.store.uring.pwrite_full(self.fd, self.view[n:], self.offset + n)
+        except OSError as e:
+            raise io_error(e, f"write block {self.writer.block_id}") from None
+        finally:
+            self.view = memoryview(b"")
+            if self.close_fd:
+                os.close(self.fd)
+
+
+class BlockWriter:
+    """Appends the bytes of one block to a staging file, checksumming as they stream by."""
+
+    def __init__(self, store: BlockStore, block_id: int, ddir: DataDir, path: str, fd: int,
+                 reserved: int, initial_size: int) -> None:
+        self.store, self.block_id, self.dir, self.path, self.fd = store, block_id, ddir, path, fd
+        self.reserved = reserved
+        self.initial_size = initial_size      # > 0 for a recycled file
+        self.length = 0
+        self._whole = xxhash.xxh3_64()
+        self._chunk = xxhash.xxh3_64()
+        self._chunk_fill = 0
+        self._chunk_sums: list[int] = []
+        self._pending: list[PendingWrite] = []
+        self._closed = False
+
+    def append(self, data: bytes | bytearray | memoryview) -> PendingWrite:
+        """Checksum data and start writing it at the block's end; the buffer must stay
+        untouched until the returned PendingWrite is waited (or flush/commit)."""
+        if self._closed:
+            raise CurvineError(errno.EINVAL, f"block {self.block_id} writer is closed")
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if self.length + n > self.reserved:
+            grow = max(self.length + n - self.reserved, DEFAULT_BLOCK)
+            self.store.grow_reservation(self.dir, grow)
+            self.reserved += grow
+        self._hash(view)
+        fut = self.store.uring.write_from(self.fd, view, self.length)
+        pending = PendingWrite(self, fut, view, self.length)
+        self.length += n
+        if len(self._pending) > 16:
+            self._settle_done()
+        self._pending.append(pending)
+        return pending
+
+    def _hash(self, view: memoryview) -> None:
+        self._whole.update(view)
+        pos = 0
+        while pos < len(view):
+            take = min(CHUNK - self._chunk_fill, len(view) - pos)
+            self._chunk.update(view[pos:pos + take])
+            self._chunk_fill += take
+            pos += take
+            if self._chunk_fill == CHUNK:
+                self._chunk_sums.append(self._chunk.intdigest())
+                self._chunk.reset()
+                self._chunk_fill = 0
+
+    def _settle_done(self) -> None:
+        keep = []
+        for p in self._pending:
+            if p.done():
+                p.wait()
+            else:
+                keep.append(p)
+        self._pending = keep
+
+    def flush(self) -> None:
+        """Wait until every appended piece is written (raises the first write error)."""
+        pending, self._pending = self._pending, []
+        first: CurvineError | None = None
+        for p in pending:
+            try:
+                p.wait()
+            except CurvineError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    @property
+    def checksum(self) -> int:
+        return self._whole.intdigest()
+
+    def verify(self, expected_length: int | None = None,
+               expected_checksum: int | None = None) -> None:
+        """Check length and xxh3 of what was appended (EBADMSG on a mismatch).  Needs no
+        disk wait, so the data server can verify, then commit downstream replicas while
+        this one's disk writes finish."""
+        if expected_length is not None and expected_length != self.length:
+            raise CurvineError(errno.EBADMSG, f"block {self.block_id}: got {self.length} "
+                                              f"bytes, expected {expected_length}")
+        if expected_checksum is not None and expected_checksum != self.checksum:
+            raise CurvineError(errno.EBADMSG, f"block {self.block_id}: checksum mismatch")
+
+    def commit(self, expected_length: int | None = None,
+               expected_checksum: int | None = None, sync: bool = False) -> BlockEntry:
+        """Verify (on failure the block is discarded), finish the disk writes and make
+        the block visible; sync=True fdatasyncs the data first."""
+        meta_staging = self.path + ".meta"
+        try:
+            self.verify(expected_length, expected_checksum)
+            meta = self._meta()
+            self._write_meta(meta_staging, meta)   # overlaps the last data writes
+            self._finish_data(sync)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return self.store.install(self, meta, meta_staging)
+
+    def _meta(self) -> BlockMeta:
+        sums = list(self._chunk_sums)
+        if self._chunk_fill:
+            sums.append(self._chunk.intdigest())
+        return BlockMeta(self.length, self.checksum, tuple(sums))
+
+    def _finish_data(self, sync: bool) -> None:
+        self.flush()
+        try:
+            if self.initial_size > self.length:
+                os.ftruncate(self.fd, self.length)
+            if sync:
+                self.store.uring.fsync(self.fd, datasync=True).result()
+        except OSError as e:
+            raise io_error(e, f"finish block {self.block_id}") from None
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _write_meta(self, path: str, meta: BlockMeta) -> None:
+        """Start writing the meta file; flush() waits for it with the data writes."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise io_error(e, f"write meta of block {self.block_id}") from None
+        view = memoryview(meta.encode())
+        try:
+            fut = self.store.uring.write_from(fd, view, 0)
+        except OSError as e:
+            os.close(fd)
+            raise io_error(e, f"write meta of block {self.block_id}") from None
+        self._pending.append(PendingWrite(self, fut, view, 0, fd=fd, close_fd=True))
+
+    def abort(self) -> None:
+        """Discard the block (idempotent); its staging file is recycled."""
+        if self._closed:
+            return
+        self._closed = True
+        for p in self._pending:
+            try:
+                p.wait()
+            except CurvineError:
+                pass
+        self._pending = []
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        unlink(self.path + ".meta")
+        self.store.discard_staging(self.dir, self.path, self.reserved, max(self.length, self.initial_size))
+
+
+# ---------------------------------------------------------------- reader
+
+class BlockReader:
+    """Iterates verified pieces of a block range; each piece is a view into a pooled
+    buffer, valid until the next iteration.  The next chunk is read while the caller
+    consumes the current one."""
+
+    def __init__(self, store: BlockStore, entry: BlockEntry, fd: int, offset: int, length: int) -> None:
+        self.store, self.entry, self.fd = store, entry, fd
+        self.offset, self.length = offset, length
+        self.checksum = entry.checksum
+        self._closed = False
+        self._gen: Generator[memoryview, None, None] | None = None
+
+    def __enter__(self) -> "BlockReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop iterating (returns the buffers to the pool) and release the block."""
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
+        if not self._closed:
+            self._closed = True
+            os.close(self.fd)
+            self.store.reader_done(self.entry)
+
+    def __iter__(self) -> Iterator[memoryview]:
+        if self._closed:
+            raise CurvineError(errno.EBADF, "block reader is closed")
+        if self._gen is None:
+            self._gen = self._pieces()
+        return self._gen
+
+    def _pieces(self) -> Generator[memoryview, None, None]:
+        if self.length == 0:
+            return
+        cs = self.entry.chunk_size
+        first, last = self.offset // cs, (self.offset + self.length - 1) // cs
+        bufs = self.store.acquire_read_buffers()
+        views = [memoryview(b) for b in bufs]
+        inflight: _ChunkRead | None = None
+        try:
+            inflight = self._start(first, views[0])
+            for i in range(first, last + 1):
+                cur = inflight
+                assert cur is not None
+                got = cur.finish()
+                inflight = self._start(i + 1, views[(i - first + 1) % 2]) if i < last else None
+                self._verify(i, cur.view[:got])
+                lo = max(self.offset, i * cs) - i * cs
+                hi = min(self.offset + self.length, (i + 1) * cs) - i * cs
+                yield cur.view[lo:hi]
+        finally:
+            if inflight is not None:
+                inflight.finish(quiet=True)
+            for v in views:
+                v.release()
+            for b in bufs:
+                self.store.read_pool.release(b)
+
+    def _start(self, chunk: int, buf: memoryview) -> "_ChunkRead":
+        cs = self.entry.chunk_size
+        n = min(cs, self.entry.length - chunk * cs)
+        return _ChunkRead(self, buf[:n], chunk * cs)
+
+    def _verify(self, chunk: int, data: memoryview) -> None:
+        cs = self.entry.chunk_size
+        want = min(cs, self.entry.length - chunk * cs)
+        if len(data) != want:   # a short read of a regular file: it was truncated
+            self.store.mark_corrupt(self.entry, f"chunk {chunk} short: {len(data)} of {want}")
+            raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} is truncated")
+        if xxhash.xxh3_64_intdigest(data) != self.entry.chunk_sums[chunk]:
+            self.store.mark_corrupt(self.entry, f"chunk {chunk} checksum mismatch")
+            raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} chunk {chunk} is corrupt")
+
+
+class _ChunkRead:
+    """One chunk being read; finish() completes short reads synchronously."""
+    __slots__ = ("reader", "view", "offset", "future")
+
+    def __init__(self, reader: BlockReader, view: memoryview, offset: int) -> None:
+        self.reader, self.view, self.offset = reader, view, offset
+        self.future = reader.store.uring.read_into(reader.fd, view, offset)
+
+    def finish(self, quiet: bool = False) -> int:
+        """Bytes read (fewer only at end of file); raises EIO on a disk error."""
+        try:
+            got = self.future.result()
+            if 0 < got < len(self.view):
+                uring = self.reader.store.uring
+                got += uring.pread_full(self.reader.fd, self.view[got:], self.offset + got)
+            return got
+        except OSError as e:
+            if quiet:
+                return 0
+            raise io_error(e, f"read block {self.reader.entry.block_id}") from None
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+
+
+def remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        unlink(path)

@@ -1,0 +1,351 @@
+"""The worker's block data channel: framed TCP, one thread per connection.
+
+Exchanges (docs/worker.md has the sequence diagrams):
+
+* WRITE: ``WRITE_OPEN(block_id, chain, length=size hint, tier)``, any number of
+  ``WRITE_DATA`` frames, ``WRITE_COMMIT(length, checksum)``; one REPLY after the commit
+  with ``acked`` = the worker ids holding the block.  OPEN and DATA are pipelined (no
+  reply), so an error found mid-stream is remembered, the rest of the stream is read
+  and discarded, and the error is the commit's reply: the connection stays usable.
+* READ: ``READ(block_id, offset, length)`` -> ``REPLY(length=n, checksum=whole block)``
+  followed by exactly n raw bytes, n = length clamped to the block end (so a length of
+  2**64-1 reads to the end).  A chunk that fails verification after bytes were
+  sent closes the connection (the reader sees a short read and tries another replica).
+
+Threads beat an event loop here: every step is a blocking syscall (recv_into, sendmsg,
+io_uring completion wait) that releases the GIL, and the measured per-connection rate
+was 2.3 vs 1.5-1.7 GB/s with trio (BRIEF.md).  Payloads are received into pooled
+buffers, forwarded to the next replica, and written with io_uring while the next piece
+arrives (a ring of ``pipeline`` buffers per write).
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import mmap
+import socket
+import threading
+import time
+from typing import Sequence
+
+from curvine_py.common import frames
+from curvine_py.common.buffers import BufferPool
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import data_pb2
+from curvine_py.worker.blockstore import DEFAULT_BLOCK, BlockStore, BlockWriter, PendingWrite
+from curvine_py.worker.replication import ConnectionPool, Downstream
+
+log = logging.getLogger(__name__)
+
+Op = data_pb2.Op
+MiB = 1 << 20
+
+
+class _Protocol(frames.ChannelClosed):
+    """The peer broke the protocol; the stream cannot be trusted any more."""
+
+
+class _PieceRing:
+    """A few pooled buffers used round-robin: a buffer is reused only after its disk
+    write finished, so receiving piece i+1 overlaps writing piece i."""
+
+    def __init__(self, pool: BufferPool, bufs: list[mmap.mmap]) -> None:
+        self.pool = pool
+        self.bufs = bufs
+        self.views = [memoryview(b) for b in bufs]
+        self.pending: list[PendingWrite | None] = [None] * len(bufs)
+        self.i = 0
+
+    def next(self) -> memoryview:
+        """The next free buffer; raises the write error of the piece it held, if any."""
+        self.i = (self.i + 1) % len(self.views)
+        pending, self.pending[self.i] = self.pending[self.i], None
+        if pending is not None:
+            pending.wait()
+        return self.views[self.i]
+
+    def track(self, pending: PendingWrite) -> None:
+        self.pending[self.i] = pending
+
+    def release(self) -> None:
+        for p in self.pending:
+            if p is not None:
+                try:
+                    p.wait()
+                except CurvineError:
+                    pass
+        for v in self.views:
+            v.release()
+        for b in self.bufs:
+            self.pool.release(b)
+
+
+class _WriteState:
+    """One block write in progress: the local writer, the downstream, the first error."""
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.writer: BlockWriter | None = None
+        self.down: Downstream | None = None
+        self.error: CurvineError | None = None
+
+    def fail(self, e: CurvineError) -> None:
+        """Remember the first error and stop writing and forwarding (the rest is drained)."""
+        if self.error is None:
+            self.error = e
+            log.warning("block %d write failed: %s", self.block_id, e)
+        self.abort()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
+        if self.down is not None:
+            self.down.abort()
+            self.down = None
+
+
+class DataServer:
+    """Serves WRITE and READ exchanges for a BlockStore on one TCP port."""
+
+    def __init__(self, store: BlockStore, bind: str = "0.0.0.0", port: int = 0, worker_id: int = 0,
+                 secret: str = "", piece_size: int = MiB, pipeline: int = 4,
+                 max_piece_buffers: int = 1024, idle_timeout_s: float = 600.0,
+                 io_timeout_s: float = 60.0, pool: ConnectionPool | None = None) -> None:
+        self.store = store
+        self.worker_id = worker_id          # set by the heartbeat once registered
+        self.secret = secret
+        self.pipeline = max(2, pipeline)
+        self.idle_timeout_s = idle_timeout_s
+        self.io_timeout_s = io_timeout_s
+        self.pool = pool or ConnectionPool()
+        self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
+        self._piece_lock = threading.Lock()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._conns_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._thread = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def start(self) -> "DataServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, end every connection, and wait for the accept thread."""
+        self._closing = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self._conns_lock:
+            conns = list(self._conns.items())
+        for c, _ in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for _, t in conns:   # let in-flight commits finish before the ring goes away
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.pool.close()
+
+    # ------------------------------------------------------------ connections
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                log.exception("data channel accept failed")
+                continue
+            t = threading.Thread(target=self._serve, args=(sock, addr), daemon=True,
+                                 name=f"data-conn-{next(self._ids)}")
+            with self._conns_lock:
+                self._conns[sock] = t
+            t.start()
+
+    def _serve(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+        """Serve requests on one connection until the peer closes or breaks the protocol."""
+        frames.tune(sock)
+        try:
+            while not self._closing:
+                sock.settimeout(self.idle_timeout_s)
+                h = frames.recv_header(sock)
+                sock.settimeout(self.io_timeout_s)
+                self._dispatch(sock, h)
+        except frames.ChannelClosed as e:
+            if not isinstance(e, _Protocol):
+                log.debug("data connection from %s ended: %s", addr, e)
+            else:
+                log.warning("data connection from %s closed: %s", addr, e)
+        except OSError as e:
+            log.debug("data connection from %s failed: %s", addr, e)
+        except Exception:
+            log.exception("data connection from %s crashed", addr)
+        finally:
+            with self._conns_lock:
+                self._conns.pop(sock, None)
+            sock.close()
+
+    def _dispatch(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
+        if h.op == Op.WRITE_OPEN:
+            self._skip(sock, h.payload_len)
+            self._write(sock, h)
+        elif h.op == Op.READ:
+            self._skip(sock, h.payload_len)
+            self._read(sock, h)
+        else:
+            frames.reply(sock, errno.EINVAL, f"unexpected op {h.op} at the start of a request")
+            raise _Protocol(f"unexpected op {h.op}")
+
+    def _skip(self, sock: socket.socket, n: int) -> None:
+        """Discard a payload nobody asked for (keeps the stream in sync)."""
+        if n:
+            with self.piece_pool.buffer() as view:
+                while n:
+                    k = min(n, len(view))
+                    frames.recv_exact_into(sock, view[:k])
+                    n -= k
+
+    def _check_token(self, h: data_pb2.DataHeader) -> None:
+        if self.secret and h.token != self.secret:
+            raise CurvineError(errno.EACCES, "bad or missing cluster secret")
+
+    # ------------------------------------------------------------ WRITE
+
+    def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
+        state = _WriteState(open_h.block_id)
+        try:
+            self._check_token(open_h)
+            state.writer = self.store.create(open_h.block_id, open_h.tier, open_h.length or DEFAULT_BLOCK)
+        except CurvineError as e:
+            state.fail(e)
+        if state.error is None and open_h.chain:
+            state.down = Downstream.open(self.pool, open_h.chain, open_h.block_id,
+                                         open_h.length, open_h.tier, open_h.token)
+        ring = self._acquire_ring()
+        try:
+            while True:
+                h = frames.recv_header(sock)
+                if h.op == Op.WRITE_DATA:
+                    self._receive_data(sock, h.payload_len, ring, state)
+                elif h.op == Op.WRITE_COMMIT:
+                    self._skip(sock, h.payload_len)
+                    break
+                else:
+                    frames.reply(sock, errno.EINVAL, f"unexpected op {h.op} inside a block write")
+                    raise _Protocol(f"unexpected op {h.op} inside a block write")
+            self._commit(sock, state, h)
+        finally:
+            state.abort()  # no-op after a successful commit
+            ring.release()
+
+    def _acquire_ring(self) -> _PieceRing:
+        with self._piece_lock:   # all-or-nothing: writers never deadlock holding part of a ring
+            bufs = [self.piece_pool.acquire() for _ in range(self.pipeline)]
+        return _PieceRing(self.piece_pool, bufs)
+
+    def _receive_data(self, sock: socket.socket, n: int, ring: _PieceRing, state: _WriteState) -> None:
+        """Receive one WRITE_DATA payload piece by piece: forward, checksum, write."""
+        bid = state.block_id
+        frame_len: int | None = n     # the forwarded frame's header goes with its first piece
+        if n == 0 and state.down is not None:
+            state.down.forward(memoryview(b""), bid)
+        while n:
+            try:
+                view = ring.next()
+            except CurvineError as e:       # the disk write of an earlier piece failed
+                state.fail(e)
+                view = ring.views[ring.i]
+            piece = view[:min(n, len(view))]
+            frames.recv_exact_into(sock, piece)
+            n -= len(piece)
+            if state.down is not None:
+                state.down.forward_raw(piece, bid, frame_len)
+                frame_len = None
+                if not state.down.ok:
+                    state.down = None
+            if state.writer is not None:
+                try:
+                    ring.track(state.writer.append(piece))
+                except CurvineError as e:
+                    state.fail(e)
+
+    def _commit(self, sock: socket.socket, state: _WriteState, h: data_pb2.DataHeader) -> None:
+        """Verify locally, then commit the downstream while the local disk writes finish,
+        and reply with the workers that hold the block."""
+        bid = state.block_id
+        writer = state.writer
+        if writer is not None:
+            try:
+                writer.verify(h.length, h.checksum)
+            except CurvineError as e:
+                state.fail(e)
+        if state.error is not None or writer is None:
+            err = state.error or CurvineError(errno.EIO, "write failed")
+            frames.reply(sock, err.errno or errno.EIO, err.strerror or "write failed")
+            return
+        down, state.down, state.writer = state.down, None, None
+        if down is not None:
+            down.send_commit(h.length, h.checksum, bid)
+        try:
+            entry = writer.commit(h.length, h.checksum)
+        except CurvineError as e:
+            log.warning("block %d commit failed: %s", bid, e)
+            if down is not None:
+                down.wait_commit(bid)
+            frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")
+            return
+        acked = down.wait_commit(bid) if down is not None else []
+        frames.reply(sock, 0, length=entry.length, checksum=entry.checksum,
+                     acked=[self.worker_id, *acked])
+
+    # ------------------------------------------------------------ READ
+
+    def _read(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
+        try:
+            self._check_token(h)
+            reader = self.store.open_reader(h.block_id, h.offset, h.length)
+        except CurvineError as e:
+            frames.reply(sock, e.errno or errno.EIO, e.strerror or "read failed")
+            return
+        with reader:
+            ok = data_pb2.DataHeader(op=Op.REPLY, length=reader.length, checksum=reader.checksum)
+            head: bytes | None = _frame_bytes(ok)
+            try:
+                for piece in reader:
+                    if head is not None:   # the reply goes out with the first verified piece
+                        frames.send_all(sock, [head, piece])
+                        head = None
+                    else:
+                        sock.sendall(piece)
+            except CurvineError as e:
+                if head is None:
+                    raise frames.ChannelClosed(f"block {h.block_id} failed mid-stream: {e}") from None
+                frames.reply(sock, e.errno or errno.EIO, e.strerror or "read failed")
+                return
+            if head is not None:           # zero-length range
+                sock.sendall(head)
+
+
+def _frame_bytes(h: data_pb2.DataHeader) -> bytes:
+    raw = h.SerializeToString()
+    return frames.LEN.pack(len(raw)) + raw
+
+
+def chain_targets(entries: Sequence[tuple[str, int, int]]) -> list[data_pb2.ChainTarget]:
+    """[(ip, port, worker_id), ...] -> ChainTarget messages (for callers building a chain)."""
+    return [data_pb2.ChainTarget(ip=ip, port=port, worker_id=wid) for ip, port, wid in entries]

@@ -1,0 +1,171 @@
+"""``curvine-worker``: the block server process.
+
+Starts, in order: the io_uring executor, the block store (scans the data dirs), the data
+channel, the gRPC control service, and the heartbeat.  When the worker is registered
+with the master (or at once when ``worker.master`` is empty: standalone mode, used by
+benchmarks) it prints one line to stdout::
+
+    worker <id> data <ip>:<port> rpc <ip>:<port>
+
+so launchers can wait for it and learn ephemeral ports (``--worker-data-port 0``).
+SIGTERM/SIGINT stop it cleanly (exit 0); a bad configuration is one line on stderr and
+exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+
+import grpc
+
+from curvine_py.common import config
+from curvine_py.common.errors import ConfigError
+from curvine_py.worker import heartbeat as hb
+from curvine_py.worker import service
+from curvine_py.worker.blockstore import BlockStore
+from curvine_py.worker.dataserver import DataServer
+from curvine_py.worker.uring import Uring
+
+log = logging.getLogger("curvine_py.worker")
+
+
+def validate(cfg: config.Config) -> None:
+    """Reject values that would only fail later, deep inside a thread."""
+    w = cfg.worker
+    for name in ("rpc_port", "data_port"):
+        if not 0 <= getattr(w, name) <= 65535:
+            raise ConfigError(f"worker.{name} must be a port number (0 = any)")
+    if w.uring_entries < 2 or w.uring_entries > 32768:
+        raise ConfigError("worker.uring_entries must be between 2 and 32768")
+    if w.buffer_size < 4096 or w.buffer_size > 64 << 20:
+        raise ConfigError("worker.buffer_size must be between 4KiB and 64MiB")
+    if w.rpc_threads < 1:
+        raise ConfigError("worker.rpc_threads must be at least 1")
+    if w.reserve < 0:
+        raise ConfigError("worker.reserve must not be negative")
+    if not w.dirs:
+        raise ConfigError("worker.dirs is empty")
+
+
+class Worker:
+    """All components of one worker process, started and stopped together."""
+
+    def __init__(self, cfg: config.Config) -> None:
+        self.cfg = cfg
+        self.uring: Uring | None = None
+        self.store: BlockStore | None = None
+        self.data: DataServer | None = None
+        self.rpc: grpc.Server | None = None
+        self.rpc_port = 0
+        self.heartbeat: hb.Heartbeat | None = None
+        self.ready = threading.Event()
+
+    def start(self) -> None:
+        w = self.cfg.worker
+        self.uring = Uring(w.uring_entries)
+        try:
+            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve)
+        except OSError as e:
+            raise ConfigError(f"cannot use worker.dirs: {e}") from None
+        first_dir = self.store.dirs[0].path
+        self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
+                               secret=self.cfg.cluster.secret, piece_size=w.buffer_size).start()
+        self._start_rpc()
+        if w.master:
+            self.heartbeat = hb.Heartbeat(w, self.store, self.rpc_port, self.data.port,
+                                          on_registered=self._registered,
+                                          secret=self.cfg.cluster.secret).start()
+        else:
+            log.warning("worker.master is empty: standalone mode, no master")
+            self._announce(self.data.worker_id)
+
+    def _start_rpc(self) -> None:
+        w = self.cfg.worker
+        assert self.store is not None and self.data is not None
+        self.rpc = grpc.server(ThreadPoolExecutor(max_workers=w.rpc_threads, thread_name_prefix="rpc"),
+                               options=[("grpc.so_reuseport", 0)])
+        data = self.data
+        service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host), self.rpc)
+        try:
+            self.rpc_port = self.rpc.add_insecure_port(f"{w.bind}:{w.rpc_port}")
+        except RuntimeError:
+            self.rpc_port = 0
+        if not self.rpc_port:
+            raise OSError(f"cannot listen on {w.bind}:{w.rpc_port} for rpc")
+        self.rpc.start()
+
+    def _registered(self, worker_id: int) -> None:
+        assert self.data is not None and self.store is not None
+        if worker_id != self.data.worker_id:
+            hb.save_worker_id(self.store.dirs[0].path, worker_id)
+        self.data.worker_id = worker_id
+        if not self.ready.is_set():
+            self._announce(worker_id)
+
+    def _announce(self, worker_id: int) -> None:
+        assert self.data is not None
+        ip = self.cfg.worker.ip
+        print(f"worker {worker_id} data {ip}:{self.data.port} rpc {ip}:{self.rpc_port}", flush=True)
+        self.ready.set()
+
+    def stop(self) -> None:
+        """Stop in reverse order; safe on a partially started worker."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.rpc is not None:
+            self.rpc.stop(grace=2).wait()
+        if self.data is not None:
+            self.data.close()
+        if self.uring is not None:
+            self.uring.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="curvine-worker",
+                                     description="curvine-py block server (stores and serves blocks)")
+    config.add_flags(parser, ["cluster", "worker"])
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker: Worker | None = None
+    try:
+        cfg = config.load(args)
+        validate(cfg)
+        worker = Worker(cfg)
+        worker.start()
+    except ConfigError as e:
+        print(f"curvine-worker: {e}", file=sys.stderr)
+        if worker is not None:
+            worker.stop()
+        return 2
+    except OSError as e:
+        print(f"curvine-worker: {e}", file=sys.stderr)
+        if worker is not None:
+            worker.stop()
+        return 1
+    while not stop.wait(1.0):
+        pass
+    log.info("stopping")
+    worker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Forwarding block writes to the next replica of a chain, and pushing local blocks.
+
+A write reaches the first replica, which forwards every frame to the next one as soon
+as it has it (before writing it to its own disk), so the second copy costs one more
+network hop, not another client upload.  A downstream that cannot be reached or fails
+mid-way is dropped: the write goes on locally and the downstream is simply absent from
+the ``acked`` list of the reply, which tells the client (and the master) which replicas
+exist.
+
+Connections to peers are pooled (a long-lived cluster keeps a handful of sockets per
+peer instead of a connect per 4 MiB block); an idle socket is health-checked before
+reuse because a peer closes connections that stay idle too long.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import threading
+import time
+from collections import defaultdict
+from typing import Sequence
+
+from curvine_py.common import frames
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import data_pb2
+from curvine_py.worker.blockstore import BlockStore
+
+log = logging.getLogger(__name__)
+
+Op = data_pb2.Op
+CONNECT_TIMEOUT_S = 3.0
+IO_TIMEOUT_S = 30.0
+
+
+class ConnectionPool:
+    """Idle data-channel sockets to peers, keyed by (ip, port); thread-safe."""
+
+    def __init__(self, max_idle_per_peer: int = 4, idle_s: float = 60.0,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, io_timeout_s: float = IO_TIMEOUT_S) -> None:
+        self.max_idle_per_peer = max_idle_per_peer
+        self.idle_s = idle_s
+        self.connect_timeout_s = connect_timeout_s
+        self.io_timeout_s = io_timeout_s
+        self._idle: dict[tuple[str, int], list[tuple[float, socket.socket]]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def get(self, ip: str, port: int) -> socket.socket:
+        """A healthy pooled socket to (ip, port), else a new connection (raises OSError)."""
+        while True:
+            with self._lock:
+                idle = self._idle.get((ip, port))
+                item = idle.pop() if idle else None
+            if item is None:
+                break
+            since, sock = item
+            if time.monotonic() - since < self.idle_s and _healthy(sock):
+                sock.settimeout(self.io_timeout_s)
+                return sock
+            sock.close()
+        sock = socket.create_connection((ip, port), timeout=self.connect_timeout_s)
+        frames.tune(sock)
+        sock.settimeout(self.io_timeout_s)
+        return sock
+
+    def put(self, ip: str, port: int, sock: socket.socket) -> None:
+        """Return a socket whose last exchange completed cleanly."""
+        with self._lock:
+            idle = self._idle[(ip, port)]
+            if len(idle) < self.max_idle_per_peer:
+                idle.append((time.monotonic(), sock))
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            socks = [s for idle in self._idle.values() for _, s in idle]
+            self._idle.clear()
+        for s in socks:
+            s.close()
+
+
+def _healthy(sock: socket.socket) -> bool:
+    """An idle socket must have nothing to read: readable means the peer closed it (EOF)
+    or sent unsolicited bytes, and either way the stream is unusable."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
+def _header_bytes(header: data_pb2.DataHeader) -> bytes:
+    raw = header.SerializeToString()
+    return frames.LEN.pack(len(raw)) + raw
+
+
+class Downstream:
+    """The next replica of one block write; every failure just drops it."""
+
+    def __init__(self, pool: ConnectionPool, target: data_pb2.ChainTarget, sock: socket.socket) -> None:
+        self.pool = pool
+        self.target = target
+        self.sock: socket.socket | None = sock
+
+    @classmethod
+    def open(cls, pool: ConnectionPool, chain: Sequence[data_pb2.ChainTarget], block_id: int,
+             size_hint: int = 0, tier: int = 0, token: str = "") -> "Downstream | None":
+        """Connect to chain[0] and send WRITE_OPEN with the rest of the chain; None if unreachable."""
+        target = chain[0]
+        header = data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=size_hint,
+                                     tier=tier, token=token)
+        header.chain.extend(chain[1:])
+        try:
+            sock = pool.get(target.ip, target.port)
+        except OSError as e:
+            log.warning("block %d: replica %d at %s:%d unreachable: %s", block_id,
+                        target.worker_id, target.ip, target.port, e)
+            return None
+        down = cls(pool, target, sock)
+        down._send([_header_bytes(header)], block_id)
+        return down if down.ok else None
+
+    @property
+    def ok(self) -> bool:
+        return self.sock is not None
+
+    def forward(self, piece: memoryview, block_id: int) -> None:
+        """Forward one piece as a WRITE_DATA frame."""
+        if self.sock is not None:
+            hdr = _header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=len(piece)))
+            self._send([hdr, piece], block_id)
+
+    def forward_raw(self, piece: memoryview, block_id: int, payload_len: int | None = None) -> None:
+        """Forward received bytes cut-through; payload_len starts a new WRITE_DATA frame of
+        that size (its header goes out with this first piece in one sendmsg)."""
+        if self.sock is None:
+            return
+        if payload_len is None:
+            self._send([piece], block_id)
+        else:
+            hdr = _header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=payload_len))
+            self._send([hdr, piece], block_id)
+
+    def commit(self, length: int, checksum: int, block_id: int) -> list[int]:
+        """Send WRITE_COMMIT and wait for the reply: the worker ids the downstream acked
+        ([] on any failure)."""
+        self.send_commit(length, checksum, block_id)
+        return self.wait_commit(block_id)
+
+    def send_commit(self, length: int, checksum: int, block_id: int) -> None:
+        """Send WRITE_COMMIT without waiting, so the local commit can overlap it."""
+        if self.sock is not None:
+            self._send([_header_bytes(data_pb2.DataHeader(op=Op.WRITE_COMMIT, length=length,
+                                                          checksum=checksum))], block_id)
+
+    def wait_commit(self, block_id: int) -> list[int]:
+        """The downstream's reply to WRITE_COMMIT: the worker ids it acked ([] on failure)."""
+        if self.sock is None:
+            return []
+        try:
+            h = frames.check_reply(frames.recv_header(self.sock), f"replica {self.target.worker_id}")
+        except frames.ChannelClosed as e:
+            self._drop(block_id, e)
+            return []
+        except CurvineError as e:   # an error reply: the stream is still in sync
+            self._drop(block_id, e, close=False)
+            return []
+        except OSError as e:
+            self._drop(block_id, e)
+            return []
+        self.pool.put(self.target.ip, self.target.port, self.sock)
+        self.sock = None
+        return list(h.acked)
+
+    def abort(self) -> None:
+        """Give up on this replica: closing the connection makes it discard the block."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def _send(self, buffers: list[bytes | bytearray | memoryview], block_id: int) -> None:
+        assert self.sock is not None
+        try:
+            frames.send_all(self.sock, buffers)
+        except OSError as e:
+            self._drop(block_id, e)
+
+    def _drop(self, block_id: int, e: BaseException, close: bool = True) -> None:
+        log.warning("block %d: replica %d at %s:%d dropped: %s", block_id, self.target.worker_id,
+                    self.target.ip, self.target.port, e)
+        if self.sock is not None:
+            if close:
+                self.sock.close()
+            else:  # an error reply leaves the stream in sync: keep the connection
+                self.pool.put(self.target.ip, self.target.port, self.sock)
+            self.sock = None
+
+
+def push_block(store: BlockStore, pool: ConnectionPool, block_id: int,
+               chain: Sequence[data_pb2.ChainTarget], token: str = "") -> list[int]:
+    """Copy a local block to the replicas in chain (re-replication); returns who acked.
+
+    Raises CurvineError(ENOENT) if the block is not here, EBADMSG if it is corrupt, and
+    EHOSTDOWN if chain[0] cannot be reached.
+    """
+    if not chain:
+        return []
+    with store.open_reader(block_id) as reader:
+        down = Downstream.open(pool, chain, block_id, size_hint=reader.length, token=token)
+        if down is None:
+            raise CurvineError(errno.EHOSTDOWN, f"replica {chain[0].worker_id} unreachable")
+        try:
+            for piece in reader:
+                down.forward(piece, block_id)
+                if not down.ok:
+                    break
+        except BaseException:
+            down.abort()
+            raise
+        return down.commit(reader.length, reader.checksum, block_id)

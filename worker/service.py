@@ -1,0 +1,54 @@
+"""The worker's gRPC control service: Info and StatBlock.
+
+StatBlock is the short-circuit read path: a client on the same host asks where a
+block's file is and reads it directly (verifying it against ``<path>.meta``, whose
+format docs/worker.md describes) instead of streaming it over TCP.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Callable
+
+import grpc
+
+from curvine_py.common.config import host_identity
+from curvine_py.common.errors import rpc_method
+from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
+from curvine_py.worker.blockstore import BlockStore
+from curvine_py.worker.heartbeat import data_dirs
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("curvine-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
+    """Answers control calls from clients and tools about this worker."""
+
+    def __init__(self, store: BlockStore, worker_id: Callable[[], int], host: str = "") -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.host = host_identity(host)
+        self.version = _version()
+
+    @rpc_method
+    def Info(self, request: curvine_pb2.Empty, context: grpc.ServicerContext) -> curvine_pb2.WorkerInfoReply:
+        return curvine_pb2.WorkerInfoReply(worker_id=self.worker_id(), host=self.host,
+                                           dirs=data_dirs(self.store), blocks=len(self.store),
+                                           version=self.version)
+
+    @rpc_method
+    def StatBlock(self, request: curvine_pb2.BlockRequest,
+                  context: grpc.ServicerContext) -> curvine_pb2.BlockStatReply:
+        entry = self.store.get(request.block_id)
+        if entry is None:
+            return curvine_pb2.BlockStatReply(exists=False)
+        return curvine_pb2.BlockStatReply(exists=True, length=entry.length, checksum=entry.checksum,
+                                          path=entry.path, tier=entry.dir.tier)
+
+
+def add_to_server(service: WorkerService, server: grpc.Server) -> None:
+    curvine_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
