@@ -5,7 +5,7 @@ import sqlite3
 import stat
 import time
 
-from curvine_py.common.types import ROOT_INO
+from curvine_py.common.types import DIR_SIZE, ROOT_INO
 
 SCHEMA_VERSION = 1
 
@@ -79,5 +79,5 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int) -> None:
         conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns,"
             " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now, block_size, replicas))
+            (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
     conn.execute("COMMIT")

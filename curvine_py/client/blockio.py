@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import threading
 from collections import defaultdict
@@ -25,6 +26,13 @@ log = logging.getLogger(__name__)
 PIECE = 1 << 20
 
 
+def _healthy(sock: socket.socket) -> bool:
+    """An idle connection must have nothing to read: readable means EOF or garbage."""
+    p = select.poll()
+    p.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return not p.poll(0)
+
+
 class ConnectionPool:
     """Idle data connections per (ip, port)."""
 
@@ -35,10 +43,15 @@ class ConnectionPool:
         self._lock = threading.Lock()
 
     def get(self, ip: str, port: int) -> socket.socket:
-        with self._lock:
-            idle = self._idle.get((ip, port))
-            if idle:
-                return idle.pop()
+        while True:
+            with self._lock:
+                idle = self._idle.get((ip, port))
+                sock = idle.pop() if idle else None
+            if sock is None:
+                break
+            if _healthy(sock):
+                return sock
+            sock.close()  # the worker closed it (idle timeout, restart): never reuse
         try:
             sock = socket.create_connection((ip, port), timeout=self.timeout_s)
         except OSError as e:

@@ -1,0 +1,245 @@
+"""The mount daemon: ``cv mount MOUNTPOINT`` ends up here.
+
+Forks into the background before any thread, gRPC channel or trio loop exists (none
+of them survive a fork), reports success or the first error back to the parent
+through a pipe, mounts with pyfuse3, and unmounts cleanly on SIGTERM/SIGINT after
+flushing every open file.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from curvine_py.common import config
+from curvine_py.common.errors import ConfigError, CurvineError
+
+log = logging.getLogger("curvine.fuse")
+RUN_DIR = Path(os.environ.get("CURVINE_RUN_DIR", "/run/curvine"))
+
+
+def state_paths(mountpoint: str) -> tuple[Path, Path]:
+    """(pid file, log file) of the daemon serving mountpoint."""
+    key = os.path.realpath(mountpoint).strip("/").replace("/", "_") or "root"
+    return RUN_DIR / f"mount-{key}.pid", RUN_DIR / f"mount-{key}.log"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cv mount", description="mount the curvine-py pool with FUSE")
+    p.add_argument("mountpoint")
+    p.add_argument("--master", help="master address host:port")
+    p.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
+    p.add_argument("--log-file", help="daemon log (default under /run/curvine)")
+    p.add_argument("--debug", action="store_true")
+    config.add_flags(p, ["client", "fuse"])
+    return p
+
+
+def check_mountpoint(path: str) -> None:
+    if not os.path.isdir(path):
+        raise CurvineError(errno.ENOTDIR if os.path.exists(path) else errno.ENOENT, "mount point is not a directory",
+                           path)
+    if os.path.ismount(path):
+        raise CurvineError(errno.EBUSY, "something is already mounted here", path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cfg = config.load(args)
+        if args.master:
+            cfg.client.master = args.master
+        check_mountpoint(args.mountpoint)
+    except (ConfigError, CurvineError) as e:
+        print(f"cv mount: {e}", file=sys.stderr)
+        return 2
+    pid_file, default_log = state_paths(args.mountpoint)
+    log_file = args.log_file or str(default_log)
+    if args.foreground:
+        _setup_logging(None, args.debug)
+        return serve(cfg, args.mountpoint, pid_file, None)
+    return _daemonize(cfg, args.mountpoint, pid_file, log_file, args.debug)
+
+
+def _setup_logging(log_file: str | None, debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, filename=log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: str, debug: bool) -> int:
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as r:
+            msg = r.read().decode(errors="replace")
+        if msg.startswith("ok"):
+            print(f"mounted curvine at {mountpoint} (pid {msg.split()[1]}, log {log_file})")
+            return 0
+        print(f"cv mount: {mountpoint}: {msg or 'the mount daemon exited during start; see ' + log_file}",
+              file=sys.stderr)
+        return 1
+    os.close(rfd)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    _setup_logging(None, debug)
+    code = serve(cfg, mountpoint, pid_file, wfd)
+    os._exit(code)
+
+
+def _notify(wfd: int | None, msg: str) -> None:
+    if wfd is None:
+        return
+    try:
+        os.write(wfd, msg.encode())
+        os.close(wfd)
+    except OSError:
+        pass
+
+
+def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | None) -> int:
+    """Mount and serve until unmounted or signalled; returns the exit code."""
+    import pyfuse3
+    import trio
+
+    from curvine_py.client.core import ClientCore
+    from curvine_py.client.vfs import VFS
+    from curvine_py.fuse.ops import CurvineOps
+    from curvine_py.pb import curvine_pb2 as pb
+
+    try:
+        core = ClientCore(cfg)
+        core.meta.cfg.retry_s = min(core.meta.cfg.retry_s, 10.0)
+        core.meta.call("StatFs", pb.Empty())   # fail now, not at the first ls, if the master is unreachable
+        core.meta.cfg.retry_s = cfg.client.retry_s
+    except CurvineError as e:
+        log.error("cannot reach master %s: %s", cfg.client.master, e)
+        _notify(ready_fd, f"cannot reach master {cfg.client.master}: {e.strerror}")
+        return 1
+    real = os.path.realpath(mountpoint)   # resolve now: after init the path is served by us
+    vfs = VFS(core)
+    ops = CurvineOps(vfs, cfg.fuse)
+    options = set(pyfuse3.default_options)
+    options |= {"fsname=curvine", "subtype=curvine", "allow_other"}
+    try:
+        pyfuse3.init(ops, mountpoint, options)
+    except RuntimeError as e:
+        log.error("mount failed: %s", e)
+        _notify(ready_fd, f"mount failed: {e}")
+        return 1
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(f"{os.getpid()}\n{real}\n")
+    log.info("mounted %s (master %s)", mountpoint, cfg.client.master)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_signals, nursery)
+            nursery.start_soon(trio.to_thread.run_sync, _tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
+            _notify(ready_fd, f"ok {os.getpid()}")
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    async def _signals(nursery: trio.Nursery) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            async for sig in sigs:
+                log.info("signal %d: unmounting", sig)
+                pyfuse3.terminate()
+                return
+
+    code = 0
+    try:
+        trio.run(run)
+    except BaseException:
+        log.exception("mount loop failed")
+        code = 1
+    finally:
+        vfs.close()
+        try:
+            pyfuse3.close(unmount=True)
+        except Exception as e:
+            log.warning("unmount: %s", e)
+        core.close()
+        try:
+            pid_file.unlink()
+        except FileNotFoundError:
+            pass
+        log.info("unmounted %s", mountpoint)
+    return code
+
+
+def _tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
+    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        path = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        path.write_text(str(max_read_ahead // 1024))
+        log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
+    except OSError as e:
+        log.info("could not raise read-ahead: %s", e)
+
+
+def umount(mountpoint: str, timeout: float = 30.0) -> int:
+    """Flush and unmount; a mount whose daemon died is detected, reported and cleaned up."""
+    import subprocess
+    import time
+
+    pid_file, _ = state_paths(mountpoint)
+    pid = None
+    if pid_file.exists():
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (ValueError, IndexError):
+            pid = None
+    alive = pid is not None and _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGTERM)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+            time.sleep(0.05)
+        if not _alive(pid):  # type: ignore[arg-type]
+            print(f"unmounted {mountpoint}")
+            return 0
+        print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
+        return 1
+    mounted = _is_mounted(mountpoint)
+    if not mounted:
+        print(f"cv umount: {mountpoint}: not mounted", file=sys.stderr)
+        return 1
+    print(f"cv umount: {mountpoint}: the mount daemon is gone (died?); detaching the stale mount", file=sys.stderr)
+    r = subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True)
+    if r.returncode != 0:
+        subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+    if pid_file.exists():
+        pid_file.unlink()
+    return 0 if not _is_mounted(mountpoint) else 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _is_mounted(mountpoint: str) -> bool:
+    real = os.path.realpath(mountpoint)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f if len(line.split()) > 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

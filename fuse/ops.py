@@ -1,0 +1,306 @@
+"""pyfuse3 operations: each kernel request handed to the client VFS in a worker thread.
+
+This module is an adapter and nothing more (as JuiceFS keeps ``pkg/fuse`` thin over
+``pkg/vfs``): translate arguments (bytes names, RequestContext, SetattrFields) to
+VFS calls, run them off the trio loop, translate results to EntryAttributes and
+errors to FUSEError errnos.  Semantics live in the VFS and the master.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import time
+from typing import Any, Callable, Sequence, TypeVar
+
+import pyfuse3
+import trio
+
+from curvine_py.client.metaclient import Identity
+from curvine_py.client.vfs import VFS
+from curvine_py.common.config import FuseConfig
+from curvine_py.common.errors import CurvineError
+from curvine_py.common.types import (
+    SETATTR_ATIME, SETATTR_ATIME_NOW, SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW,
+    SETATTR_SIZE, SETATTR_UID,
+)
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time; treat "just now" as NOW
+
+
+def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """CurvineError -> FUSEError(errno); anything else is a bug -> EIO (logged), never a crash."""
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except CurvineError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class CurvineOps(pyfuse3.Operations):
+    """The mount's request handlers."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, vfs: VFS, cfg: FuseConfig) -> None:
+        super().__init__()
+        self.vfs = vfs
+        self.cfg = cfg
+        self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
+        self._limiter = trio.CapacityLimiter(64)
+        self._dirs: dict[int, tuple[int, Identity]] = {}
+        self._dir_fhs = itertools.count(1)
+
+    # ------------------------------------------------------------------ helpers
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def _ident(self, ctx: pyfuse3.RequestContext) -> Identity:
+        """The caller, with its supplementary groups (cached per pid for a second)."""
+        now = time.monotonic()
+        cached = self._groups.get(ctx.pid)
+        if cached is None or now - cached[0] > 1.0:
+            try:
+                groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
+            except (OSError, ValueError):
+                groups = ()
+            cached = (now, groups)
+            if len(self._groups) > 4096:
+                self._groups.clear()
+            self._groups[ctx.pid] = cached
+        return Identity(ctx.uid, ctx.gid, cached[1])
+
+    def _entry(self, a: pb.Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = a.ino
+        e.generation = 0
+        e.st_mode = a.mode
+        e.st_nlink = a.nlink
+        e.st_uid = a.uid
+        e.st_gid = a.gid
+        e.st_rdev = a.rdev
+        e.st_size = a.size
+        e.st_blksize = 1 << 20
+        e.st_blocks = (a.size + 511) // 512
+        e.st_atime_ns = a.atime_ns
+        e.st_mtime_ns = a.mtime_ns
+        e.st_ctime_ns = a.ctime_ns
+        e.attr_timeout = self.cfg.attr_timeout_s
+        e.entry_timeout = self.cfg.entry_timeout_s
+        return e
+
+    # ------------------------------------------------------------------ metadata
+    @_fs_errors
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        try:
+            return self._entry(await self._run(self.vfs.lookup, parent_inode, os.fsdecode(name), self._ident(ctx)))
+        except CurvineError as e:
+            if e.errno == errno.ENOENT and self.cfg.negative_timeout_s > 0:
+                neg = pyfuse3.EntryAttributes()
+                neg.st_ino = 0
+                neg.entry_timeout = self.cfg.negative_timeout_s
+                return neg
+            raise
+
+    @_fs_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._run(self.vfs.getattr, inode, self._ident(ctx)))
+
+    @_fs_errors
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        req = pb.SetAttrRequest(ino=inode, mode=attr.st_mode, uid=attr.st_uid, gid=attr.st_gid, size=attr.st_size,
+                                atime_ns=attr.st_atime_ns, mtime_ns=attr.st_mtime_ns)
+        now = time.time_ns()
+        valid = 0
+        valid |= SETATTR_MODE if fields.update_mode else 0
+        valid |= SETATTR_UID if fields.update_uid else 0
+        valid |= SETATTR_GID if fields.update_gid else 0
+        valid |= SETATTR_SIZE if fields.update_size else 0
+        if fields.update_atime:
+            valid |= SETATTR_ATIME_NOW if abs(now - attr.st_atime_ns) < NOW_WINDOW_NS else SETATTR_ATIME
+        if fields.update_mtime:
+            valid |= SETATTR_MTIME_NOW if abs(now - attr.st_mtime_ns) < NOW_WINDOW_NS else SETATTR_MTIME
+        req.valid = valid
+        return self._entry(await self._run(self.vfs.setattr, inode, req, self._ident(ctx)))
+
+    @_fs_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return os.fsencode(await self._run(self.vfs.readlink, inode, self._ident(ctx)))
+
+    @_fs_errors
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._run(self.vfs.mknod, parent_inode, os.fsdecode(name), mode, rdev, ctx.umask,
+                                           self._ident(ctx)))
+
+    @_fs_errors
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._run(self.vfs.mkdir, parent_inode, os.fsdecode(name), mode, ctx.umask,
+                                           self._ident(ctx)))
+
+    @_fs_errors
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._run(self.vfs.symlink, parent_inode, os.fsdecode(name), os.fsdecode(target),
+                                           self._ident(ctx)))
+
+    @_fs_errors
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._run(self.vfs.link, inode, new_parent_inode, os.fsdecode(new_name),
+                                           self._ident(ctx)))
+
+    @_fs_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._run(self.vfs.unlink, parent_inode, os.fsdecode(name), self._ident(ctx))
+
+    @_fs_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._run(self.vfs.rmdir, parent_inode, os.fsdecode(name), self._ident(ctx))
+
+    @_fs_errors
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx: pyfuse3.RequestContext) -> None:
+        await self._run(self.vfs.rename, parent_inode_old, os.fsdecode(name_old), parent_inode_new,
+                        os.fsdecode(name_new), flags, self._ident(ctx))
+
+    # ------------------------------------------------------------------ directories
+    @_fs_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        ident = self._ident(ctx)
+        attr = await self._run(self.vfs.getattr, inode, ident)
+        if attr.mode & 0o170000 != 0o040000:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        fh = next(self._dir_fhs)
+        self._dirs[fh] = (inode, ident)
+        return fh
+
+    @_fs_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        """'.' and '..' at offsets 1 and 2, then the master's entries (offsets >= 16, stable)."""
+        ino, ident = self._dirs[fh]
+        if start_id < 1:
+            me = await self._run(self.vfs.getattr, ino, ident)
+            if not pyfuse3.readdir_reply(token, b".", self._entry(me), 1):
+                return
+        if start_id < 2:
+            up = await self._run(self.vfs.lookup, ino, "..", ident)
+            if not pyfuse3.readdir_reply(token, b"..", self._entry(up), 2):
+                return
+        offset = max(start_id, 2)
+        while True:
+            reply = await self._run(self.vfs.readdir, ino, offset, ident)
+            for e in reply.entries:
+                if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self._entry(e.attr), e.offset):
+                    return
+                offset = e.offset
+            if reply.eof or not reply.entries:
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None
+
+    # ------------------------------------------------------------------ files
+    def _file_info(self, opened: Any) -> pyfuse3.FileInfo:
+        fi = pyfuse3.FileInfo(fh=opened.fh)
+        fi.keep_cache = opened.keep_cache
+        fi.direct_io = self.cfg.direct_io
+        return fi
+
+    @_fs_errors
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        opened = await self._run(self.vfs.create, parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
+                                 self._ident(ctx))
+        return self._file_info(opened), self._entry(opened.attr)
+
+    @_fs_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        return self._file_info(await self._run(self.vfs.open, inode, flags, self._ident(ctx)))
+
+    @_fs_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._run(self.vfs.read, fh, off, size)
+
+    @_fs_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self._run(self.vfs.write, fh, off, buf)
+
+    @_fs_errors
+    async def flush(self, fh: int) -> None:
+        await self._run(self.vfs.flush, fh)
+
+    @_fs_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self._run(self.vfs.fsync, fh)
+
+    @_fs_errors
+    async def release(self, fh: int) -> None:
+        await self._run(self.vfs.release, fh)
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        return None  # the client keeps no per-inode lookup state
+
+    # ------------------------------------------------------------------ xattrs, statfs
+    @_fs_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        try:
+            return await self._run(self.vfs.getxattr, inode, os.fsdecode(name), self._ident(ctx))
+        except CurvineError as e:
+            if e.errno == errno.ENODATA:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
+            raise
+
+    @_fs_errors
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._run(self.vfs.setxattr, inode, os.fsdecode(name), value, 0, self._ident(ctx))
+
+    @_fs_errors
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return [os.fsencode(n) for n in await self._run(self.vfs.listxattr, inode, self._ident(ctx))]
+
+    @_fs_errors
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        try:
+            await self._run(self.vfs.removexattr, inode, os.fsdecode(name), self._ident(ctx))
+        except CurvineError as e:
+            if e.errno == errno.ENODATA:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
+            raise
+
+    @_fs_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        s = await self._run(self.vfs.statfs)
+        bsize = 4096
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = 1 << 20
+        out.f_frsize = bsize
+        out.f_blocks = s.capacity // bsize
+        out.f_bfree = s.available // bsize
+        out.f_bavail = s.available // bsize
+        out.f_files = s.files + 1_000_000
+        out.f_ffree = 1_000_000
+        out.f_favail = 1_000_000
+        out.f_namemax = 255
+        return out
