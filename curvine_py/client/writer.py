@@ -94,6 +94,8 @@ class FileWriter:
         self._lock = threading.RLock()
         self._error: BaseException | None = None
         self._spare: list[pb.BlockInfo] = []
+        self._batch = 2
+        self.expected_blocks = 0     # a hint: how many blocks the caller will write
         self.closed = False
         core.leases.add(self.lease_id)
 
@@ -298,8 +300,10 @@ class FileWriter:
             self._slots.release()
 
     def _next_block(self) -> pb.BlockInfo:
+        """Block ids come in batches (one master call per batch), growing as the file does."""
         if not self._spare:
-            self._spare = self._allocate(4)
+            self._batch = min(64, max(self._batch * 2, self.expected_blocks))
+            self._spare = self._allocate(self._batch)
         return self._spare.pop(0)
 
     def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
@@ -327,6 +331,7 @@ def write_all(core: ClientCore, reply: pb.OpenReply, data: memoryview,
               progress: Callable[[int], None] | None = None, ident: Identity | None = None) -> pb.Attr:
     """Write a whole object from memory: full blocks go straight from `data`, no copy."""
     w = FileWriter(core, reply, ident)
+    w.expected_blocks = (len(data) + w.bs - 1) // w.bs
     try:
         w.truncate(0)
         step = w.bs * 8
