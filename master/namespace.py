@@ -374,10 +374,11 @@ class Namespace(Store):
                               (ino, idx, bid, b["length"], to_i64(b["checksum"])))
         if size < row["size"] or rec["blocks"]:
             freed += self._truncate(row, size)
-        mtime = rec.get("mtime_ns") or rec["now_ns"]
-        mode = posix.clear_suid(row["mode"], cred_of(rec)) if rec["blocks"] else row["mode"]
-        self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
-                          " WHERE ino=?", (size, mtime, rec["now_ns"], mode, ino))
+        if rec["blocks"] or size != row["size"] or rec.get("mtime_ns"):
+            mtime = rec.get("mtime_ns") or rec["now_ns"]
+            mode = posix.clear_suid(row["mode"], cred_of(rec)) if rec["blocks"] else row["mode"]
+            self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
+                              " WHERE ino=?", (size, mtime, rec["now_ns"], mode, ino))
         if rec.get("release"):
             freed += self._release(ino)
         return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
@@ -546,7 +547,10 @@ class Namespace(Store):
         freed: list[int] = []
         mode = row["mode"]
         if valid & SETATTR_MODE:
-            mode = posix.chmod_mode(row, cred, rec["mode"])
+            if posix.only_clears_suid(row["mode"], rec["mode"]):
+                mode = (row["mode"] & ~0o7777) | (rec["mode"] & 0o7777)
+            else:
+                mode = posix.chmod_mode(row, cred, rec["mode"])
         if valid & (SETATTR_UID | SETATTR_GID):
             uid = rec["uid"] if valid & SETATTR_UID else None
             gid = rec["gid"] if valid & SETATTR_GID else None

@@ -114,3 +114,11 @@ def clear_suid(mode: int, cred: Cred | None = None) -> int:
     if mode & stat.S_IXGRP:
         mode &= ~stat.S_ISGID
     return mode
+
+
+def only_clears_suid(old: int, new: int) -> bool:
+    """A mode change that only drops setuid/setgid: what the kernel sends when a
+    non-owner writes to such a file (file_remove_privs), so anyone may make it."""
+    old, new = old & 0o7777, new & 0o7777
+    return new != old and new | (stat.S_ISUID | stat.S_ISGID) == old | (stat.S_ISUID | stat.S_ISGID) \
+        and new & ~old == 0

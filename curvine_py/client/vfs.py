@@ -35,6 +35,7 @@ class InodeState:
     writer: FileWriter | None = None
     writers: int = 0          # handles open for writing
     handles: int = 0
+    hidden: tuple[int, str, Identity] | None = None   # unlinked while open: remove at last release
 
 
 @dataclass
@@ -68,14 +69,17 @@ class VFS:
 
     # ------------------------------------------------------------------ attributes
     def overlay(self, attr: pb.Attr) -> pb.Attr:
-        """This client's unflushed writes change the size others see only after flush."""
+        """Attributes as this client sees them: with its own unflushed writes (size, mtime)."""
         st = self._inodes.get(attr.ino)
-        if st is not None and st.writer is not None and not st.writer.closed and st.writer.size != attr.size:
-            a = pb.Attr()
-            a.CopyFrom(attr)
-            a.size = st.writer.size
-            return a
-        return attr
+        w = st.writer if st is not None else None
+        if w is None or w.closed or (not w.changed and w.size == attr.size):
+            return attr
+        a = pb.Attr()
+        a.CopyFrom(attr)
+        a.size = w.size
+        if w.changed:
+            a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)
+        return a
 
     def lookup(self, parent: int, name: str, ident: Identity) -> pb.Attr:
         return self.overlay(self.meta.lookup(parent, name, ident))
@@ -109,12 +113,34 @@ class VFS:
         return self.overlay(self.meta.call("Link", req).attr)
 
     def unlink(self, parent: int, name: str, ident: Identity) -> None:
-        self.meta.unlink(parent, name, ident)
+        if not self._hide_if_open(parent, name, ident):
+            self.meta.unlink(parent, name, ident)
+
+    def _hide_if_open(self, parent: int, name: str, ident: Identity) -> bool:
+        """POSIX keeps an unlinked file readable while it is open.  Like libfuse's
+        'hard_remove' off, a file open here is renamed to a hidden name instead and
+        unlinked when its last handle is released."""
+        if not self._inodes:
+            return False
+        try:
+            attr = self.meta.lookup(parent, name, ident)
+        except CurvineError:
+            return False
+        with self._lock:
+            st = self._inodes.get(attr.ino)
+            if st is None or not stat.S_ISREG(attr.mode) or attr.nlink > 1:
+                return False
+        hidden = f".curvine_hidden_{attr.ino:x}_{next(self._fhs):x}"
+        self.meta.rename(parent, name, parent, hidden, 0, ident)
+        st.hidden = (parent, hidden, ident)
+        return True
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> None:
         self.meta.rmdir(parent, name, ident)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int, ident: Identity) -> None:
+        if not flags:
+            self._hide_if_open(new_parent, new_name, ident)  # a replaced file open here stays readable
         self.meta.rename(parent, name, new_parent, new_name, flags, ident)
 
     def readlink(self, ino: int, ident: Identity) -> str:
@@ -246,6 +272,12 @@ class VFS:
                 st.writer.close()
             except CurvineError as e:
                 log.error("closing inode %d: %s", h.ino, e)
+        if st.handles == 0 and st.hidden is not None:
+            parent, name, ident = st.hidden
+            try:
+                self.meta.unlink(parent, name, ident)
+            except CurvineError as e:
+                log.warning("removing hidden %s: %s", name, e)
 
     def close(self) -> None:
         """Unmount: flush and release everything still open."""

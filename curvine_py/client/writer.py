@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable
 
@@ -95,6 +96,8 @@ class FileWriter:
         self._error: BaseException | None = None
         self._spare: list[pb.BlockInfo] = []
         self._batch = 2
+        self.changed = False         # written or truncated since the last commit
+        self.mtime_ns = 0            # time of the last change, the file's mtime at commit
         self.expected_blocks = 0     # a hint: how many blocks the caller will write
         self.closed = False
         core.leases.add(self.lease_id)
@@ -107,6 +110,7 @@ class FileWriter:
         direct: list[Future[pb.BlockInfo]] = []
         with self._lock:
             self._check()
+            self._touch()
             done = 0
             while done < len(mv):
                 idx, within = divmod(offset + done, self.bs)
@@ -139,6 +143,7 @@ class FileWriter:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
         with self._lock:
             self._check()
+            self._touch()
             keep = (size + self.bs - 1) // self.bs
             for idx in [i for i in self.dirty if i >= keep]:
                 self._drop_dirty(idx)
@@ -177,23 +182,30 @@ class FileWriter:
             return total
 
     # ------------------------------------------------------------------ flush / close
-    def flush(self, release: bool = False, mtime_ns: int = 0) -> pb.Attr:
-        """Ship every dirty block, wait for all, and commit size and blocks to the master."""
+    def flush(self, release: bool = False) -> pb.Attr | None:
+        """Ship every dirty block, wait for all, and commit size and blocks to the master.
+
+        Nothing changed since the last commit: no commit (mtime stays), unless the
+        lease is to be released.
+        """
         with self._lock:
             if self.closed:
                 raise CurvineError(errno.EBADF, "file already closed")
+            if not self.changed and not release:
+                return None
             for idx in list(self.dirty):
                 self._ship_dirty(idx)
             infos = self._wait_all()
             self._check()
             attr = self.core.meta.commit(self.ino, self.lease_id, self.size, infos, release=release,
-                                         mtime_ns=mtime_ns, ident=self.ident)
+                                         mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
             self.committed_size = self.size
+            self.changed = False
             if release:
                 self._finish()
             return attr
 
-    def close(self) -> pb.Attr:
+    def close(self) -> pb.Attr | None:
         try:
             return self.flush(release=True)
         except BaseException:
@@ -224,6 +236,10 @@ class FileWriter:
         self.core.leases.remove(self.lease_id)
 
     # ------------------------------------------------------------------ shipping
+    def _touch(self) -> None:
+        self.changed = True
+        self.mtime_ns = time.time_ns()
+
     def _check(self) -> None:
         if self._error is not None:
             raise self._error
