@@ -377,8 +377,9 @@ class Client:
             return File(self, normpath(path), mode, reader, None)
         ino, name = self._parent(path)
         flags = os.O_WRONLY | (os.O_TRUNC if m == "w" else 0)
+        bs = block_size or self.config.client.block_size
         reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, flags, umask=0o022,
-                                                        exclusive=m == "x", block_size=block_size))
+                                                        exclusive=m == "x", block_size=bs))
         if stat.S_ISDIR(reply.attr.mode):  # type: ignore[attr-defined]
             raise err(errno.EISDIR).with_path(path)
         writer = self._do(path, lambda: FileWriter(self.core, reply))  # type: ignore[arg-type]
@@ -390,8 +391,9 @@ class Client:
     def put_bytes(self, path: str, data: bytes | bytearray | memoryview, block_size: int = 0) -> None:
         """Store a whole object (replacing any previous content); visible to all once this returns."""
         ino, name = self._parent(path)
+        bs = block_size or self.config.client.block_size
         reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, os.O_WRONLY | os.O_TRUNC,
-                                                        umask=0o022, block_size=block_size))
+                                                        umask=0o022, block_size=bs))
         self._do(path, lambda: write_all(self.core, reply, memoryview(data).cast("B")))  # type: ignore[arg-type]
 
     def get_into(self, path: str, buffer: bytearray | memoryview) -> int:

@@ -1,0 +1,65 @@
+"""Configuration: file, environment and flag precedence, sizes, errors, documentation."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from curvine_py.common import config
+from curvine_py.common.errors import ConfigError
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+
+
+def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[master]\nport = 1111\nblock_size = "8MiB"\n[worker]\ndirs = ["[MEM]/a", "/b"]\n')
+    monkeypatch.setenv("CURVINE_MASTER_PORT", "2222")
+    monkeypatch.setenv("CURVINE_MASTER", "m:1")
+    p = argparse.ArgumentParser()
+    config.add_flags(p)
+    cfg = config.load(p.parse_args(["--config", str(f), "--master-rpc-threads", "3"]))
+    assert cfg.master.port == 2222 and cfg.master.block_size == 8 << 20
+    assert cfg.master.rpc_threads == 3 and cfg.worker.dirs == ["[MEM]/a", "/b"]
+    assert cfg.client.master == "m:1"
+    cfg2 = config.load(p.parse_args(["--config", str(f), "--master-port", "3333"]))
+    assert cfg2.master.port == 3333
+
+
+@pytest.mark.parametrize("text,value", [("4MiB", 4 << 20), ("100GB", 100 << 30), ("1.5G", 3 << 29), ("4096", 4096)])
+def test_sizes(text: str, value: int) -> None:
+    assert config.parse_size(text) == value
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[master]\nport = 'x'\n")
+    with pytest.raises(ConfigError, match="master.port"):
+        config.load(path=str(bad))
+    bad.write_text("[nope]\na = 1\n")
+    with pytest.raises(ConfigError, match="unknown section"):
+        config.load(path=str(bad))
+    bad.write_text("[master]\nbogus = 1\n")
+    with pytest.raises(ConfigError, match="unknown configuration key"):
+        config.load(path=str(bad))
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(path=str(tmp_path / "missing.toml"))
+
+
+def test_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = config.Config()
+    cfg.worker.dirs = ["[SSD:1GiB]/x"]
+    f = tmp_path / "out.toml"
+    f.write_text(config.to_toml(cfg))
+    assert config.load(path=str(f)) == cfg
+
+
+def test_every_key_is_documented() -> None:
+    text = DOCS.read_text()
+    cfg = config.Config()
+    for section in config.SECTIONS:
+        assert f"## [{section}]" in text
+        for f in dataclasses.fields(cfg.section(section)):
+            assert f"| `{f.name}` |" in text, f"{section}.{f.name} missing from docs/config.md"
