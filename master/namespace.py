@@ -273,7 +273,11 @@ class Namespace(Store):
         d = self._writable_dir(cred, parent)
         existing = self.child(parent, name)
         if existing is not None:
-            if rec.get("exclusive", True) or not stat.S_ISREG(mode) or not stat.S_ISREG(existing["mode"]):
+            if rec.get("exclusive", True) or not stat.S_ISREG(mode):
+                raise err(errno.EEXIST)
+            if stat.S_ISDIR(existing["mode"]):
+                raise err(errno.EISDIR)   # open(O_CREAT) of a directory
+            if not stat.S_ISREG(existing["mode"]):
                 raise err(errno.EEXIST)
             return {"attr": existing, "created": False}
         ftype = stat.S_IFMT(mode) or stat.S_IFREG
