@@ -1,0 +1,84 @@
+"""`cv report`: the cluster as the master sees it (workers, ring, pool, replication).
+
+This is the operator's first look after starting or losing a node: which workers are
+live, how full each is, which ring epoch placement uses, and whether any block is
+missing a replica.
+"""
+from __future__ import annotations
+
+import argparse
+import typing
+
+from curvine_py.cli import Context
+from curvine_py.cli import output
+
+if typing.TYPE_CHECKING:
+    from curvine_py.pb import curvine_pb2
+
+
+def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
+    """The Report reply with exact integers and the same worker fields `fs blocks` uses."""
+    return {
+        "master": rep.master_address,
+        "version": rep.version,
+        "ring_epoch": rep.ring_epoch,
+        "capacity": rep.capacity,
+        "used": rep.used,
+        "files": rep.files,
+        "blocks": rep.blocks,
+        "under_replicated": rep.under_replicated,
+        "workers": [{
+            "id": w.address.worker_id,
+            "host": w.address.host,
+            "address": f"{w.address.ip}:{w.address.rpc_port}",
+            "data_address": f"{w.address.ip}:{w.address.data_port}",
+            "state": w.state,
+            "capacity": w.capacity,
+            "used": w.used,
+            "blocks": w.blocks,
+            "last_heartbeat_ms": w.last_heartbeat_ms,  # age: ms since the last heartbeat
+            "dirs": [{"path": d.path, "tier": d.tier, "capacity": d.capacity, "used": d.used}
+                     for d in w.dirs],
+        } for w in rep.workers],
+    }
+
+
+def format_report(rep: "curvine_pb2.ReportReply") -> str:
+    """The human view: a summary block, then one row per worker."""
+    live = sum(1 for w in rep.workers if w.state.lower() == "live")
+    summary = output.table([
+        ("master:", f"{rep.master_address or '-'}" + (f" (version {rep.version})" if rep.version else "")),
+        ("workers:", f"{live} live of {len(rep.workers)}"),
+        ("ring epoch:", rep.ring_epoch),
+        ("capacity:", f"{output.format_size(rep.capacity)}, used {output.format_size(rep.used)} "
+                      f"({output.format_percent(rep.used, rep.capacity)})"),
+        ("files:", rep.files),
+        ("blocks:", f"{rep.blocks} ({rep.under_replicated} under-replicated)"),
+    ])
+    if not rep.workers:
+        return summary + "\n\nno workers registered"
+    rows = [(w.address.worker_id, w.address.host, f"{w.address.ip}:{w.address.rpc_port}",
+             w.state, output.format_size(w.capacity), output.format_size(w.used),
+             output.format_percent(w.used, w.capacity), w.blocks,
+             output.format_age_ms(w.last_heartbeat_ms))
+            for w in sorted(rep.workers, key=lambda w: w.address.worker_id)]
+    workers = output.table(rows, headers=("ID", "HOST", "ADDRESS", "STATE", "CAPACITY", "USED",
+                                          "USE%", "BLOCKS", "HEARTBEAT"), right={0, 4, 5, 6, 7})
+    return f"{summary}\n\n{workers}"
+
+
+def cmd_report(ctx: Context) -> int:
+    rep = ctx.client.report()
+    if ctx.args.json:
+        output.print_json(report_json(rep))
+    else:
+        print(format_report(rep))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add `cv report`."""
+    p = sub.add_parser("report", parents=[common], help="cluster report: workers, ring, usage",
+                       description="What the master knows of the cluster.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_report)

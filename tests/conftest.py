@@ -1,0 +1,137 @@
+"""Shared fixtures: real local clusters (master + workers as processes) on free ports.
+
+Every cluster a fixture starts is stopped at teardown, also when the test failed, and
+its daemons are started with ``die_with_parent`` so that even a killed pytest run
+leaves no orphans.  When a test using ``cluster`` fails, the tails of the daemons'
+logs are printed (pytest shows them with the failure).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.common.config import Config
+from curvine_py.localcluster import LocalCluster, log_tail
+
+if typing.TYPE_CHECKING:
+    from curvine_py.sdk import Client
+
+# Heartbeats every 200 ms: workers register and are reported live within a fraction of
+# a second, which keeps fixture start-up and liveness assertions fast.
+FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
+START_TIMEOUT_S = 60.0
+CV = str(Path(sys.executable).parent / "cv")  # the console script of this venv
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_environment() -> None:
+    """Tests must not pick up a developer's CURVINE_* settings."""
+    for name in [n for n in os.environ if n.startswith("CURVINE_")]:
+        del os.environ[name]
+
+
+def start_cluster(directory: Path, workers: int = 2, **kwargs: typing.Any) -> LocalCluster:
+    """A started LocalCluster with test settings (free ports, fast heartbeats).
+
+    start() stops whatever it started when it fails, so a caller only has to stop a
+    cluster this returns.
+    """
+    kwargs.setdefault("extra_master_flags", FAST_MASTER_FLAGS)
+    kwargs.setdefault("die_with_parent", True)
+    cluster = LocalCluster(directory, workers=workers, **kwargs)
+    cluster.start(timeout=START_TIMEOUT_S)
+    return cluster
+
+
+def dump_logs(cluster: LocalCluster) -> None:
+    for p in cluster.processes:
+        print(f"---- {p.name} (pid {p.pid}, alive={p.is_alive()}) {p.log}")
+        print(log_tail(p.log, 40))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> typing.Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's outcome on the item, so fixtures can tell a failure."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    rep = getattr(request.node, "rep_call", None)
+    return rep is not None and rep.failed
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> typing.Iterator[LocalCluster]:
+    """A fresh 2-worker cluster for one test (tests that kill or restart daemons)."""
+    c = start_cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        if _failed(request):
+            dump_logs(c)
+        c.stop()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest
+                    ) -> typing.Iterator[typing.Callable[..., LocalCluster]]:
+    """Start clusters with custom settings: ``cluster_factory(workers=3, capacity="64MiB")``."""
+    started: list[LocalCluster] = []
+
+    def make(**kwargs: typing.Any) -> LocalCluster:
+        c = start_cluster(tmp_path / f"cluster{len(started)}", **kwargs)
+        started.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in started:
+            if _failed(request):
+                dump_logs(c)
+            c.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[LocalCluster]:
+    """One 2-worker cluster shared by a module's tests (use distinct paths per test)."""
+    c = start_cluster(tmp_path_factory.mktemp("shared") / "cluster")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def client_config(cluster: LocalCluster) -> Config:
+    """Client settings for tests: this cluster, and a bounded wait for an unreachable master."""
+    cfg = Config()
+    cfg.client.master = cluster.master_address
+    cfg.client.retry_s = 30.0
+    return cfg
+
+
+@pytest.fixture
+def client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
+    """An SDK Client connected to the shared cluster."""
+    from curvine_py.sdk import Client
+    c = Client(master=shared_cluster.master_address, config=client_config(shared_cluster))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def remote_dir(client: "Client", request: pytest.FixtureRequest) -> str:
+    """A fresh, empty directory on the shared cluster, named after the test."""
+    name = "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:80]
+    path = f"/t/{name}-{os.urandom(3).hex()}"
+    client.mkdir(path, parents=True)
+    return path
