@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test install system-deps proto bench clean
 
 run: install
-	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --foreground
+	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground
 
 test: install
 	$(PY) -m pytest -q tests

@@ -201,28 +201,45 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
             pid = int(pid_file.read_text().split()[0])
         except (ValueError, IndexError):
             pid = None
-    alive = pid is not None and _alive(pid)
-    if alive:
+    if pid is not None and _alive(pid):
         os.kill(pid, signal.SIGTERM)  # type: ignore[arg-type]
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
             time.sleep(0.05)
-        if not _alive(pid):  # type: ignore[arg-type]
+        if _alive(pid):  # type: ignore[arg-type]
+            print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
+            return 1
+        if not _is_mounted(mountpoint):
             print(f"unmounted {mountpoint}")
             return 0
-        print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
-        return 1
-    mounted = _is_mounted(mountpoint)
-    if not mounted:
+        # it died without unmounting: detach below
+    if not _is_mounted(mountpoint):
         print(f"cv umount: {mountpoint}: not mounted", file=sys.stderr)
         return 1
-    print(f"cv umount: {mountpoint}: the mount daemon is gone (died?); detaching the stale mount", file=sys.stderr)
-    r = subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True)
-    if r.returncode != 0:
-        subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+    if _daemon_dead(mountpoint):
+        print(f"cv umount: {mountpoint}: the mount daemon is gone (died?); detaching the stale mount",
+              file=sys.stderr)
+        r = subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+    else:  # a live daemon we have no pid file for (another run dir): a plain unmount ends it
+        r = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"cv umount: {mountpoint}: {r.stderr.strip() or 'unmount failed'}", file=sys.stderr)
+            return 1
+        print(f"unmounted {mountpoint}")
     if pid_file.exists():
         pid_file.unlink()
     return 0 if not _is_mounted(mountpoint) else 1
+
+
+def _daemon_dead(mountpoint: str) -> bool:
+    """A FUSE mount whose daemon died answers ENOTCONN ('Transport endpoint is not connected')."""
+    try:
+        os.stat(mountpoint)
+        return False
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 def _alive(pid: int) -> bool:
