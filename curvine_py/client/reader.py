@@ -78,16 +78,22 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
 
 
 class _Cached:
-    """A whole block fetched into a pooled buffer."""
+    """A whole block fetched into a pooled buffer; `users` pins it while it is copied from."""
 
-    __slots__ = ("raw", "view", "future")
+    __slots__ = ("raw", "view", "future", "users")
 
     def __init__(self, raw: object, view: memoryview, future: Future[int]) -> None:
         self.raw, self.view, self.future = raw, view, future
+        self.users = 0
 
 
 class FileReader:
-    """Positional and sequential reads of one file version (its block list at open)."""
+    """Positional and sequential reads of one file version (its block list at open).
+
+    Thread-safe: the lock guards only the cache's bookkeeping; waiting for a fetch and
+    copying out of a fetched block happen outside it, so concurrent kernel read-ahead
+    requests proceed in parallel.
+    """
 
     def __init__(self, core: ClientCore, attr: pb.Attr, blocks: list[pb.BlockInfo],
                  workers: list[pb.WorkerAddress]) -> None:
@@ -99,84 +105,126 @@ class FileReader:
         self.pool = core.buffer_pool(self.bs)
         self.read_ahead = core.cfg.client.read_ahead_blocks
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
-        self._last_end = -1
+        self._max_end = 0
         self._lock = threading.RLock()
         core.workers.learn(list(workers))
-
-    def pread(self, offset: int, into: memoryview) -> int:
-        """Fill into from file offset; returns bytes read (short only at end of file)."""
-        with self._lock:
-            return self._pread(offset, into)
 
     def invalidate(self, idx: int) -> None:
         """Slot idx now has another block: drop what was fetched of the old one."""
         with self._lock:
-            if idx in self._cache:
-                self._evict(idx)
+            entry = self._cache.pop(idx, None)
+        if entry is not None:
+            self._retire(entry)
 
-    def _pread(self, offset: int, into: memoryview) -> int:
+    def pread(self, offset: int, into: memoryview) -> int:
+        """Fill into from file offset; returns bytes read (short only at end of file)."""
         if offset >= self.size or len(into) == 0:
             return 0
         total = min(len(into), self.size - offset)
-        sequential = offset == self._last_end
         done = 0
         while done < total:
-            pos = offset + done
-            idx, within = divmod(pos, self.bs)
+            idx, within = divmod(offset + done, self.bs)
             n = min(total - done, self.bs - within)
-            self._read_slot(idx, within, into[done:done + n], sequential)
+            self._read_slot(idx, within, into[done:done + n], offset)
             done += n
-        self._last_end = offset + total
         return total
 
-    def _read_slot(self, idx: int, within: int, out: memoryview, sequential: bool) -> None:
+    def read_bytes(self, offset: int, size: int) -> bytes:
+        """Up to size bytes at offset as one new bytes object (one copy out of the block cache)."""
+        if offset >= self.size or size <= 0:
+            return b""
+        size = min(size, self.size - offset)
+        idx, within = divmod(offset, self.bs)
+        block = self.blocks.get(idx)
+        if within + size > self.bs or block is None or within + size > block.length:
+            buf = bytearray(size)
+            self.pread(offset, memoryview(buf))
+            return bytes(buf)
+        entry = self._acquire(idx, offset)
+        try:
+            entry.future.result()
+            return bytes(entry.view[within:within + size])
+        finally:
+            self._unpin(entry)
+
+    def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
         block = self.blocks.get(idx)
         if block is None:
-            out[:] = bytes(len(out)) if len(out) < 65536 else bytearray(len(out))
+            out[:] = bytearray(len(out))
             return
-        cached = self._cache.get(idx)
-        if cached is None and within == 0 and len(out) >= min(self.bs, block.length):
+        with self._lock:
+            cached = idx in self._cache
+        if not cached and within == 0 and len(out) >= min(self.bs, block.length):
+            self._note(offset, idx)
             self._fill(block, 0, out)   # caller wants the whole block: no staging copy
-            if sequential:
-                self._prefetch(idx + 1)
             return
-        if cached is None:
-            cached = self._start_fetch(idx)
-        if sequential:
-            self._prefetch(idx + 1)
-        n = cached.future.result()
-        have = max(0, min(len(out), n - within))
-        out[:have] = cached.view[within:within + have]
+        entry = self._acquire(idx, offset)
+        try:
+            n = entry.future.result()
+            have = max(0, min(len(out), n - within))
+            out[:have] = entry.view[within:within + have]
+        finally:
+            self._unpin(entry)
         if have < len(out):
-            out[have:] = bytes(len(out) - have)
+            out[have:] = bytearray(len(out) - have)
+
+    def _note(self, offset: int, idx: int) -> None:
+        """Reads near the furthest point read so far are sequential: fetch the next blocks."""
+        with self._lock:
+            sequential = offset <= self._max_end + self.bs
+            self._max_end = max(self._max_end, offset)
+            if sequential:
+                for nxt in range(idx + 1, idx + 1 + self.read_ahead):
+                    if nxt in self.blocks and nxt not in self._cache:
+                        self._start_fetch(nxt)
+
+    def _acquire(self, idx: int, offset: int) -> _Cached:
+        self._note(offset, idx)
+        with self._lock:
+            entry = self._cache.get(idx)
+            if entry is None:
+                entry = self._start_fetch(idx)
+            else:
+                self._cache.move_to_end(idx)
+            entry.users += 1
+            return entry
+
+    def _unpin(self, entry: _Cached) -> None:
+        with self._lock:
+            entry.users -= 1
+            retire = entry.users == 0 and entry not in self._cache.values()
+        if retire:
+            self._retire(entry)
 
     def _fill(self, block: pb.BlockInfo, within: int, out: memoryview) -> None:
         n = fetch_block(self.core, self.attr.ino, block, within, out)
         if n < len(out):
-            out[n:] = bytes(len(out) - n)
+            out[n:] = bytearray(len(out) - n)
 
     def _start_fetch(self, idx: int) -> _Cached:
+        """Called with the lock held."""
         block = self.blocks[idx]
         raw = self.pool.acquire()
         view = memoryview(raw)
         fut = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0, view[:block.length])
         entry = _Cached(raw, view, fut)
         self._cache[idx] = entry
-        while len(self._cache) > self.read_ahead + 2:
-            self._evict(next(iter(self._cache)))
+        limit = self.read_ahead + 2
+        for old in [i for i in self._cache if i != idx][:max(0, len(self._cache) - limit)]:
+            victim = self._cache.pop(old)
+            if victim.users == 0:
+                self.core.executor.submit(self._retire, victim)
         return entry
 
-    def _prefetch(self, start: int) -> None:
-        for idx in range(start, start + self.read_ahead):
-            if idx in self.blocks and idx not in self._cache:
-                self._start_fetch(idx)
-
-    def _evict(self, idx: int) -> None:
-        entry = self._cache.pop(idx)
+    def _retire(self, entry: _Cached) -> None:
+        """Give a dropped entry's buffer back once its fetch is over and nobody copies from it."""
         try:
             entry.future.result()
         except BaseException:
             pass
+        with self._lock:
+            if entry.users:
+                return   # the last _unpin retires it
         entry.view.release()
         self.pool.release(entry.raw)  # type: ignore[arg-type]
 
@@ -199,5 +247,7 @@ class FileReader:
 
     def close(self) -> None:
         with self._lock:
-            for idx in list(self._cache):
-                self._evict(idx)
+            entries = list(self._cache.values())
+            self._cache.clear()
+        for entry in entries:
+            self._retire(entry)

@@ -15,7 +15,7 @@ import logging
 import os
 import stat
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
@@ -45,7 +45,6 @@ class Handle:
     flags: int
     state: InodeState
     reader: FileReader | None = None
-    buf: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(frozen=True)
@@ -219,19 +218,16 @@ class VFS:
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self.handle(fh)
-        if len(h.buf) < size:
-            h.buf = bytearray(size)
-        view = memoryview(h.buf)[:size]
         st = h.state
         if st.writer is not None and not st.writer.closed:
-            n = st.writer.pread(offset, view)
-        elif h.reader is not None:
-            n = h.reader.pread(offset, view)
-        else:  # the writer went away under a read-write handle: reopen for reading
+            buf = bytearray(size)
+            n = st.writer.pread(offset, memoryview(buf))
+            del buf[n:]
+            return bytes(buf)
+        if h.reader is None:  # the writer went away under a read-write handle: reopen for reading
             reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
             h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
-            n = h.reader.pread(offset, view)
-        return bytes(view[:n])
+        return h.reader.read_bytes(offset, size)
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)

@@ -69,7 +69,7 @@ class ClientConfig:
     master: str = "127.0.0.1:8995"
     host: str = ""                # this client's host identity (local-replica preference); "" = hostname
     block_size: int = 0           # block size of files this client creates; 0 = inherit from the directory
-    read_ahead_blocks: int = 2    # blocks fetched ahead of a sequential reader
+    read_ahead_blocks: int = 4    # blocks fetched ahead of a sequential reader
     rpc_timeout_s: float = 30.0   # one attempt of a metadata call
     retry_s: float = 120.0        # how long a metadata call keeps retrying an unreachable master
     data_timeout_s: float = 10.0  # a data-channel socket silent this long fails over to the other replica
