@@ -31,6 +31,7 @@ from curvine_py.pb import curvine_pb2 as pb
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time; treat "just now" as NOW
+_ROOT = Identity(0, 0, ())
 
 
 def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,7 +203,9 @@ class CurvineOps(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, b".", self._entry(me), 1):
                 return
         if start_id < 2:
-            up = await self._run(self.vfs.lookup, ino, "..", ident)
+            # Listing needs only r on the directory (ext4 lists '..' without x), but a
+            # lookup of '..' checks x: fetch the parent's attributes as root.
+            up = await self._run(self.vfs.lookup, ino, "..", _ROOT)
             if not pyfuse3.readdir_reply(token, b"..", self._entry(up), 2):
                 return
         offset = max(start_id, 2)
@@ -241,7 +244,10 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self._run(self.vfs.read, fh, off, size)
+        data = self.vfs.read_nowait(fh, off, size)   # already fetched: no thread hop
+        if data is None:
+            data = await self._run(self.vfs.read, fh, off, size)
+        return data
 
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

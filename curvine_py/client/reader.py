@@ -109,6 +109,15 @@ class FileReader:
         self._lock = threading.RLock()
         core.workers.learn(list(workers))
 
+    def prefetch_small(self) -> None:
+        """A file no bigger than the read-ahead window is fetched whole at once: the KV-cache
+        reader opens a chunk and reads all of it, so every block is wanted right away."""
+        if 0 < self.size <= self.read_ahead * self.bs:
+            with self._lock:
+                for idx in sorted(self.blocks):
+                    if idx not in self._cache:
+                        self._start_fetch(idx)
+
     def invalidate(self, idx: int) -> None:
         """Slot idx now has another block: drop what was fetched of the old one."""
         with self._lock:
@@ -146,6 +155,31 @@ class FileReader:
             return bytes(entry.view[within:within + size])
         finally:
             self._unpin(entry)
+
+    def read_bytes_nowait(self, offset: int, size: int) -> bytes | None:
+        """read_bytes if the bytes are already fetched (no waiting at all), else None.
+
+        The mount calls this on its event loop thread before paying for a worker thread.
+        """
+        if offset >= self.size or size <= 0:
+            return b""
+        size = min(size, self.size - offset)
+        idx, within = divmod(offset, self.bs)
+        if within + size > self.bs:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            entry = self._cache.get(idx)
+            if entry is None or not entry.future.done() or entry.future.exception() is not None:
+                return None
+            if within + size > entry.future.result():
+                return None
+            data = bytes(entry.view[within:within + size])
+        finally:
+            self._lock.release()
+        self._note(offset, idx)
+        return data
 
     def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
         block = self.blocks.get(idx)

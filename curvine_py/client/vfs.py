@@ -203,6 +203,7 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+                h.reader.prefetch_small()
             st.handles += 1
             self._handles[h.fh] = h
             gen = reply.attr.generation
@@ -228,6 +229,13 @@ class VFS:
             reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
             h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
         return h.reader.read_bytes(offset, size)
+
+    def read_nowait(self, fh: int, offset: int, size: int) -> bytes | None:
+        """The bytes if they can be had without blocking (already fetched), else None."""
+        h = self._handles.get(fh)
+        if h is None or h.reader is None or (h.state.writer is not None and not h.state.writer.closed):
+            return None
+        return h.reader.read_bytes_nowait(offset, size)
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)
