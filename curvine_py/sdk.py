@@ -14,6 +14,7 @@ import io
 import os
 import posixpath
 import stat
+import typing
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -418,27 +419,11 @@ class Client:
 
     def put_file(self, local_path: str, path: str, callback: Progress = None, block_size: int = 0) -> None:
         with open(local_path, "rb") as src, self.open(path, "wb", block_size) as dst:
-            chunk = bytearray(8 << 20)
-            view = memoryview(chunk)
-            while True:
-                n = src.readinto(chunk)
-                if not n:
-                    break
-                dst.write(view[:n])
-                if callback:
-                    callback(n)
+            _copy(src, dst, callback)
 
     def get_file(self, path: str, local_path: str, callback: Progress = None) -> None:
         with self.open(path, "rb") as src, open(local_path, "wb") as dst:
-            chunk = bytearray(8 << 20)
-            view = memoryview(chunk)
-            while True:
-                n = src.readinto(view)
-                if not n:
-                    break
-                dst.write(view[:n])
-                if callback:
-                    callback(n)
+            _copy(src, dst, callback)
 
     # ------------------------------------------------------------------ cluster
     def block_locations(self, path: str) -> list[BlockLocation]:
@@ -460,3 +445,16 @@ class Client:
 
     def root_ino(self) -> int:
         return ROOT_INO
+
+
+def _copy(src: typing.BinaryIO, dst: typing.BinaryIO, callback: Progress) -> None:
+    """Stream src to dst through one reused 8 MiB buffer."""
+    chunk = bytearray(8 << 20)
+    view = memoryview(chunk)
+    while True:
+        n = src.readinto(view)  # type: ignore[attr-defined]
+        if not n:
+            return
+        dst.write(view[:n])
+        if callback:
+            callback(n)

@@ -34,7 +34,8 @@ from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, BlockStore, BlockWriter, PendingWrite
-from curvine_py.worker.replication import ConnectionPool, Downstream
+from curvine_py.common.connpool import ConnectionPool
+from curvine_py.worker.replication import Downstream
 
 log = logging.getLogger(__name__)
 

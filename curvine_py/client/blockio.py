@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import errno
 import logging
-import select
 import socket
-import threading
-from collections import defaultdict
 
 import xxhash
 
 from curvine_py.common import frames
+from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.frames import DataHeader, Op
 from curvine_py.pb import curvine_pb2 as pb
@@ -26,59 +24,17 @@ log = logging.getLogger(__name__)
 PIECE = 1 << 20
 
 
-def _healthy(sock: socket.socket) -> bool:
-    """An idle connection must have nothing to read: readable means EOF or garbage."""
-    p = select.poll()
-    p.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
-    return not p.poll(0)
-
-
-class ConnectionPool:
-    """Idle data connections per (ip, port)."""
-
-    def __init__(self, timeout_s: float, max_idle: int = 8) -> None:
-        self.timeout_s = timeout_s
-        self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], list[socket.socket]] = defaultdict(list)
-        self._lock = threading.Lock()
-
-    def get(self, ip: str, port: int) -> socket.socket:
-        while True:
-            with self._lock:
-                idle = self._idle.get((ip, port))
-                sock = idle.pop() if idle else None
-            if sock is None:
-                break
-            if _healthy(sock):
-                return sock
-            sock.close()  # the worker closed it (idle timeout, restart): never reuse
-        try:
-            sock = socket.create_connection((ip, port), timeout=self.timeout_s)
-        except OSError as e:
-            raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
-        return frames.tune(sock)
-
-    def put(self, ip: str, port: int, sock: socket.socket) -> None:
-        with self._lock:
-            idle = self._idle[(ip, port)]
-            if len(idle) < self.max_idle:
-                idle.append(sock)
-                return
-        sock.close()
-
-    def close(self) -> None:
-        with self._lock:
-            for socks in self._idle.values():
-                for s in socks:
-                    s.close()
-            self._idle.clear()
-
-
 class BlockIO:
     """Send and fetch whole or partial blocks."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
+
+    def _connect(self, ip: str, port: int) -> socket.socket:
+        try:
+            return self.pool.get(ip, port)
+        except OSError as e:
+            raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
 
     def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview) -> tuple[list[int], int]:
         """Store data as block_id on targets (chained); returns (worker ids that acked, checksum).
@@ -101,7 +57,7 @@ class BlockIO:
 
     def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
               checksum: int) -> list[int]:
-        sock = self.pool.get(head.ip, head.data_port)
+        sock = self._connect(head.ip, head.data_port)
         ok = False
         try:
             frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain))
@@ -122,7 +78,7 @@ class BlockIO:
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview) -> int:
         """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read."""
-        sock = self.pool.get(worker.ip, worker.data_port)
+        sock = self._connect(worker.ip, worker.data_port)
         ok = False
         try:
             frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into)))

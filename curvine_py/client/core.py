@@ -11,9 +11,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.common.buffers import BufferPool
+from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
-from curvine_py.client.blockio import BlockIO, ConnectionPool
+from curvine_py.client.blockio import BlockIO
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -89,7 +90,7 @@ class ClientCore:
         self.cfg = cfg
         self.meta = MasterClient(master or cfg.client.master, cfg.client)
         self.host = host_identity(cfg.client.host)
-        self.pool = ConnectionPool(cfg.client.data_timeout_s)
+        self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s)
         self.io = BlockIO(self.pool)
         self.buffers = BufferPool(cfg.master.block_size, max_buffers=64)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")

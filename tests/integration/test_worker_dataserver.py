@@ -25,7 +25,8 @@ from curvine_py.pb import curvine_pb2, curvine_pb2_grpc, data_pb2
 from curvine_py.worker import heartbeat, service
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
-from curvine_py.worker.replication import ConnectionPool, push_block
+from curvine_py.common.connpool import ConnectionPool
+from curvine_py.worker.replication import push_block
 from curvine_py.worker.uring import Uring
 
 Op = data_pb2.Op
