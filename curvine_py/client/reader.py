@@ -34,9 +34,12 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
     for delay in (0.0, *LOCATION_RETRY_DELAYS):
         if delay:
             time.sleep(delay)
-            fresh = _relocate(core, ino, block)
+            try:
+                fresh = _relocate(core, ino, block)
+            except CurvineError:
+                continue   # the master is unreachable right now; try the replicas again
             if fresh is None:
-                break
+                raise CurvineError(errno.ESTALE, f"block {block.block_id} was replaced by a newer version")
             block = fresh
         try:
             return _fetch_once(core, block, offset, into)
@@ -47,10 +50,7 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
 
 def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo | None:
     """The block's current locations, or None if its file no longer holds it."""
-    try:
-        reply = core.meta.block_locations(ino)
-    except CurvineError:
-        return None
+    reply = core.meta.block_locations(ino)
     core.workers.learn(list(reply.workers))
     for b in reply.blocks:
         if b.block_id == block.block_id:
@@ -125,8 +125,31 @@ class FileReader:
         if entry is not None:
             self._retire(entry)
 
+    def refresh(self) -> None:
+        """Load the file's current block list and size (its blocks were replaced: another
+        client rewrote it since this reader opened it); drop everything fetched."""
+        reply = self.core.meta.block_locations(self.attr.ino)
+        self.core.workers.learn(list(reply.workers))
+        with self._lock:
+            entries = list(self._cache.values())
+            self._cache.clear()
+            self.blocks.clear()
+            self.blocks.update({b.offset // self.bs: b for b in reply.blocks})
+            self.size = reply.attr.size
+        for entry in entries:
+            self._retire(entry)
+
     def pread(self, offset: int, into: memoryview) -> int:
         """Fill into from file offset; returns bytes read (short only at end of file)."""
+        try:
+            return self._pread(offset, into)
+        except CurvineError as e:
+            if e.errno != errno.ESTALE:
+                raise
+            self.refresh()
+            return self._pread(offset, into)
+
+    def _pread(self, offset: int, into: memoryview) -> int:
         if offset >= self.size or len(into) == 0:
             return 0
         total = min(len(into), self.size - offset)
@@ -140,6 +163,15 @@ class FileReader:
 
     def read_bytes(self, offset: int, size: int) -> bytes:
         """Up to size bytes at offset as one new bytes object (one copy out of the block cache)."""
+        try:
+            return self._read_bytes(offset, size)
+        except CurvineError as e:
+            if e.errno != errno.ESTALE:
+                raise
+            self.refresh()
+            return self._read_bytes(offset, size)
+
+    def _read_bytes(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:
             return b""
         size = min(size, self.size - offset)
@@ -147,7 +179,7 @@ class FileReader:
         block = self.blocks.get(idx)
         if within + size > self.bs or block is None or within + size > block.length:
             buf = bytearray(size)
-            self.pread(offset, memoryview(buf))
+            self._pread(offset, memoryview(buf))
             return bytes(buf)
         entry = self._acquire(idx, offset)
         try:

@@ -36,6 +36,7 @@ class InodeState:
     writers: int = 0          # handles open for writing
     handles: int = 0
     hidden: tuple[int, str, Identity] | None = None   # unlinked while open: remove at last release
+    version: int = 0          # bumped when a writer here commits: readers reload their block lists
 
 
 @dataclass
@@ -44,7 +45,9 @@ class Handle:
     ino: int
     flags: int
     state: InodeState
+    writes: bool = False      # this handle counts as a writer (holds the inode's write state)
     reader: FileReader | None = None
+    version: int = 0          # InodeState.version the reader was loaded at
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class VFS:
 
     def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> pb.Attr:
         st = self._inodes.get(ino)
+        if req.valid & SETATTR_SIZE and st is not None:
+            st.version += 1   # readers open here reload their block lists
         if req.valid & SETATTR_SIZE and st is not None and st.writer is not None and not st.writer.closed:
             st.writer.truncate(req.size)
             st.writer.flush()
@@ -173,7 +178,7 @@ class VFS:
         return self._open_writer(reply, flags, ident)
 
     def open(self, ino: int, flags: int, ident: Identity) -> Opened:
-        write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        write = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)  # O_RDONLY|O_TRUNC truncates
         with self._lock:
             st = self._inodes.get(ino)
             shared = st is not None and st.writer is not None and not st.writer.closed
@@ -198,7 +203,8 @@ class VFS:
     def _new_handle(self, ino: int, flags: int, reply: pb.OpenReply, writer_handle: bool) -> Opened:
         with self._lock:
             st = self._inodes.setdefault(ino, InodeState(ino))
-            h = Handle(next(self._fhs), ino, flags, st)
+            h = Handle(next(self._fhs), ino, flags, st, writes=writer_handle)
+            h.version = st.version
             if writer_handle:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
@@ -225,22 +231,26 @@ class VFS:
             n = st.writer.pread(offset, memoryview(buf))
             del buf[n:]
             return bytes(buf)
-        if h.reader is None:  # the writer went away under a read-write handle: reopen for reading
+        if h.reader is None or h.version != st.version:  # written here since the reader loaded
             reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
+            if h.reader is not None:
+                h.reader.close()
             h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+            h.version = st.version
         return h.reader.read_bytes(offset, size)
 
     def read_nowait(self, fh: int, offset: int, size: int) -> bytes | None:
         """The bytes if they can be had without blocking (already fetched), else None."""
         h = self._handles.get(fh)
-        if h is None or h.reader is None or (h.state.writer is not None and not h.state.writer.closed):
+        if h is None or h.reader is None or h.version != h.state.version or \
+                (h.state.writer is not None and not h.state.writer.closed):
             return None
         return h.reader.read_bytes_nowait(offset, size)
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)
         w = h.state.writer
-        if w is None or w.closed or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
+        if w is None or w.closed or (h.flags & os.O_ACCMODE) == os.O_RDONLY:  # O_RDONLY|O_TRUNC too
             raise err(errno.EBADF, "file not open for writing")
         if h.flags & os.O_APPEND:
             offset = w.size
@@ -250,8 +260,9 @@ class VFS:
         """close(2) of one descriptor: make its writes visible to every client."""
         h = self.handle(fh)
         w = h.state.writer
-        if w is not None and not w.closed and (h.flags & os.O_ACCMODE) != os.O_RDONLY:
-            w.flush()
+        if w is not None and not w.closed and h.writes:
+            if w.flush() is not None:
+                h.state.version += 1
             self._seen_generation.pop(h.ino, None)
 
     fsync = flush
@@ -264,14 +275,15 @@ class VFS:
                 return
             st = h.state
             st.handles -= 1
-            last_writer = (h.flags & os.O_ACCMODE) != os.O_RDONLY and st.writers == 1
-            if (h.flags & os.O_ACCMODE) != os.O_RDONLY:
+            last_writer = h.writes and st.writers == 1
+            if h.writes:
                 st.writers -= 1
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
         if h.reader is not None:
             h.reader.close()
         if last_writer and st.writer is not None and not st.writer.closed:
+            st.version += 1
             try:
                 st.writer.close()
             except CurvineError as e:
