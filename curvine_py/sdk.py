@@ -24,7 +24,7 @@ from curvine_py.client.writer import FileWriter, write_all
 from curvine_py.common import config as config_mod
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
-from curvine_py.common.types import ROOT_INO
+from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
 
 Progress = Callable[[int], None] | None
@@ -272,8 +272,9 @@ class Client:
         while True:
             reply = self._do(path, lambda: self.meta.readdir(a.ino, offset, 1000, plus=True))
             for e in reply.entries:  # type: ignore[attr-defined]
-                out.append(FileStatus.of(posixpath.join(base, e.name), e.attr))
                 offset = e.offset
+                if not e.name.startswith(HIDDEN_PREFIX):
+                    out.append(FileStatus.of(posixpath.join(base, e.name), e.attr))
             if reply.eof or not reply.entries:  # type: ignore[attr-defined]
                 return out
 

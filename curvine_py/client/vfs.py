@@ -22,10 +22,12 @@ from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.errors import CurvineError, err
-from curvine_py.common.types import SETATTR_SIZE
+from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
+ROOT = Identity(0, 0)
+TRASH_NAME = HIDDEN_PREFIX + "trash"
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Handle:
     flags: int
     state: InodeState
     writes: bool = False      # this handle counts as a writer (holds the inode's write state)
+    ident: Identity | None = None   # who opened it (a retaken lease is asked for as them)
     reader: FileReader | None = None
     version: int = 0          # InodeState.version the reader was loaded at
 
@@ -73,14 +76,20 @@ class VFS:
     def overlay(self, attr: pb.Attr) -> pb.Attr:
         """Attributes as this client sees them: with its own unflushed writes (size, mtime)."""
         st = self._inodes.get(attr.ino)
-        w = st.writer if st is not None else None
-        if w is None or w.closed or (not w.changed and w.size == attr.size):
+        if st is None:
+            return attr
+        w = st.writer
+        writing = w is not None and not w.closed and (w.changed or w.size != attr.size)
+        if not writing and st.hidden is None:
             return attr
         a = pb.Attr()
         a.CopyFrom(attr)
-        a.size = w.size
-        if w.changed:
-            a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)
+        if st.hidden is not None:
+            a.nlink = 0       # unlinked while open (kept under a hidden name until released)
+        if writing:
+            a.size = w.size  # type: ignore[union-attr]
+            if w.changed:  # type: ignore[union-attr]
+                a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)  # type: ignore[union-attr]
         return a
 
     def lookup(self, parent: int, name: str, ident: Identity) -> pb.Attr:
@@ -134,10 +143,25 @@ class VFS:
             st = self._inodes.get(attr.ino)
             if st is None or not stat.S_ISREG(attr.mode) or attr.nlink > 1:
                 return False
-        hidden = f".curvine_hidden_{attr.ino:x}_{next(self._fhs):x}"
-        self.meta.rename(parent, name, parent, hidden, 0, ident)
+        hidden = f"{HIDDEN_PREFIX}{attr.ino:x}_{next(self._fhs):x}"
+        self.meta.rename(parent, name, parent, hidden, 0, ident)   # as the caller: unlink's permissions
         st.hidden = (parent, hidden, ident)
+        try:   # then out of the directory, so that it can be removed as on ext4
+            trash = self._trash()
+            self.meta.rename(parent, hidden, trash, hidden, 0, ROOT)
+            st.hidden = (trash, hidden, ROOT)
+        except CurvineError as e:
+            log.warning("could not move %s to the trash directory: %s", hidden, e)
         return True
+
+    def _trash(self) -> int:
+        """The root-owned directory where files unlinked while open wait for their last close."""
+        try:
+            return self.meta.mknod(ROOT_INO, TRASH_NAME, stat.S_IFDIR | 0o700, ident=ROOT).ino
+        except CurvineError as e:
+            if e.errno != errno.EEXIST:
+                raise
+            return self.meta.lookup(ROOT_INO, TRASH_NAME, ROOT).ino
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> None:
         self.meta.rmdir(parent, name, ident)
@@ -151,7 +175,14 @@ class VFS:
         return self.meta.call("Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target
 
     def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> pb.ReadDirReply:
-        return self.meta.readdir(ino, offset, limit, plus=True, ident=ident)
+        reply = self.meta.readdir(ino, offset, limit, plus=True, ident=ident)
+        if any(e.name.startswith(HIDDEN_PREFIX) for e in reply.entries):
+            kept = [e for e in reply.entries if not e.name.startswith(HIDDEN_PREFIX)]
+            last = reply.entries[-1].offset
+            reply = pb.ReadDirReply(entries=kept, eof=reply.eof)
+            if not kept and not reply.eof:   # keep paging: the caller stops at an empty page
+                return self.readdir(ino, last, ident, limit)
+        return reply
 
     def statfs(self) -> pb.StatFsReply:
         return self.meta.call("StatFs", pb.Empty())
@@ -188,8 +219,8 @@ class VFS:
         if write:
             if flags & os.O_TRUNC:
                 st.writer.truncate(0)  # type: ignore[union-attr]
-            return self._new_handle(ino, flags, reply, writer_handle=True)
-        return self._new_handle(ino, flags, reply, writer_handle=False)
+            return self._new_handle(ino, flags, reply, True, ident)
+        return self._new_handle(ino, flags, reply, False, ident)
 
     def _open_writer(self, reply: pb.OpenReply, flags: int, ident: Identity) -> Opened:
         ino = reply.attr.ino
@@ -197,13 +228,13 @@ class VFS:
             st = self._inodes.setdefault(ino, InodeState(ino))
             if st.writer is None or st.writer.closed:
                 st.writer = FileWriter(self.core, reply, ident)
-                st.writers = 0
-        return self._new_handle(ino, flags, reply, writer_handle=True)
+        return self._new_handle(ino, flags, reply, True, ident)
 
-    def _new_handle(self, ino: int, flags: int, reply: pb.OpenReply, writer_handle: bool) -> Opened:
+    def _new_handle(self, ino: int, flags: int, reply: pb.OpenReply, writer_handle: bool,
+                    ident: Identity) -> Opened:
         with self._lock:
             st = self._inodes.setdefault(ino, InodeState(ino))
-            h = Handle(next(self._fhs), ino, flags, st, writes=writer_handle)
+            h = Handle(next(self._fhs), ino, flags, st, writes=writer_handle, ident=ident)
             h.version = st.version
             if writer_handle:
                 st.writers += 1
@@ -249,23 +280,53 @@ class VFS:
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)
-        w = h.state.writer
-        if w is None or w.closed or (h.flags & os.O_ACCMODE) == os.O_RDONLY:  # O_RDONLY|O_TRUNC too
+        if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:  # O_RDONLY|O_TRUNC too
             raise err(errno.EBADF, "file not open for writing")
+        w = self._writer_for(h)
         if h.flags & os.O_APPEND:
             offset = w.size
         return w.pwrite(offset, data)
 
+    def _writer_for(self, h: Handle) -> FileWriter:
+        """The inode's write state; retaken (a new lease) when a write follows the close that
+        gave it up: a dup'd descriptor, or the kernel writing back a shared mmap."""
+        st = h.state
+        with self._lock:
+            w = st.writer
+            if w is not None and not w.closed:
+                return w
+        reply = self.meta.open(h.ino, h.flags & ~os.O_TRUNC, write=True, ident=h.ident)
+        with self._lock:
+            if st.writer is None or st.writer.closed:
+                st.writer = FileWriter(self.core, reply, h.ident)
+            return st.writer
+
     def flush(self, fh: int) -> None:
-        """close(2) of one descriptor: make its writes visible to every client."""
+        """close(2) of one descriptor: make its writes visible to every client.
+
+        When no other descriptor of this client writes the file, the lease goes too, right
+        here: the kernel sends RELEASE only later, asynchronously, and another node opening
+        the file for writing right after our close must not find it busy.
+        """
+        h = self.handle(fh)
+        st = h.state
+        w = st.writer
+        if w is None or w.closed or not h.writes:
+            return
+        with self._lock:
+            last = st.writers == 1
+        if last:
+            st.version += 1
+            w.close()
+        elif w.flush() is not None:
+            st.version += 1
+        self._seen_generation.pop(h.ino, None)
+
+    def fsync(self, fh: int) -> None:
         h = self.handle(fh)
         w = h.state.writer
-        if w is not None and not w.closed and h.writes:
-            if w.flush() is not None:
-                h.state.version += 1
-            self._seen_generation.pop(h.ino, None)
-
-    fsync = flush
+        if w is not None and not w.closed and h.writes and w.flush() is not None:
+            h.state.version += 1
 
     def release(self, fh: int) -> None:
         """The last reference to a descriptor went away; the last writer gives up the lease."""

@@ -23,3 +23,7 @@ RENAME_EXCHANGE = 2
 # XattrRequest.flags (same values as Linux setxattr)
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
+
+# A file unlinked while a mount still has it open keeps living under this name prefix
+# until the last handle is released (as libfuse's .fuse_hidden files); listings skip it.
+HIDDEN_PREFIX = ".curvine_hidden_"
