@@ -30,7 +30,7 @@ from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time; treat "just now" as NOW
+NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time (see _times_are_now)
 _ROOT = Identity(0, 0, ())
 
 
@@ -128,18 +128,37 @@ class CurvineOps(pyfuse3.Operations):
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         req = pb.SetAttrRequest(ino=inode, mode=attr.st_mode, uid=attr.st_uid, gid=attr.st_gid, size=attr.st_size,
                                 atime_ns=attr.st_atime_ns, mtime_ns=attr.st_mtime_ns)
-        now = time.time_ns()
+        ident = self._ident(ctx)
         valid = 0
         valid |= SETATTR_MODE if fields.update_mode else 0
         valid |= SETATTR_UID if fields.update_uid else 0
         valid |= SETATTR_GID if fields.update_gid else 0
         valid |= SETATTR_SIZE if fields.update_size else 0
-        if fields.update_atime:
-            valid |= SETATTR_ATIME_NOW if abs(now - attr.st_atime_ns) < NOW_WINDOW_NS else SETATTR_ATIME
-        if fields.update_mtime:
-            valid |= SETATTR_MTIME_NOW if abs(now - attr.st_mtime_ns) < NOW_WINDOW_NS else SETATTR_MTIME
+        if fields.update_atime or fields.update_mtime:
+            now = await self._times_are_now(inode, attr, fields, ident)
+            if fields.update_atime:
+                valid |= SETATTR_ATIME_NOW if now else SETATTR_ATIME
+            if fields.update_mtime:
+                valid |= SETATTR_MTIME_NOW if now else SETATTR_MTIME
         req.valid = valid
-        return self._entry(await self._run(self.vfs.setattr, inode, req, self._ident(ctx)))
+        return self._entry(await self._run(self.vfs.setattr, inode, req, ident))
+
+    async def _times_are_now(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                             ident: Identity) -> bool:
+        """Was this UTIME_NOW?  pyfuse3 hands over UTIME_NOW as the current time, so tell by who asks.
+
+        With default_permissions the kernel refuses explicit times from anyone but the owner
+        (EPERM) before the request reaches us, so a non-owner's time update is UTIME_NOW.  The
+        owner and root may set any time, so theirs are sent as the exact values given (an
+        explicit time a few ms from now, as ``cp -p`` of a fresh file makes, stays exact).
+        """
+        now = time.time_ns()
+        recent = ((not fields.update_atime or abs(now - attr.st_atime_ns) < NOW_WINDOW_NS)
+                  and (not fields.update_mtime or abs(now - attr.st_mtime_ns) < NOW_WINDOW_NS))
+        if not recent or ident.uid == 0:
+            return False
+        owner = (await self._run(self.vfs.getattr, inode, ident)).uid
+        return owner != ident.uid
 
     @_fs_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
@@ -251,7 +270,10 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self._run(self.vfs.write, fh, off, buf)
+        n = self.vfs.write_nowait(fh, off, buf)   # a copy into a dirty block: no thread hop
+        if n is None:
+            n = await self._run(self.vfs.write, fh, off, buf)
+        return n
 
     @_fs_errors
     async def flush(self, fh: int) -> None:

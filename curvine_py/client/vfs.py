@@ -287,6 +287,14 @@ class VFS:
             offset = w.size
         return w.pwrite(offset, data)
 
+    def write_nowait(self, fh: int, offset: int, data: bytes) -> int | None:
+        """The write if it can be done without blocking (copied into a dirty block), else None."""
+        h = self._handles.get(fh)
+        w = h.state.writer if h is not None else None
+        if h is None or w is None or w.closed or not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
+            return None
+        return w.try_pwrite(offset, data, append=bool(h.flags & os.O_APPEND))
+
     def _writer_for(self, h: Handle) -> FileWriter:
         """The inode's write state; retaken (a new lease) when a write follows the close that
         gave it up: a dup'd descriptor, or the kernel writing back a shared mmap."""

@@ -33,6 +33,17 @@ MAX_DIRTY = 16         # partially written blocks kept before the oldest is ship
 WRITE_ATTEMPTS = 3
 
 
+def _merge(ranges: list[list[int]]) -> list[list[int]]:
+    """Sorted, merged [start, end) ranges (touching ranges join)."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
 class DirtyBlock:
     """A block-sized pooled buffer and the sorted, merged ranges written into it."""
 
@@ -45,16 +56,7 @@ class DirtyBlock:
     def write(self, within: int, data: memoryview) -> None:
         end = within + len(data)
         self.view[within:end] = data
-        merged: list[list[int]] = []
-        new = [within, end]
-        for r in self.ranges:
-            if r[1] < new[0] or r[0] > new[1]:
-                merged.append(r)
-            else:
-                new = [min(r[0], new[0]), max(r[1], new[1])]
-        merged.append(new)
-        merged.sort()
-        self.ranges = merged
+        self.ranges = _merge(self.ranges + [[within, end]])
 
     def covers(self, length: int) -> bool:
         return bool(self.ranges) and self.ranges[0][0] == 0 and self.ranges[0][1] >= length
@@ -127,6 +129,70 @@ class FileWriter:
             f.result()
         self._check()
         return len(mv)
+
+    def try_pwrite(self, offset: int, data: bytes | bytearray | memoryview, append: bool = False) -> int | None:
+        """pwrite if it cannot block, else None (nothing done).
+
+        It cannot block when every byte lands in a dirty block that exists or can be made
+        from a free pooled buffer, and no block gets complete (shipping one may wait for a
+        free slot or a master call).  The mount calls this on its event loop thread first.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._error is not None or self.closed:
+                return None
+            if append:
+                offset = self.size
+            mv = memoryview(data).cast("B")
+            if offset < 0 or not len(mv):
+                return None
+            plan = self._plan_nowait(offset, len(mv))
+            if plan is None:
+                return None
+            self._touch()
+            done = 0
+            for idx, within, n, raw in plan:
+                if raw is not None:
+                    self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+                self.dirty[idx].write(within, mv[done:done + n])
+                done += n
+            self.size = max(self.size, offset + len(mv))
+            self.reader.size = self.size
+            return len(mv)
+        finally:
+            self._lock.release()
+
+    def _plan_nowait(self, offset: int, length: int) -> list[tuple[int, int, int, object]] | None:
+        """Per touched block: (idx, within, n, new buffer or None); None if any step could block."""
+        plan: list[tuple[int, int, int, object]] = []
+        new = 0
+        done = 0
+        while done < length:
+            idx, within = divmod(offset + done, self.bs)
+            n = min(length - done, self.bs - within)
+            db = self.dirty.get(idx)
+            probe = DirtyBlock(None, memoryview(b""))
+            probe.ranges = [list(r) for r in db.ranges] if db is not None else []
+            probe.ranges.append([within, within + n])
+            probe.ranges = _merge(probe.ranges)
+            if probe.covers(self.bs) or idx in self.inflight:
+                return self._undo(plan)
+            raw = None
+            if db is None:
+                new += 1
+                raw = self.pool.try_acquire() if len(self.dirty) + new <= MAX_DIRTY else None
+                if raw is None:
+                    return self._undo(plan)
+            plan.append((idx, within, n, raw))
+            done += n
+        return plan
+
+    def _undo(self, plan: list[tuple[int, int, int, object]]) -> None:
+        for _, _, _, raw in plan:
+            if raw is not None:
+                self.pool.release(raw)  # type: ignore[arg-type]
+        return None
 
     def _write_dirty(self, idx: int, within: int, piece: memoryview) -> None:
         db = self.dirty.get(idx)

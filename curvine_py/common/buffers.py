@@ -33,6 +33,11 @@ class BufferPool:
             self._count += 1
         return mmap.mmap(-1, self.size)
 
+    def try_acquire(self) -> mmap.mmap | None:
+        """A free (already touched) buffer, or None: never waits, never allocates."""
+        with self._cond:
+            return self._free.pop() if self._free else None
+
     def release(self, buf: mmap.mmap) -> None:
         with self._cond:
             self._free.append(buf)
