@@ -142,20 +142,42 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     pid_file.write_text(f"{os.getpid()}\n{real}\n")
     log.info("mounted %s (master %s)", mountpoint, cfg.client.master)
 
+    # A stop signal that arrives while the trio loop does not listen (before it starts, or
+    # re-delivered by trio when the loop ends, or during the flush after it) must neither kill
+    # the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
+    # lost: it is recorded here and acted on by the loop.
+    stop: list[int] = []
+
+    def _outside_loop(signum: int, frame: object) -> None:
+        stop.append(signum)
+        log.info("signal %d: unmounting (already under way)", signum)
+
+    signal.signal(signal.SIGTERM, _outside_loop)
+    signal.signal(signal.SIGINT, _outside_loop)
+
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_signals, nursery)
+            nursery.start_soon(_signals)
             nursery.start_soon(trio.to_thread.run_sync, _tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
             _notify(ready_fd, f"ok {os.getpid()}")
-            await pyfuse3.main()
+            if not stop:
+                await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
-    async def _signals(nursery: trio.Nursery) -> None:
+    async def _signals() -> None:
+        # Listen for the daemon's whole life: returning after the first signal would make
+        # trio re-deliver a second one (Ctrl-C twice, a service manager signalling the whole
+        # group) with the default action, killing the daemon before it unmounted.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-            async for sig in sigs:
-                log.info("signal %d: unmounting", sig)
+            if stop:
                 pyfuse3.terminate()
-                return
+            async for sig in sigs:
+                if stop:
+                    log.info("signal %d: unmounting (already under way)", sig)
+                else:
+                    log.info("signal %d: unmounting", sig)
+                stop.append(sig)
+                pyfuse3.terminate()
 
     code = 0
     try:
@@ -164,11 +186,14 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         log.exception("mount loop failed")
         code = 1
     finally:
-        vfs.close()
+        # Unmount first, then flush: once the loop has stopped nobody serves the mount, and
+        # a flush can wait long for an unreachable master; a process touching the mount in
+        # that time must get an error at once, not hang.
         try:
             pyfuse3.close(unmount=True)
         except Exception as e:
             log.warning("unmount: %s", e)
+        vfs.close()
         core.close()
         try:
             pid_file.unlink()

@@ -1,0 +1,190 @@
+"""Close-to-open consistency between two mounts of one pool (two "nodes").
+
+A file written and closed (or renamed into place) through mount A is visible with its
+full contents through mount B within 1 second; a name B looked up while it was missing
+shows up within 1 second of its creation through A (no sticky negative entries).
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+VISIBLE_WITHIN_S = 1.0
+T = TypeVar("T")
+
+
+@pytest.fixture
+def ab(mounted, second_mount, request: pytest.FixtureRequest) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+    """The same fresh directory seen through mount A and through mount B."""
+    name = "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:60] + "-" + os.urandom(3).hex()
+    (mounted.path / name).mkdir()
+    b = second_mount.path / name
+    deadline = time.monotonic() + 5
+    while not b.is_dir():
+        assert time.monotonic() < deadline, "directory made through A never appeared through B"
+        time.sleep(0.02)
+    return mounted.path / name, b
+
+
+def within(seconds: float, probe: Callable[[], T], ok: Callable[[T], bool]) -> tuple[T, float]:
+    """Poll probe until ok(result) or the time is up; returns (last result, seconds taken)."""
+    start = time.monotonic()
+    while True:
+        try:
+            got: T = probe()
+        except OSError as e:
+            got = e  # type: ignore[assignment]
+        took = time.monotonic() - start
+        if ok(got) or took > seconds:
+            return got, took
+        time.sleep(0.01)
+
+
+def read(p: Path) -> bytes:
+    with open(p, "rb") as f:
+        return f.read()
+
+
+def test_write_close_is_visible_on_the_other_mount(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    data = os.urandom(9 << 20 | 4321)
+    with open(a / "f", "wb") as f:
+        f.write(data)
+    got, took = within(VISIBLE_WITHIN_S, lambda: read(b / "f"), lambda v: v == data)
+    assert got == data, f"B sees {type(got).__name__} {len(got) if isinstance(got, bytes) else got} after {took:.2f} s"
+    assert os.stat(b / "f").st_size == len(data)
+
+
+def test_lmcache_tmp_rename_is_visible_on_the_other_mount(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    name = "qwen@1@0@00ff@bfloat16.data"
+    header, payload = os.urandom(28), os.urandom(14 << 20)
+    with open(a / (name + ".tmp"), "wb") as f:
+        f.write(header)
+        f.write(payload)
+    os.rename(a / (name + ".tmp"), a / name)
+    got, took = within(VISIBLE_WITHIN_S, lambda: os.stat(b / name).st_size, lambda v: v == 28 + len(payload))
+    assert got == 28 + len(payload), f"B: {got!r} after {took:.2f} s"
+    with open(b / name, "rb") as f:      # LMCache reads 4 KiB, then the rest in one call
+        first = f.read(4096)
+        rest = f.read()
+    assert first + rest == header + payload
+    assert not (b / (name + ".tmp")).exists()
+
+
+def test_negative_lookup_does_not_hide_a_new_file(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    for i in range(3):   # several rounds: the miss may be cached by B's kernel each time
+        name = f"chunk{i}.data"
+        with pytest.raises(FileNotFoundError):
+            os.stat(b / name)
+        with pytest.raises(FileNotFoundError):
+            os.stat(b / name)
+        with open(a / (name + ".tmp"), "wb") as f:
+            f.write(b"k" * 1000)
+        os.rename(a / (name + ".tmp"), a / name)
+        got, took = within(VISIBLE_WITHIN_S, lambda: os.stat(b / name).st_size, lambda v: v == 1000)
+        assert got == 1000, f"round {i}: B still reports {got!r} {took:.2f} s after the rename"
+        assert read(b / name) == b"k" * 1000
+
+
+def test_negative_lookup_of_a_new_directory(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    with pytest.raises(FileNotFoundError):
+        os.listdir(b / "sub")
+    os.mkdir(a / "sub")
+    (a / "sub" / "x").write_bytes(b"1")
+    got, took = within(VISIBLE_WITHIN_S, lambda: os.listdir(b / "sub"), lambda v: v == ["x"])
+    assert got == ["x"], f"B: {got!r} after {took:.2f} s"
+
+
+def test_overwrite_through_a_is_seen_by_b_after_close(ab: tuple[Path, Path]) -> None:
+    """B read the old version (and may have it in its page cache); the new one must win."""
+    a, b = ab
+    (a / "f").write_bytes(b"old" * 100_000)
+    got, _ = within(VISIBLE_WITHIN_S, lambda: read(b / "f"), lambda v: v == b"old" * 100_000)
+    assert got == b"old" * 100_000
+    with open(a / "f", "r+b") as f:
+        f.seek(1000)
+        f.write(b"NEW")
+    want = b"old" * 333 + b"o" + b"NEW" + (b"old" * 100_000)[1003:]
+    got, took = within(VISIBLE_WITHIN_S, lambda: read(b / "f"), lambda v: v == want)
+    assert got == want, f"B still reads stale bytes {took:.2f} s after A closed"
+    (a / "f").write_bytes(b"short")       # truncate + rewrite: size shrinks on B too
+    got, took = within(VISIBLE_WITHIN_S, lambda: read(b / "f"), lambda v: v == b"short")
+    assert got == b"short", f"B: {got[:20]!r}... ({len(got) if isinstance(got, bytes) else got}) after {took:.2f} s"
+
+
+def test_unlink_and_rename_through_a_are_seen_by_b(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    (a / "gone").write_bytes(b"x")
+    (a / "old").write_bytes(b"y")
+    assert within(VISIBLE_WITHIN_S, lambda: read(b / "gone"), lambda v: v == b"x")[0] == b"x"
+    assert within(VISIBLE_WITHIN_S, lambda: read(b / "old"), lambda v: v == b"y")[0] == b"y"
+    os.unlink(a / "gone")
+    os.rename(a / "old", a / "new")
+    got, took = within(VISIBLE_WITHIN_S, lambda: os.path.exists(b / "gone"), lambda v: v is False)
+    assert got is False, f"B still sees an unlinked file after {took:.2f} s"
+    got, took = within(VISIBLE_WITHIN_S, lambda: read(b / "new"), lambda v: v == b"y")
+    assert got == b"y"
+    got, took = within(VISIBLE_WITHIN_S, lambda: os.path.exists(b / "old"), lambda v: v is False)
+    assert got is False, f"B still sees the old name of a renamed file after {took:.2f} s"
+
+
+def test_unflushed_writes_are_not_visible_until_close(ab: tuple[Path, Path]) -> None:
+    a, b = ab
+    fd = os.open(a / "f", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"x" * 5000)
+        time.sleep(0.1)
+        assert os.stat(b / "f").st_size == 0         # created, but nothing committed yet
+    finally:
+        os.close(fd)
+    got, _ = within(VISIBLE_WITHIN_S, lambda: os.stat(b / "f").st_size, lambda v: v == 5000)
+    assert got == 5000
+
+
+def test_writer_lease_excludes_a_second_node(ab: tuple[Path, Path]) -> None:
+    """One writer per file at a time: while A holds it open for writing, B cannot write it."""
+    a, b = ab
+    fd = os.open(a / "f", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"a")
+        with pytest.raises(OSError) as info:
+            os.close(os.open(b / "f", os.O_WRONLY))
+        assert info.value.errno in (errno.EBUSY, errno.ETXTBSY), info.value
+    finally:
+        os.close(fd)
+    with open(b / "f", "ab") as f:    # released at close: now B may
+        f.write(b"b")
+    assert within(VISIBLE_WITHIN_S, lambda: read(a / "f"), lambda v: v == b"ab")[0] == b"ab"
+
+
+def test_open_reader_on_b_survives_an_overwrite_through_a(ab: tuple[Path, Path]) -> None:
+    """Close-to-open lets B's open descriptor see old or new bytes, but never an error,
+    also after the replaced blocks were deleted on the workers."""
+    a, b = ab
+    old, new = os.urandom(24 << 20), os.urandom(24 << 20)   # more blocks than B reads ahead
+    (a / "f").write_bytes(old)
+    assert within(VISIBLE_WITHIN_S, lambda: os.stat(b / "f").st_size, lambda v: v == len(old))[0] == len(old)
+    fd = os.open(b / "f", os.O_RDONLY | os.O_DIRECT)   # no page cache: every read reaches B's daemon
+    buf = mmap.mmap(-1, 1 << 20)
+    try:
+        assert os.preadv(fd, [buf], 0) == 1 << 20 and buf[:] == old[:1 << 20]
+        (a / "f").write_bytes(new)          # O_TRUNC + rewrite: every old block is replaced
+        time.sleep(4.0)                     # deletions of the old blocks reach the workers
+        n = os.preadv(fd, [buf], 21 << 20)
+        assert n == 1 << 20
+        assert buf[:] in (old[21 << 20:22 << 20], new[21 << 20:22 << 20])
+    finally:
+        os.close(fd)
+    with open(b / "f", "rb") as f:          # a new open sees the new version
+        assert f.read() == new
