@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from contextlib import contextmanager
+from typing import Iterator
 
 import xxhash
 
@@ -55,40 +57,15 @@ class BlockIO:
                 log.warning("write of block %d to worker %d failed: %s", block_id, head.worker_id, last)
         raise last or CurvineError(errno.EIO, "no worker to write to")
 
-    def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
-              checksum: int) -> list[int]:
-        sock = self._connect(head.ip, head.data_port)
-        ok = False
-        try:
-            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain))
-            for off in range(0, len(data), PIECE):
-                frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
-            frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=len(data),
-                                               checksum=checksum))
-            reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
-            ok = True
-            return list(reply.acked) or [head.worker_id]
-        except socket.timeout:
-            raise CurvineError(errno.ETIMEDOUT, f"worker {head.ip}:{head.data_port} timed out") from None
-        finally:
-            if ok:
-                self.pool.put(head.ip, head.data_port, sock)
-            else:
-                sock.close()
-
-    def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview) -> int:
-        """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read."""
+    @contextmanager
+    def _conn(self, worker: pb.WorkerAddress) -> Iterator[socket.socket]:
+        """A pooled connection to worker for one exchange: back to the pool only if the
+        exchange completed; a timeout becomes ETIMEDOUT (the caller tries another replica)."""
         sock = self._connect(worker.ip, worker.data_port)
         ok = False
         try:
-            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into)))
-            reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")
-            n = reply.length
-            if n > len(into):
-                raise frames.ChannelClosed(f"worker sent {n} bytes for a {len(into)}-byte read")
-            frames.recv_exact_into(sock, into[:n])
+            yield sock
             ok = True
-            return n
         except socket.timeout:
             raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
         finally:
@@ -96,3 +73,25 @@ class BlockIO:
                 self.pool.put(worker.ip, worker.data_port, sock)
             else:
                 sock.close()
+
+    def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
+              checksum: int) -> list[int]:
+        with self._conn(head) as sock:
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain))
+            for off in range(0, len(data), PIECE):
+                frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=len(data),
+                                               checksum=checksum))
+            reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
+            return list(reply.acked) or [head.worker_id]
+
+    def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview) -> int:
+        """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read."""
+        with self._conn(worker) as sock:
+            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into)))
+            reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")
+            n = reply.length
+            if n > len(into):
+                raise frames.ChannelClosed(f"worker sent {n} bytes for a {len(into)}-byte read")
+            frames.recv_exact_into(sock, into[:n])
+            return n

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client.core import ClientCore
 from curvine_py.common.errors import CurvineError
@@ -22,6 +23,17 @@ log = logging.getLogger(__name__)
 
 
 LOCATION_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
+T = TypeVar("T")
+
+
+def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int, int, int]]:
+    """Split a byte range into per-block pieces: (block index, offset in block, offset in range, length)."""
+    done = 0
+    while done < length:
+        idx, within = divmod(offset + done, block_size)
+        n = min(length - done, block_size - within)
+        yield idx, within, done, n
+        done += n
 
 
 def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
@@ -139,37 +151,31 @@ class FileReader:
         for entry in entries:
             self._retire(entry)
 
-    def pread(self, offset: int, into: memoryview) -> int:
-        """Fill into from file offset; returns bytes read (short only at end of file)."""
+    def _fresh(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a read; if a block it needed was replaced (ESTALE), reload the file and run it again."""
         try:
-            return self._pread(offset, into)
+            return fn(*args)
         except CurvineError as e:
             if e.errno != errno.ESTALE:
                 raise
             self.refresh()
-            return self._pread(offset, into)
+            return fn(*args)
+
+    def pread(self, offset: int, into: memoryview) -> int:
+        """Fill into from file offset; returns bytes read (short only at end of file)."""
+        return self._fresh(self._pread, offset, into)
 
     def _pread(self, offset: int, into: memoryview) -> int:
         if offset >= self.size or len(into) == 0:
             return 0
         total = min(len(into), self.size - offset)
-        done = 0
-        while done < total:
-            idx, within = divmod(offset + done, self.bs)
-            n = min(total - done, self.bs - within)
+        for idx, within, done, n in slots(offset, total, self.bs):
             self._read_slot(idx, within, into[done:done + n], offset)
-            done += n
         return total
 
     def read_bytes(self, offset: int, size: int) -> bytes:
         """Up to size bytes at offset as one new bytes object (one copy out of the block cache)."""
-        try:
-            return self._read_bytes(offset, size)
-        except CurvineError as e:
-            if e.errno != errno.ESTALE:
-                raise
-            self.refresh()
-            return self._read_bytes(offset, size)
+        return self._fresh(self._read_bytes, offset, size)
 
     def _read_bytes(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:

@@ -23,7 +23,7 @@ from typing import Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.reader import FileReader
+from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -113,10 +113,7 @@ class FileWriter:
         with self._lock:
             self._check()
             self._touch()
-            done = 0
-            while done < len(mv):
-                idx, within = divmod(offset + done, self.bs)
-                n = min(len(mv) - done, self.bs - within)
+            for idx, within, done, n in slots(offset, len(mv), self.bs):
                 piece = mv[done:done + n]
                 self.size = max(self.size, offset + done + n)
                 self.reader.size = self.size
@@ -124,7 +121,6 @@ class FileWriter:
                     direct.append(self._ship(idx, piece, None))
                 else:
                     self._write_dirty(idx, within, piece)
-                done += n
         for f in direct:   # the caller's memory must not be read after we return
             f.result()
         self._check()
@@ -167,15 +163,10 @@ class FileWriter:
         """Per touched block: (idx, within, n, new buffer or None); None if any step could block."""
         plan: list[tuple[int, int, int, object]] = []
         new = 0
-        done = 0
-        while done < length:
-            idx, within = divmod(offset + done, self.bs)
-            n = min(length - done, self.bs - within)
+        for idx, within, _, n in slots(offset, length, self.bs):
             db = self.dirty.get(idx)
             probe = DirtyBlock(None, memoryview(b""))
-            probe.ranges = [list(r) for r in db.ranges] if db is not None else []
-            probe.ranges.append([within, within + n])
-            probe.ranges = _merge(probe.ranges)
+            probe.ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
             if probe.covers(self.bs) or idx in self.inflight:
                 return self._undo(plan)
             raw = None
@@ -185,7 +176,6 @@ class FileWriter:
                 if raw is None:
                     return self._undo(plan)
             plan.append((idx, within, n, raw))
-            done += n
         return plan
 
     def _undo(self, plan: list[tuple[int, int, int, object]]) -> None:
@@ -233,10 +223,7 @@ class FileWriter:
             if offset >= self.size:
                 return 0
             total = min(len(into), self.size - offset)
-            done = 0
-            while done < total:
-                idx, within = divmod(offset + done, self.bs)
-                n = min(total - done, self.bs - within)
+            for idx, within, done, n in slots(offset, total, self.bs):
                 if idx in self.dirty:
                     db = self._materialize(idx, min(self.bs, self.size - idx * self.bs))
                     into[done:done + n] = db.view[within:within + n]
@@ -244,7 +231,6 @@ class FileWriter:
                     if idx in self.inflight:
                         self._apply(idx)
                     self.reader.pread(offset + done, into[done:done + n])
-                done += n
             return total
 
     # ------------------------------------------------------------------ flush / close
