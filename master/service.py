@@ -20,7 +20,8 @@ from curvine_py.common.config import Config
 from curvine_py.common.errors import err, rpc_method
 from curvine_py.master import posix, schema
 from curvine_py.master.journal import Journal
-from curvine_py.master.namespace import Namespace, Row
+from curvine_py.master.namespace import Namespace
+from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.posix import R, W, Cred
 from curvine_py.master.workers import Registry

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import time
 from typing import Sequence
 
 from curvine_py.common import frames

@@ -1,0 +1,151 @@
+"""File data in the namespace: write leases, block allocation, commits, truncation.
+
+Part of the op-record machinery of ``namespace.py`` (``Namespace`` inherits these ops);
+kept apart because it is about one file's blocks and its writer, not about names.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from curvine_py.common.errors import err
+from curvine_py.master import posix
+from curvine_py.master.posix import W
+from curvine_py.master.store import Row, Store, cred_of, to_i64
+
+
+class FileOps(Store):
+    """op_create, op_open_write, op_allocate, op_commit, op_renew, op_expire_leases."""
+
+    default_block_size: int
+
+    def _truncate(self, row: Row, size: int) -> list[int]:
+        """Drop block slots past size and shorten the boundary block; returns freed blocks."""
+        bs = row["block_size"] or self.default_block_size
+        keep = (size + bs - 1) // bs
+        freed = [r[0] for r in self.conn.execute(
+            "SELECT block_id FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))]
+        self.conn.execute("DELETE FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))
+        if size % bs:
+            self.conn.execute("UPDATE blocks SET length=min(length, ?) WHERE ino=? AND idx=?",
+                              (size % bs, row["ino"], keep - 1))
+        return freed
+
+    def _lease_busy(self, row: Row, client: str, now_ms: int) -> bool:
+        return bool(row["lease_id"]) and row["lease_client"] != client and row["lease_expiry_ms"] > now_ms
+
+    def op_create(self, rec: Row) -> Row:
+        """mknod of a regular file (or open of an existing one) plus the write lease."""
+        made = self.op_mknod({**rec, "mode": stat.S_IFREG | (rec["mode"] & 0o7777)})
+        row = made["attr"]
+        if not made["created"]:
+            return self.op_open_write({**rec, "ino": row["ino"]})
+        return self._grant_lease(row, rec, [])
+
+    def op_open_write(self, rec: Row) -> Row:
+        cred, now_ms = cred_of(rec), rec["now_ns"] // 1_000_000
+        row = self.inode(rec["ino"])
+        if stat.S_ISDIR(row["mode"]):
+            raise err(errno.EISDIR)
+        if not stat.S_ISREG(row["mode"]):
+            raise err(errno.EINVAL, "not a regular file")
+        if not rec.get("skip_perm"):
+            posix.require(row, cred, W)
+        if self._lease_busy(row, rec["client_id"], now_ms):
+            raise err(errno.EBUSY, "file is open for writing on another client")
+        freed: list[int] = []
+        if rec.get("flags", 0) & os.O_TRUNC and row["size"]:
+            freed = self._truncate(row, 0)
+            self.conn.execute("UPDATE inodes SET size=0, mtime_ns=?, ctime_ns=?, generation=generation+1,"
+                              " mode=? WHERE ino=?", (rec["now_ns"], rec["now_ns"],
+                                                      posix.clear_suid(row["mode"], cred), row["ino"]))
+            row = self.inode(row["ino"])
+        return self._grant_lease(row, rec, freed)
+
+    def _grant_lease(self, row: Row, rec: Row, freed: list[int]) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        if row["lease_id"] and row["lease_client"] == rec["client_id"] and row["lease_expiry_ms"] > now_ms:
+            lease = row["lease_id"]
+        else:
+            lease = self.counter("next_lease")
+        expiry = now_ms + rec["lease_ms"]
+        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=0 WHERE ino=?",
+                          (lease, rec["client_id"], expiry, row["ino"]))
+        return {"attr": self.inode(row["ino"]), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed}
+
+    def _leased(self, rec: Row) -> Row:
+        row = self.inode(rec["ino"])
+        if not row["lease_id"] or row["lease_id"] != rec["lease_id"]:
+            raise err(errno.ESTALE, "write lease lost (expired or taken over); reopen the file")
+        return row
+
+    def op_allocate(self, rec: Row) -> Row:
+        row = self._leased(rec)
+        count = rec["count"]
+        if not 1 <= count <= 1024:
+            raise err(errno.EINVAL, "block count out of range")
+        first = self.counter("next_block", count)
+        ids = list(range(first, first + count))
+        self.conn.executemany("INSERT INTO pending_blocks(block_id, ino, lease_id) VALUES (?,?,?)",
+                              [(b, row["ino"], rec["lease_id"]) for b in ids])
+        return {"block_ids": ids, "block_size": row["block_size"], "replicas": row["replicas"]}
+
+    def op_commit(self, rec: Row) -> Row:
+        """Install written blocks, set the size; on release give up the lease."""
+        row = self._leased(rec)
+        ino, bs, size = row["ino"], row["block_size"] or self.default_block_size, rec["size"]
+        freed: list[int] = []
+        for b in rec["blocks"]:
+            bid, idx = b["block_id"], b["offset"] // bs
+            if b["offset"] % bs or b["length"] > bs:
+                raise err(errno.EINVAL, f"block {bid} does not fit the file's block size {bs}")
+            if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=?", (bid, ino)).rowcount != 1:
+                raise err(errno.EINVAL, f"block {bid} was not allocated to this file")
+            old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
+            if old is not None:
+                freed.append(old[0])
+            self.conn.execute("INSERT OR REPLACE INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
+                              (ino, idx, bid, b["length"], to_i64(b["checksum"])))
+        if size < row["size"] or rec["blocks"]:
+            freed += self._truncate(row, size)
+        if rec["blocks"] or size != row["size"] or rec.get("mtime_ns"):
+            mtime = rec.get("mtime_ns") or rec["now_ns"]
+            mode = posix.clear_suid(row["mode"], cred_of(rec)) if rec["blocks"] else row["mode"]
+            self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
+                              " WHERE ino=?", (size, mtime, rec["now_ns"], mode, ino))
+        if rec.get("release"):
+            freed += self._release(ino)
+        return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
+
+    def _exists(self, ino: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is not None
+
+    def _release(self, ino: int) -> list[int]:
+        """Drop the lease; blocks allocated but never committed are orphans; unlinked files go."""
+        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=?", (ino,))]
+        self.conn.execute("DELETE FROM pending_blocks WHERE ino=?", (ino,))
+        self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0, complete=1"
+                          " WHERE ino=?", (ino,))
+        row = self.inode(ino)
+        if row["nlink"] == 0:
+            freed += self._delete_inode(ino)
+        return freed
+
+    def op_renew(self, rec: Row) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        expired = []
+        for lease in rec["lease_ids"]:
+            n = self.conn.execute("UPDATE inodes SET lease_expiry_ms=? WHERE lease_id=? AND lease_client=?",
+                                  (now_ms + rec["lease_ms"], lease, rec["client_id"])).rowcount
+            if n == 0:
+                expired.append(lease)
+        return {"expired": expired}
+
+    def op_expire_leases(self, rec: Row) -> Row:
+        now_ms = rec["now_ns"] // 1_000_000
+        freed: list[int] = []
+        for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?",
+                                        (now_ms,)).fetchall():
+            freed += self._release(ino)
+        return {"freed": freed}
