@@ -15,6 +15,8 @@ Layout of a cluster directory D (all paths absolute once started)::
     D/master/             the master's metadata directory
     D/worker<i>/data      worker i's block directory
 
+Process bookkeeping (records, liveness, stopping, ports) is in ``processes.py``.
+
 Ports: the master listens on P (default 8995); worker i uses rpc port B+2i and data
 port B+2i+1, where B defaults to P+2 (so 8997/8998, 8999/9000, ...).  Each worker gets
 its own host identity ``<hostname>-w<i>`` so that two replicas can land on two workers
@@ -28,27 +30,26 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import typing
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
 
 from curvine_py.common import config as cfgmod
+from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
+    LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
+    port_in_use, terminate, wait_dead,
+)
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 
 DEFAULT_MASTER_PORT = 8995
 DEFAULT_WORKERS = 2
-LOCAL_IP = "127.0.0.1"
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "curvine.toml"
-STOP_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
-LOG_TAIL_LINES = 20
 
 # role -> module whose main() runs that role.  Adding a daemon is one line here plus
 # its argument list in LocalCluster._command().
@@ -88,139 +89,6 @@ class ClusterError(Exception):
 
 
 # ---------------------------------------------------------------- processes
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks (from /proc), None when it is gone.
-
-    Stored next to the pid so that a recycled pid is never mistaken for our daemon.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":  # a zombie has finished; only its parent has not reaped it
-        return None
-    return int(fields[19])
-
-
-def pid_alive(pid: int | None, start_ticks: int | None = None) -> bool:
-    """Whether pid runs and (when start_ticks is known) is the same process as recorded."""
-    if not pid:
-        return False
-    ticks = _start_ticks(pid)  # Linux only, like the rest of the project (/proc, FUSE)
-    return ticks is not None and (start_ticks is None or ticks == start_ticks)
-
-
-@dataclass
-class ProcessRecord:
-    """One daemon of the cluster: how it was started and where it is."""
-    role: str                     # master, worker, fuse
-    name: str                     # master, worker0, worker1, fuse
-    index: int
-    address: str                  # rpc address (mountpoint for fuse)
-    log: str
-    cmd: list[str] = field(default_factory=list)
-    data_address: str = ""        # workers: the data-channel address
-    host: str = ""                # workers: the host identity used for placement
-    pid: int = 0
-    start_ticks: int | None = None
-    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
-
-    def is_alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return pid_alive(self.pid, self.start_ticks)
-
-    def exit_code(self) -> int | None:
-        """The exit status if we started it and it ended (negative = killed by signal)."""
-        return self.popen.poll() if self.popen is not None else None
-
-    def signal(self, sig: int) -> None:
-        """Send sig to the daemon's whole process group (it leads its own session)."""
-        if not self.is_alive():
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-    def to_json(self) -> dict[str, typing.Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
-
-    @classmethod
-    def from_json(cls, d: dict[str, typing.Any]) -> "ProcessRecord":
-        names = {f for f in cls.__dataclass_fields__ if f != "popen"}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def wait_dead(procs: typing.Iterable[ProcessRecord], timeout: float) -> list[ProcessRecord]:
-    """Wait up to timeout for procs to exit; return the ones still alive."""
-    pending = list(procs)
-    deadline = time.monotonic() + timeout
-    while pending:
-        pending = [p for p in pending if p.is_alive()]
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    return pending
-
-
-def terminate(procs: typing.Sequence[ProcessRecord], timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM procs, wait up to timeout, then SIGKILL whatever remains."""
-    for p in procs:
-        p.signal(signal.SIGTERM)
-        p.signal(signal.SIGCONT)  # a stopped (SIGSTOP) daemon cannot act on SIGTERM
-    for p in wait_dead(procs, timeout):
-        p.signal(signal.SIGKILL)
-    wait_dead(procs, 5.0)
-    for p in procs:
-        if p.popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=1.0)  # reap, so no zombie lingers in the launcher
-
-
-def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a log file, for error messages ('' when unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# ---------------------------------------------------------------- ports
-
-
-def free_ports(n: int, host: str = LOCAL_IP) -> list[int]:
-    """n distinct ports the kernel considers free right now (bound to port 0, then closed)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether a listener holds host:port (SO_REUSEADDR so TIME_WAIT does not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-# ---------------------------------------------------------------- cluster state files
 
 
 def read_state(directory: str | Path) -> dict[str, typing.Any] | None:

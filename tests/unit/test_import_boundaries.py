@@ -41,7 +41,8 @@ def violations() -> list[str]:
             for line, mod in imported_modules(path):
                 if banned(mod, banned_mods) or mod.split(".")[0] in ("master", "worker", "fuse"):
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
-    for path in [ROOT / "curvine_py" / "sdk.py", ROOT / "curvine_py" / "localcluster.py"]:
+    for name in ("sdk.py", "localcluster.py", "processes.py"):
+        path = ROOT / "curvine_py" / name
         if path.exists():
             for line, mod in imported_modules(path):
                 if banned(mod, ("curvine_py.master", "curvine_py.worker")):
