@@ -448,7 +448,7 @@ class Client:
         return ROOT_INO
 
 
-def _copy(src: typing.BinaryIO, dst: typing.BinaryIO, callback: Progress) -> None:
+def _copy(src: typing.Any, dst: typing.Any, callback: Progress) -> None:
     """Stream src to dst through one reused 8 MiB buffer."""
     chunk = bytearray(8 << 20)
     view = memoryview(chunk)

@@ -150,7 +150,7 @@ class Registry:
             w = self.workers.get(wid)
             if w is None or not w.pending_deletes:
                 return []
-            out = []
+            out: list[int] = []
             while w.pending_deletes and len(out) < limit:
                 out.append(w.pending_deletes.pop())
             return out

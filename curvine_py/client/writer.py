@@ -150,7 +150,7 @@ class FileWriter:
             done = 0
             for idx, within, n, raw in plan:
                 if raw is not None:
-                    self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+                    self.dirty[idx] = DirtyBlock(raw, memoryview(raw))  # type: ignore[arg-type]
                 self.dirty[idx].write(within, mv[done:done + n])
                 done += n
             self.size = max(self.size, offset + len(mv))
@@ -168,21 +168,23 @@ class FileWriter:
             probe = DirtyBlock(None, memoryview(b""))
             probe.ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
             if probe.covers(self.bs) or idx in self.inflight:
-                return self._undo(plan)
+                self._undo(plan)
+                return None
             raw = None
             if db is None:
                 new += 1
                 raw = self.pool.try_acquire() if len(self.dirty) + new <= MAX_DIRTY else None
                 if raw is None:
-                    return self._undo(plan)
+                    self._undo(plan)
+                    return None
             plan.append((idx, within, n, raw))
         return plan
 
     def _undo(self, plan: list[tuple[int, int, int, object]]) -> None:
+        """Give back the buffers a plan took; the plan is abandoned."""
         for _, _, _, raw in plan:
             if raw is not None:
                 self.pool.release(raw)  # type: ignore[arg-type]
-        return None
 
     def _write_dirty(self, idx: int, within: int, piece: memoryview) -> None:
         db = self.dirty.get(idx)
@@ -396,7 +398,7 @@ class FileWriter:
 
 
 def write_all(core: ClientCore, reply: pb.OpenReply, data: memoryview,
-              progress: Callable[[int], None] | None = None, ident: Identity | None = None) -> pb.Attr:
+              progress: Callable[[int], None] | None = None, ident: Identity | None = None) -> pb.Attr | None:
     """Write a whole object from memory: full blocks go straight from `data`, no copy."""
     w = FileWriter(core, reply, ident)
     w.expected_blocks = (len(data) + w.bs - 1) // w.bs

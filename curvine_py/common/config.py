@@ -102,7 +102,7 @@ class Config:
 SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
 
 
-def _field_types(section_obj: object) -> dict[str, typing.Any]:
+def _field_types(section_obj: typing.Any) -> dict[str, typing.Any]:
     hints = typing.get_type_hints(type(section_obj))
     return {f.name: hints[f.name] for f in dataclasses.fields(section_obj)}
 

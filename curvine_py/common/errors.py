@@ -59,7 +59,8 @@ class CurvineError(OSError):
         return f"{where}{self.strerror}"
 
     def with_path(self, path: str) -> "CurvineError":
-        return CurvineError(self.errno, self.strerror or os.strerror(self.errno), path)
+        code = self.errno or errno.EIO
+        return CurvineError(code, self.strerror or os.strerror(code), path)
 
 
 def _specific(base: type[OSError]) -> type[CurvineError]:
