@@ -22,6 +22,7 @@ from curvine_py.client.core import ClientCore
 from curvine_py.client.reader import FileReader
 from curvine_py.client.writer import FileWriter, write_all
 from curvine_py.common import config as config_mod
+from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
@@ -412,11 +413,11 @@ class Client:
         a = self._attr(path)
         if stat.S_ISDIR(a.mode):
             raise err(errno.EISDIR).with_path(path)
-        buf = bytearray(a.size)
-        n = self.get_into(path, buf)
-        if n != len(buf):  # the object changed between stat and open
+        obj, view = fresh_bytes(a.size)
+        n = self.get_into(path, view)
+        if n != len(view):  # the object changed between stat and open
             return self.get_bytes(path)
-        return bytes(buf)
+        return bytes(obj)   # no copy when obj already is bytes
 
     def put_file(self, local_path: str, path: str, callback: Progress = None, block_size: int = 0) -> None:
         with open(local_path, "rb") as src, self.open(path, "wb", block_size) as dst:

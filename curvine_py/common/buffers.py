@@ -7,7 +7,9 @@ Buffers are anonymous mmaps (page aligned, usable with O_DIRECT and io_uring).
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
+import platform
 import threading
 from collections import deque
 from contextlib import contextmanager
@@ -52,3 +54,27 @@ class BufferPool:
         finally:
             view.release()
             self.release(buf)
+
+
+_new_bytes = None
+if platform.python_implementation() == "CPython":
+    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new_bytes.restype = ctypes.py_object
+    _new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1   # CPython: where ob_sval starts in a bytes object
+
+
+def fresh_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new, not yet shared ``bytes`` of n bytes and a writable view of its contents.
+
+    ``get_bytes`` must return ``bytes``; receiving into a bytearray and copying it into a
+    new bytes object would touch 2 × n fresh bytes (fresh pages fill at ~0.3 GB/s here).
+    On CPython the bytes object is allocated uninitialized and filled in place; the caller
+    must fill all of it before anyone else sees the object.  Elsewhere: a bytearray.
+    """
+    if n <= 0 or _new_bytes is None:
+        buf = bytearray(n)
+        return buf, memoryview(buf)  # type: ignore[return-value]
+    obj = _new_bytes(None, n)
+    raw = (ctypes.c_char * n).from_address(id(obj) + _BYTES_DATA_OFFSET)
+    return obj, memoryview(raw).cast("B")
