@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 from concurrent import futures
@@ -14,6 +13,7 @@ import grpc
 from curvine_py.common import config
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
+from curvine_py.common.signals import StopSignals
 from curvine_py.common.rpc import server_options
 from curvine_py.master.service import MasterService
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     config.add_flags(parser, ["cluster", "master"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signals = StopSignals()
     tune_malloc()
     try:
         cfg = config.load(args)
@@ -62,11 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = threading.Event()
     threading.Thread(target=_housekeeping_loop, args=(service, stop), name="housekeeping", daemon=True).start()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     print(f"master listening on {cfg.master.bind}:{port} meta {cfg.master.meta_dir}", flush=True)
-    stop.wait()
-    log.info("shutting down")
+    sig = signals.wait()
+    stop.set()
+    log.info("signal %s: shutting down", sig)
     server.stop(grace=2).wait()
     service.journal.stop()
     return 0

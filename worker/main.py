@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from types import FrameType
 
 import grpc
 
 from curvine_py.common import config
 from curvine_py.common.errors import ConfigError
+from curvine_py.common.signals import StopSignals
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore
@@ -137,13 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = StopSignals()
     worker: Worker | None = None
     try:
         cfg = config.load(args)
@@ -160,9 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         if worker is not None:
             worker.stop()
         return 1
-    while not stop.wait(1.0):
-        pass
-    log.info("stopping")
+    sig = signals.wait()
+    log.info("signal %s: stopping", sig)
     worker.stop()
     return 0
 
