@@ -121,7 +121,10 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._run(self.vfs.getattr, inode, self._ident(ctx)))
+        attr = self.vfs.cached_dir_attr(inode)   # known without a call: no thread hop
+        if attr is None:
+            attr = await self._run(self.vfs.getattr, inode, self._ident(ctx))
+        return self._entry(attr)
 
     @_fs_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,

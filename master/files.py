@@ -41,7 +41,7 @@ class FileOps(Store):
         row = made["attr"]
         if not made["created"]:
             return self.op_open_write({**rec, "ino": row["ino"]})
-        return self._grant_lease(row, rec, [])
+        return {**self._grant_lease(row, rec, []), "dirs": made["dirs"]}
 
     def op_open_write(self, rec: Row) -> Row:
         cred, now_ms = cred_of(rec), rec["now_ns"] // 1_000_000

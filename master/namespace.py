@@ -151,6 +151,10 @@ class Namespace(FileOps):
         elif ns != "system":
             raise err(errno.EOPNOTSUPP, f"unsupported xattr namespace {ns!r}")
 
+    def _dirs(self, *inos: int) -> list[Row]:
+        """The directories an op changed, as they now are (clients cache them)."""
+        return [self.inode(i) for i in dict.fromkeys(inos)]
+
     def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None:
         self.conn.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?",
                           (now, now, nlink_delta, ino))
@@ -215,7 +219,7 @@ class Namespace(FileOps):
              rec.get("rdev", 0), block_size, d["replicas"] or self.default_replicas, target))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
-        return {"attr": self.inode(ino), "created": True}
+        return {"attr": self.inode(ino), "created": True, "dirs": self._dirs(parent)}
 
     def op_link(self, rec: Row) -> Row:
         cred, now = cred_of(rec), rec["now_ns"]
@@ -231,7 +235,7 @@ class Namespace(FileOps):
         self._add_entry(rec["new_parent"], rec["new_name"], row["ino"])
         self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row["ino"]))
         self._touch_dir(rec["new_parent"], now)
-        return {"attr": self.inode(row["ino"])}
+        return {"attr": self.inode(row["ino"]), "dirs": self._dirs(rec["new_parent"])}
 
     def op_unlink(self, rec: Row) -> Row:
         cred, now = cred_of(rec), rec["now_ns"]
@@ -245,7 +249,7 @@ class Namespace(FileOps):
         self._check_removable(cred, d, victim)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
         self._touch_dir(rec["parent"], now)
-        return {"freed": self._drop_link(victim, now)}
+        return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec["parent"])}
 
     def op_rmdir(self, rec: Row) -> Row:
         cred, now = cred_of(rec), rec["now_ns"]
@@ -265,7 +269,7 @@ class Namespace(FileOps):
         self._check_removable(cred, d, victim)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
         self._touch_dir(rec["parent"], now, -1)
-        return {"freed": self._delete_inode(victim["ino"])}
+        return {"freed": self._delete_inode(victim["ino"]), "dirs": self._dirs(rec["parent"])}
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:
         """Is anc an ancestor of (or equal to) directory ino?"""
@@ -296,7 +300,7 @@ class Namespace(FileOps):
         if dst is not None and flags & RENAME_NOREPLACE:
             raise err(errno.EEXIST)
         if dst is not None and dst["ino"] == src["ino"]:
-            return {"freed": []}
+            return {"freed": [], "dirs": self._dirs(sp, dp)}
         src_dir = stat.S_ISDIR(src["mode"])
         if src_dir:
             if self._is_ancestor(src["ino"], dp):
@@ -321,7 +325,7 @@ class Namespace(FileOps):
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src["ino"]))
         self._touch_dir(sp, now, -1 if src_dir and sp != dp else 0)
         self._touch_dir(dp, now, 1 if src_dir and sp != dp else 0)
-        return {"freed": freed}
+        return {"freed": freed, "dirs": self._dirs(sp, dp)}
 
     def _exchange(self, cred: Cred, rec: Row, src: Row, dst: Row | None, dd: Row) -> Row:
         if dst is None:
@@ -340,7 +344,7 @@ class Namespace(FileOps):
         else:
             self._touch_dir(sp, now)
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino IN (?, ?)", (now, src["ino"], dst["ino"]))
-        return {"freed": []}
+        return {"freed": [], "dirs": self._dirs(sp, dp)}
 
     def op_setattr(self, rec: Row) -> Row:
         cred, now, valid = cred_of(rec), rec["now_ns"], rec["valid"]

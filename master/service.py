@@ -40,6 +40,10 @@ def to_attr(row: Row) -> pb.Attr:
     return a
 
 
+def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
+    return [to_attr(d) for d in result.get("dirs", ())]
+
+
 def cred_of(c: pb.Caller) -> Cred:
     return Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
 
@@ -103,7 +107,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         attr = result["attr"]
         blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"])
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
-                            lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0))
+                            lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
+                            dirs=dirs_of(result))
 
     # ------------------------------------------------------------------ namespace reads
     @rpc_method
@@ -160,7 +165,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         rec = caller_rec(request.caller, "mknod", parent=request.parent, name=request.name, mode=request.mode,
                          umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
                          block_size=request.block_size)
-        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+        result = self.submit(rec)
+        return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
     @rpc_method
     def Create(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.OpenReply:
@@ -173,23 +179,25 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def Link(self, request: pb.LinkRequest, context: grpc.ServicerContext) -> pb.AttrReply:
         rec = caller_rec(request.caller, "link", ino=request.ino, new_parent=request.new_parent,
                          new_name=request.new_name)
-        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+        result = self.submit(rec)
+        return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
     @rpc_method
-    def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name))
-        return pb.Empty()
+    def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+        result = self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name))
+        return pb.DirsReply(dirs=dirs_of(result))
 
     @rpc_method
-    def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.submit(caller_rec(request.caller, "rmdir", parent=request.parent, name=request.name))
-        return pb.Empty()
+    def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+        result = self.submit(caller_rec(request.caller, "rmdir", parent=request.parent, name=request.name))
+        return pb.DirsReply(dirs=dirs_of(result))
 
     @rpc_method
-    def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.submit(caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
-                               new_parent=request.new_parent, new_name=request.new_name, flags=request.flags))
-        return pb.Empty()
+    def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+        result = self.submit(caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
+                                        new_parent=request.new_parent, new_name=request.new_name,
+                                        flags=request.flags))
+        return pb.DirsReply(dirs=dirs_of(result))
 
     @rpc_method
     def SetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:

@@ -12,7 +12,6 @@ import errno
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from typing import Any, Callable, TypeVar
@@ -67,10 +66,16 @@ class MasterClient:
         self._channel = channel(address)
         self.stub = pb_grpc.MasterServiceStub(self._channel)
         self.identity = Identity.current()
-        self._lock = threading.Lock()
+        # Told the directories each mutation changed, as they are after it (the VFS caches them).
+        self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
 
     def close(self) -> None:
         self._channel.close()
+
+    def saw_dirs(self, reply: Any) -> Any:
+        if self.dirs_listener is not None and reply.dirs:
+            self.dirs_listener(list(reply.dirs))
+        return reply
 
     def caller(self, ident: Identity | None = None, mutation: bool = False) -> pb.Caller:
         ident = ident or self.identity
@@ -116,13 +121,13 @@ class MasterClient:
               block_size: int = 0, ident: Identity | None = None) -> pb.Attr:
         req = pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
                               rdev=rdev, symlink_target=target, block_size=block_size)
-        return self.call("Mknod", req).attr
+        return self.saw_dirs(self.call("Mknod", req)).attr
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int = 0, exclusive: bool = False,
                block_size: int = 0, ident: Identity | None = None) -> pb.OpenReply:
         req = pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
                               exclusive=exclusive, block_size=block_size, open_flags=flags)
-        return self.call("Create", req)
+        return self.saw_dirs(self.call("Create", req))
 
     def open(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenReply:
         req = pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
@@ -141,15 +146,15 @@ class MasterClient:
         return self.call("Commit", req).attr
 
     def unlink(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.call("Unlink", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name))
+        self.saw_dirs(self.call("Unlink", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)))
 
     def rmdir(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.call("Rmdir", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name))
+        self.saw_dirs(self.call("Rmdir", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0,
                ident: Identity | None = None) -> None:
-        self.call("Rename", pb.RenameRequest(caller=self.caller(ident, True), parent=parent, name=name,
-                                             new_parent=new_parent, new_name=new_name, flags=flags))
+        self.saw_dirs(self.call("Rename", pb.RenameRequest(caller=self.caller(ident, True), parent=parent, name=name,
+                                                       new_parent=new_parent, new_name=new_name, flags=flags)))
 
     def readdir(self, ino: int, offset: int = 0, limit: int = 1000, plus: bool = False,
                 ident: Identity | None = None) -> pb.ReadDirReply:

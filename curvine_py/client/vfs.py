@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass
 
 from curvine_py.client.core import ClientCore
@@ -71,6 +72,12 @@ class VFS:
         self._handles: dict[int, Handle] = {}
         self._inodes: dict[int, InodeState] = {}
         self._seen_generation: dict[int, int] = {}   # ino -> generation when last opened here
+        # Directories as the master returned them after this client's own changes: the
+        # kernel asks for a directory's attributes again after every create/unlink in it
+        # (it invalidates them), and this answers without another call.
+        self._dir_attrs: dict[int, tuple[float, pb.Attr]] = {}
+        self._dir_ttl = core.cfg.fuse.attr_timeout_s
+        core.meta.dirs_listener = self._learn_dirs
 
     # ------------------------------------------------------------------ attributes
     def overlay(self, attr: pb.Attr) -> pb.Attr:
@@ -96,7 +103,21 @@ class VFS:
         return self.overlay(self.meta.lookup(parent, name, ident))
 
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
-        return self.overlay(self.meta.getattr(ino, ident))
+        return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
+
+    def cached_dir_attr(self, ino: int) -> pb.Attr | None:
+        """A directory's attributes from this client's own recent change of it (no call)."""
+        cached = self._dir_attrs.get(ino)
+        if cached is not None and time.monotonic() - cached[0] < self._dir_ttl:
+            return cached[1]
+        return None
+
+    def _learn_dirs(self, dirs: list[pb.Attr]) -> None:
+        now = time.monotonic()
+        for a in dirs:
+            self._dir_attrs[a.ino] = (now, a)
+        if len(self._dir_attrs) > 4096:
+            self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if now - v[0] < self._dir_ttl}
 
     def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> pb.Attr:
         st = self._inodes.get(ino)
@@ -109,6 +130,7 @@ class VFS:
             if not req.valid:
                 return self.getattr(ino, ident)
         req.caller.CopyFrom(self.meta.caller(ident, mutation=True))
+        self._dir_attrs.pop(ino, None)
         return self.overlay(self.meta.call("SetAttr", req).attr)
 
     # ------------------------------------------------------------------ namespace
@@ -123,7 +145,7 @@ class VFS:
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> pb.Attr:
         req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=new_parent, new_name=new_name)
-        return self.overlay(self.meta.call("Link", req).attr)
+        return self.overlay(self.meta.saw_dirs(self.meta.call("Link", req)).attr)
 
     def unlink(self, parent: int, name: str, ident: Identity) -> None:
         if not self._hide_if_open(parent, name, ident):
@@ -164,11 +186,13 @@ class VFS:
             return self.meta.lookup(ROOT_INO, TRASH_NAME, ROOT).ino
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> None:
+        self._dir_attrs.clear()   # the removed directory's own entry must not outlive it
         self.meta.rmdir(parent, name, ident)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int, ident: Identity) -> None:
         if not flags:
             self._hide_if_open(new_parent, new_name, ident)  # a replaced file open here stays readable
+        self._dir_attrs.clear()   # a moved directory's ctime changes too; the parents come back
         self.meta.rename(parent, name, new_parent, new_name, flags, ident)
 
     def readlink(self, ino: int, ident: Identity) -> str:

@@ -67,17 +67,17 @@ class MasterServiceStub:
         self.Unlink = channel.unary_unary(
                 '/curvine.MasterService/Unlink',
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.SerializeToString,
-                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
                 _registered_method=True)
         self.Rmdir = channel.unary_unary(
                 '/curvine.MasterService/Rmdir',
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.SerializeToString,
-                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
                 _registered_method=True)
         self.Rename = channel.unary_unary(
                 '/curvine.MasterService/Rename',
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.RenameRequest.SerializeToString,
-                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
                 _registered_method=True)
         self.ReadDir = channel.unary_unary(
                 '/curvine.MasterService/ReadDir',
@@ -376,17 +376,17 @@ def add_MasterServiceServicer_to_server(servicer, server):
             'Unlink': grpc.unary_unary_rpc_method_handler(
                     servicer.Unlink,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.FromString,
-                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.SerializeToString,
             ),
             'Rmdir': grpc.unary_unary_rpc_method_handler(
                     servicer.Rmdir,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.FromString,
-                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.SerializeToString,
             ),
             'Rename': grpc.unary_unary_rpc_method_handler(
                     servicer.Rename,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.RenameRequest.FromString,
-                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.DirsReply.SerializeToString,
             ),
             'ReadDir': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadDir,
@@ -667,7 +667,7 @@ class MasterService:
             target,
             '/curvine.MasterService/Unlink',
             curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.SerializeToString,
-            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+            curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -694,7 +694,7 @@ class MasterService:
             target,
             '/curvine.MasterService/Rmdir',
             curvine__py_dot_pb_dot_curvine__pb2.UnlinkRequest.SerializeToString,
-            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+            curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -721,7 +721,7 @@ class MasterService:
             target,
             '/curvine.MasterService/Rename',
             curvine__py_dot_pb_dot_curvine__pb2.RenameRequest.SerializeToString,
-            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+            curvine__py_dot_pb_dot_curvine__pb2.DirsReply.FromString,
             options,
             channel_credentials,
             insecure,
