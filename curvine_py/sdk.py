@@ -376,7 +376,7 @@ class Client:
         if m == "r":
             a = self._attr(path)
             reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-            reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))  # type: ignore
+            reader = FileReader(self.core, reply)  # type: ignore[arg-type]
             return File(self, normpath(path), mode, reader, None)
         ino, name = self._parent(path)
         flags = os.O_WRONLY | (os.O_TRUNC if m == "w" else 0)
@@ -403,7 +403,7 @@ class Client:
         """Read a whole object into a caller-owned buffer (no allocation); returns its size."""
         a = self._attr(path)
         reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-        reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))  # type: ignore
+        reader = FileReader(self.core, reply)  # type: ignore[arg-type]
         view = memoryview(buffer).cast("B")
         if len(view) < reader.size:
             raise err(errno.EOVERFLOW, f"buffer of {len(view)} bytes < file size {reader.size}").with_path(path)

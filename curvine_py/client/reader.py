@@ -107,19 +107,19 @@ class FileReader:
     requests proceed in parallel.
     """
 
-    def __init__(self, core: ClientCore, attr: pb.Attr, blocks: list[pb.BlockInfo],
-                 workers: list[pb.WorkerAddress]) -> None:
+    def __init__(self, core: ClientCore, reply: pb.OpenReply) -> None:
+        """Read the file version an Open reply describes (its attributes and blocks)."""
         self.core = core
-        self.attr = attr
-        self.size = attr.size
-        self.bs = attr.block_size or core.cfg.master.block_size
-        self.blocks = {b.offset // self.bs: b for b in blocks}
+        self.attr = reply.attr
+        self.size = reply.attr.size
+        self.bs = reply.attr.block_size or core.cfg.master.block_size
+        self.blocks = {b.offset // self.bs: b for b in reply.blocks}
         self.pool = core.buffer_pool(self.bs)
         self.read_ahead = core.cfg.client.read_ahead_blocks
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._max_end = 0
         self._lock = threading.RLock()
-        core.workers.learn(list(workers))
+        core.workers.learn(list(reply.workers))
 
     def prefetch_small(self) -> None:
         """A file no bigger than the read-ahead window is fetched whole at once: the KV-cache

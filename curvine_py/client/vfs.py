@@ -263,7 +263,7 @@ class VFS:
             if writer_handle:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
-                h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+                h.reader = FileReader(self.core, reply)
                 h.reader.prefetch_small()
             st.handles += 1
             self._handles[h.fh] = h
@@ -290,7 +290,7 @@ class VFS:
             reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
             if h.reader is not None:
                 h.reader.close()
-            h.reader = FileReader(self.core, reply.attr, list(reply.blocks), list(reply.workers))
+            h.reader = FileReader(self.core, reply)
             h.version = st.version
         return h.reader.read_bytes(offset, size)
 

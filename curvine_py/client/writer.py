@@ -33,6 +33,11 @@ MAX_DIRTY = 16         # partially written blocks kept before the oldest is ship
 WRITE_ATTEMPTS = 3
 
 
+def _covers(ranges: list[list[int]], length: int) -> bool:
+    """Do merged ranges cover [0, length)?"""
+    return bool(ranges) and ranges[0][0] == 0 and ranges[0][1] >= length
+
+
 def _merge(ranges: list[list[int]]) -> list[list[int]]:
     """Sorted, merged [start, end) ranges (touching ranges join)."""
     out: list[list[int]] = []
@@ -49,8 +54,9 @@ class DirtyBlock:
 
     __slots__ = ("raw", "view", "ranges")
 
-    def __init__(self, raw: object, view: memoryview) -> None:
-        self.raw, self.view = raw, view
+    def __init__(self, raw: object) -> None:
+        self.raw = raw
+        self.view = memoryview(raw)  # type: ignore[arg-type]
         self.ranges: list[list[int]] = []
 
     def write(self, within: int, data: memoryview) -> None:
@@ -59,7 +65,7 @@ class DirtyBlock:
         self.ranges = _merge(self.ranges + [[within, end]])
 
     def covers(self, length: int) -> bool:
-        return bool(self.ranges) and self.ranges[0][0] == 0 and self.ranges[0][1] >= length
+        return _covers(self.ranges, length)
 
     def gaps(self, length: int) -> list[tuple[int, int]]:
         out, pos = [], 0
@@ -84,11 +90,10 @@ class FileWriter:
         self.ident = ident
         self.ino = reply.attr.ino
         self.lease_id = reply.lease_id
-        self.bs = reply.attr.block_size or core.cfg.master.block_size
-        self.size = reply.attr.size
+        self.reader = FileReader(core, reply)
+        self.bs = self.reader.bs
         self.committed_size = reply.attr.size
         self.pool = core.buffer_pool(self.bs)
-        self.reader = FileReader(core, reply.attr, list(reply.blocks), list(reply.workers))
         self.current = self.reader.blocks      # slot -> newest block (committed or shipped)
         self.dirty: dict[int, DirtyBlock] = {}
         self.inflight: dict[int, Future[pb.BlockInfo]] = {}   # slot -> its newest block being shipped
@@ -104,6 +109,15 @@ class FileWriter:
         self.closed = False
         core.leases.add(self.lease_id)
 
+    @property
+    def size(self) -> int:
+        """The file's size as this writer sees it; its reader reads up to the same size."""
+        return self.reader.size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self.reader.size = value
+
     # ------------------------------------------------------------------ writes
     def pwrite(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         if offset < 0:
@@ -116,7 +130,6 @@ class FileWriter:
             for idx, within, done, n in slots(offset, len(mv), self.bs):
                 piece = mv[done:done + n]
                 self.size = max(self.size, offset + done + n)
-                self.reader.size = self.size
                 if n == self.bs and idx not in self.dirty:
                     direct.append(self._ship(idx, piece, None))
                 else:
@@ -150,11 +163,10 @@ class FileWriter:
             done = 0
             for idx, within, n, raw in plan:
                 if raw is not None:
-                    self.dirty[idx] = DirtyBlock(raw, memoryview(raw))  # type: ignore[arg-type]
+                    self.dirty[idx] = DirtyBlock(raw)
                 self.dirty[idx].write(within, mv[done:done + n])
                 done += n
             self.size = max(self.size, offset + len(mv))
-            self.reader.size = self.size
             return len(mv)
         finally:
             self._lock.release()
@@ -165,9 +177,8 @@ class FileWriter:
         new = 0
         for idx, within, _, n in slots(offset, length, self.bs):
             db = self.dirty.get(idx)
-            probe = DirtyBlock(None, memoryview(b""))
-            probe.ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
-            if probe.covers(self.bs) or idx in self.inflight:
+            ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
+            if _covers(ranges, self.bs) or idx in self.inflight:
                 self._undo(plan)
                 return None
             raw = None
@@ -191,8 +202,7 @@ class FileWriter:
         if db is None:
             if len(self.dirty) >= MAX_DIRTY:
                 self._ship_dirty(next(iter(self.dirty)))
-            raw = self.pool.acquire()
-            db = self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+            db = self.dirty[idx] = DirtyBlock(self.pool.acquire())
         db.write(within, piece)
         if db.covers(self.bs):
             self._ship_dirty(idx)
@@ -217,7 +227,6 @@ class FileWriter:
                 db.clip(rem)
                 db.view[rem:] = bytearray(self.bs - rem)
             self.size = size
-            self.reader.size = size
 
     # ------------------------------------------------------------------ reads (overlay)
     def pread(self, offset: int, into: memoryview) -> int:
@@ -307,8 +316,7 @@ class FileWriter:
         """Make slot idx a dirty block holding its full current bytes up to length."""
         db = self.dirty.get(idx)
         if db is None:
-            raw = self.pool.acquire()
-            db = self.dirty[idx] = DirtyBlock(raw, memoryview(raw))
+            db = self.dirty[idx] = DirtyBlock(self.pool.acquire())
         gaps = db.gaps(length)
         if gaps:
             if idx in self.inflight:
