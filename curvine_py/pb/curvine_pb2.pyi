@@ -67,18 +67,22 @@ class WorkerAddress(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("block_id", "offset", "length", "checksum", "workers")
+    __slots__ = ("block_id", "offset", "length", "checksum", "workers", "token", "tier")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     offset: int
     length: int
     checksum: int
     workers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
+    token: str
+    tier: str
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -447,14 +451,42 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., report: _Optional[_Union[BlockReport, _Mapping]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("reregister", "delete_blocks", "ring_epoch")
+    __slots__ = ("reregister", "delete_blocks", "ring_epoch", "replicate")
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     DELETE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_FIELD_NUMBER: _ClassVar[int]
     reregister: bool
     delete_blocks: _containers.RepeatedScalarFieldContainer[int]
     ring_epoch: int
-    def __init__(self, reregister: _Optional[bool] = ..., delete_blocks: _Optional[_Iterable[int]] = ..., ring_epoch: _Optional[int] = ...) -> None: ...
+    replicate: _containers.RepeatedCompositeFieldContainer[ReplicateCommand]
+    def __init__(self, reregister: _Optional[bool] = ..., delete_blocks: _Optional[_Iterable[int]] = ..., ring_epoch: _Optional[int] = ..., replicate: _Optional[_Iterable[_Union[ReplicateCommand, _Mapping]]] = ...) -> None: ...
+
+class ReplicateCommand(_message.Message):
+    __slots__ = ("block_id", "length", "checksum", "targets", "token")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    checksum: int
+    targets: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    token: str
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class BadBlockRequest(_message.Message):
+    __slots__ = ("caller", "block_id", "worker_id", "reason")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    block_id: int
+    worker_id: int
+    reason: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., block_id: _Optional[int] = ..., worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms")
@@ -495,7 +527,7 @@ class RingReply(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., vnodes: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[RingNode, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version")
+    __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version", "evicted_files", "evicted_bytes", "expired_files")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RING_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +537,9 @@ class ReportReply(_message.Message):
     UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FILES_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FILES_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     ring_epoch: int
     capacity: int
@@ -514,7 +549,10 @@ class ReportReply(_message.Message):
     under_replicated: int
     master_address: str
     version: str
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    evicted_files: int
+    evicted_bytes: int
+    expired_files: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ..., evicted_files: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_files: _Optional[int] = ...) -> None: ...
 
 class WorkerInfoReply(_message.Message):
     __slots__ = ("worker_id", "host", "dirs", "blocks", "version")

@@ -169,6 +169,11 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.ReportReply.FromString,
                 _registered_method=True)
+        self.ReportBadBlock = channel.unary_unary(
+                '/curvine.MasterService/ReportBadBlock',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.BadBlockRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -340,6 +345,12 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportBadBlock(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -477,6 +488,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.ReportReply.SerializeToString,
+            ),
+            'ReportBadBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportBadBlock,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.BadBlockRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1208,6 +1224,33 @@ class MasterService:
             '/curvine.MasterService/Report',
             curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBadBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/ReportBadBlock',
+            curvine__py_dot_pb_dot_curvine__pb2.BadBlockRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,
