@@ -1,4 +1,4 @@
-"""One block file: its meta sidecar format, the streaming writer and the verifying reader.
+"""One block file: the streaming writer and the verifying reader.
 
 A block is written through a BlockWriter (pieces are checksummed as they stream by and
 written with io_uring while the next piece arrives; commit verifies and hands the file
@@ -6,8 +6,8 @@ to the store) and read through a BlockReader (1 MiB chunks read with io_uring in
 pooled buffers, each verified against the meta file's chunk checksum before the caller
 sees it; the next chunk is read while the caller sends the current one).
 
-docs/worker.md has the byte format of the meta file; a short-circuit client can parse it
-the same way to verify what it reads.
+The meta file format lives in curvine_py/common/blockmeta.py (docs/worker.md has the
+bytes), shared with the short-circuit client that verifies local block files with it.
 """
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ import errno
 import logging
 import os
 import shutil
-import struct
 import typing
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Generator, Iterator
 
 import xxhash
 
+from curvine_py.common.blockmeta import CHUNK, BlockMeta
 from curvine_py.common.errors import CurvineError
 
 if typing.TYPE_CHECKING:
@@ -31,45 +30,7 @@ if typing.TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-CHUNK = MiB                       # checksum granularity of block files
 DEFAULT_BLOCK = 4 * MiB           # space reserved for a new block whose size is unknown
-
-META_MAGIC = b"CVBM"
-META_VERSION = 1
-_META_HEAD = struct.Struct("<4sHHQIIQ")   # magic, version, flags, length, chunk, nchunks, xxh3
-_U64 = struct.Struct("<Q")
-
-
-# ---------------------------------------------------------------- meta files
-
-@dataclass(frozen=True)
-class BlockMeta:
-    """Contents of a block's sidecar file."""
-    length: int
-    checksum: int
-    chunk_sums: tuple[int, ...]
-    chunk_size: int = CHUNK
-
-    def encode(self) -> bytes:
-        body = _META_HEAD.pack(META_MAGIC, META_VERSION, 0, self.length, self.chunk_size,
-                               len(self.chunk_sums), self.checksum)
-        body += struct.pack(f"<{len(self.chunk_sums)}Q", *self.chunk_sums)
-        return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "BlockMeta":
-        """Parse and self-check a meta file; ValueError when it is not a valid one."""
-        if len(raw) < _META_HEAD.size + _U64.size:
-            raise ValueError("meta file too short")
-        magic, version, _flags, length, chunk, n, checksum = _META_HEAD.unpack_from(raw)
-        if magic != META_MAGIC or version != META_VERSION or chunk <= 0:
-            raise ValueError("not a block meta file")
-        end = _META_HEAD.size + 8 * n
-        if len(raw) != end + _U64.size or n != -(-length // chunk):
-            raise ValueError("meta file has the wrong size")
-        if _U64.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(raw[:end]):
-            raise ValueError("meta file checksum mismatch")
-        return cls(length, checksum, struct.unpack_from(f"<{n}Q", raw, _META_HEAD.size), chunk)
 
 
 def io_error(e: OSError, what: str) -> CurvineError:

@@ -1,0 +1,50 @@
+"""The block meta sidecar format (``<block>.meta``), shared by the worker that writes it
+and the short-circuit client that verifies local block files with it.
+
+The byte layout is in docs/worker.md ("Meta file format"): a fixed head, one xxh3_64
+per 1 MiB chunk, and an xxh3_64 of everything before it (the file checks itself).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+MiB = 1 << 20
+CHUNK = MiB                       # checksum granularity of block files
+
+META_MAGIC = b"CVBM"
+META_VERSION = 1
+_META_HEAD = struct.Struct("<4sHHQIIQ")   # magic, version, flags, length, chunk, nchunks, xxh3
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """Contents of a block's sidecar file."""
+    length: int
+    checksum: int
+    chunk_sums: tuple[int, ...]
+    chunk_size: int = CHUNK
+
+    def encode(self) -> bytes:
+        body = _META_HEAD.pack(META_MAGIC, META_VERSION, 0, self.length, self.chunk_size,
+                               len(self.chunk_sums), self.checksum)
+        body += struct.pack(f"<{len(self.chunk_sums)}Q", *self.chunk_sums)
+        return body + _U64.pack(xxhash.xxh3_64_intdigest(body))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "BlockMeta":
+        """Parse and self-check a meta file; ValueError when it is not a valid one."""
+        if len(raw) < _META_HEAD.size + _U64.size:
+            raise ValueError("meta file too short")
+        magic, version, _flags, length, chunk, n, checksum = _META_HEAD.unpack_from(raw)
+        if magic != META_MAGIC or version != META_VERSION or chunk <= 0:
+            raise ValueError("not a block meta file")
+        end = _META_HEAD.size + 8 * n
+        if len(raw) != end + _U64.size or n != -(-length // chunk):
+            raise ValueError("meta file has the wrong size")
+        if _U64.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(raw[:end]):
+            raise ValueError("meta file checksum mismatch")
+        return cls(length, checksum, struct.unpack_from(f"<{n}Q", raw, _META_HEAD.size), chunk)
