@@ -20,7 +20,8 @@ from curvine_py.common.types import (
     SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
     XATTR_CREATE, XATTR_REPLACE,
 )
-from curvine_py.master import posix
+from curvine_py.master import cachepolicy, posix
+from curvine_py.master.cacheops import CacheOps
 from curvine_py.master.files import FileOps
 from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.store import ATTR_COLS, Row, cred_of
@@ -29,7 +30,7 @@ MAX_SYMLINKS = 40
 XATTR_MAX = 64 * 1024
 
 
-class Namespace(FileOps):
+class Namespace(FileOps, CacheOps):
     """Reads answer directly; mutations are op records given to ``apply`` by the journal."""
 
     def __init__(self, conn: sqlite3.Connection, default_block_size: int, default_replicas: int) -> None:
@@ -416,6 +417,8 @@ class Namespace(FileOps):
         self._xattr_access(row, cred, name, write=True)
         if len(value) > XATTR_MAX:
             raise err(errno.E2BIG)
+        if name in cachepolicy.POLICY_XATTRS:
+            value = cachepolicy.normalize(name, value)
         exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
         if rec.get("flags", 0) & XATTR_CREATE and exists:
             raise err(errno.EEXIST)

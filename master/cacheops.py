@@ -1,0 +1,46 @@
+"""Journal ops of the bounded cache: record last reads, evict or expire whole files.
+
+The evictor (``eviction.py``) decides off the journal thread; these ops re-check, at
+apply time and from the tables alone, that each victim may still go (same generation,
+complete, no write lease, not pinned), so replaying the log gives the same namespace
+and a file rewritten or pinned since the decision survives.
+"""
+from __future__ import annotations
+
+import stat
+
+from curvine_py.master.cachepolicy import Policies
+from curvine_py.master.store import Row, Store
+
+
+class CacheOps(Store):
+    """op_record_reads, op_evict (mixed into ``Namespace``)."""
+
+    def op_record_reads(self, rec: Row) -> Row:
+        """Remember when files were last opened for reading (LRU order across restarts)."""
+        self.conn.executemany(
+            "INSERT INTO reads(ino, last_read_ns) SELECT ?, ? WHERE EXISTS (SELECT 1 FROM inodes WHERE ino=?)"
+            " ON CONFLICT(ino) DO UPDATE SET last_read_ns=max(last_read_ns, excluded.last_read_ns)",
+            [(ino, ns, ino) for ino, ns in rec["reads"]])
+        return {}
+
+    def op_evict(self, rec: Row) -> Row:
+        """Remove victims [[ino, generation], ...] with all their names; returns freed blocks."""
+        policies = Policies(self.conn)
+        freed: list[int] = []
+        evicted: list[int] = []
+        nbytes = 0
+        now = rec["now_ns"]
+        for ino, generation in rec["victims"]:
+            row = self.q1("SELECT mode, size, generation, complete, lease_id FROM inodes WHERE ino=?", (ino,))
+            if (row is None or not stat.S_ISREG(row["mode"]) or row["generation"] != generation
+                    or not row["complete"] or row["lease_id"] or policies.pinned(ino)):
+                continue
+            parents = [r[0] for r in self.conn.execute("SELECT parent FROM dirents WHERE ino=?", (ino,))]
+            self.conn.execute("DELETE FROM dirents WHERE ino=?", (ino,))
+            for p in set(parents):
+                self.conn.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?", (now, now, p))
+            freed += self._delete_inode(ino)
+            evicted.append(ino)
+            nbytes += row["size"]
+        return {"freed": freed, "evicted": evicted, "bytes": nbytes}
