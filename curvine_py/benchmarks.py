@@ -1,0 +1,400 @@
+"""The workloads of `cv bench`, on any directory: ours, a local disk, another filesystem.
+
+- kvcache: LMCache's ``fs://`` pattern (BRIEF.md): each chunk written as ``<name>.tmp``
+  (28-byte header, then the payload in one write), closed, renamed to ``<name>.data``; read
+  back (by a fresh process, possibly through another mount) as one stat, then open, read
+  4 KiB, read the rest in one call, close.
+- seq: one big file written and read in 4 MiB requests.
+- meta: create, stat, rename, unlink of many empty files, each phase timed alone.
+
+Every byte read is verified, never a sample: the content of a file is a seeded random
+buffer rotated by a per-file offset behind a header naming the file, so a block served
+from the wrong file or the wrong offset changes the digest.  Verification is an xxh3 of
+the bytes read (~18 GB/s here; ``memoryview ==`` runs at 0.8 GB/s) against a digest
+computed before the clock starts, and its time is excluded from the figures, as the
+payload generation is (one precomputed buffer, copied into a reused one per file).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import struct
+import time
+import typing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import xxhash
+
+MiB = 1 << 20
+HEADER_SIZE = 28                 # LMCache's fs:// header
+FIRST_READ = 4096                # LMCache reads 4 KiB, then the rest
+SEQ_REQUEST = 4 * MiB
+PROMPT_FILES = 8                 # BRIEF.md's 1,925-token prompt (0.103 GB): 256-token chunks
+MANIFEST = "cv-bench.json"
+KV_DIR = "kvcache"
+SEQ_FILE = "seq.bin"
+META_DIR = "meta"
+WORKLOADS = ("kvcache", "seq", "meta")
+_HEADER = struct.Struct("<4sIQQI")  # magic, file index, file size, seed, zero pad
+assert _HEADER.size == HEADER_SIZE
+
+
+class WrongData(Exception):
+    """A read returned bytes other than those written (the message names file and offset)."""
+
+
+@dataclass
+class Plan:
+    """What was written, so that a fresh process can read and verify it (the manifest)."""
+    workloads: list[str]
+    files: int = 32
+    file_size: int = 14 * MiB
+    seq_size: int = 1024 * MiB
+    meta_files: int = 5000
+    seed: int = 0
+
+    def save(self, directory: Path) -> None:
+        (directory / MANIFEST).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, directory: Path) -> "Plan":
+        try:
+            data = json.loads((directory / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(2, f"no {MANIFEST} (run the write phase first)",
+                                    str(directory)) from None
+        return cls(**data)
+
+
+# ---------------------------------------------------------------- content
+
+
+class Pattern:
+    """The content of every file of one run, derived from the seed; never regenerated per file."""
+
+    def __init__(self, seed: int, length: int) -> None:
+        self.seed = seed
+        self.base = random.Random(seed).randbytes(max(length, 1))
+        self.view = memoryview(self.base)
+
+    def offset(self, index: int) -> int:
+        """Per-file rotation: files differ everywhere, not only in their header."""
+        return (index * 1_000_003 + 7) % len(self.base)
+
+    def fill(self, buf: memoryview, index: int) -> None:
+        """buf[:] = base rotated by offset(index) (two memcpy into a reused buffer)."""
+        r, n = self.offset(index), len(self.base)
+        buf[:n - r] = self.view[r:]
+        buf[n - r:n] = self.view[:r]
+
+    def digest(self, prefix: bytes, index: int, length: int) -> int:
+        """xxh3 of prefix + the first `length` bytes of the rotated base."""
+        h = xxhash.xxh3_64(prefix)
+        r, n = self.offset(index), len(self.base)
+        first = self.view[r:r + length]
+        h.update(first)
+        if len(first) < length:
+            h.update(self.view[:length - len(first)])
+        return h.intdigest()
+
+    def expected(self, prefix: bytes, index: int, length: int) -> bytes:
+        """The whole expected content (only built to locate a mismatch)."""
+        buf = bytearray(len(self.base))
+        self.fill(memoryview(buf), index)
+        return prefix + bytes(buf[:length])
+
+
+def kv_header(index: int, size: int, seed: int) -> bytes:
+    return _HEADER.pack(b"CVKV", index, size, seed & (2**64 - 1), 0)
+
+
+def kv_name(index: int) -> str:
+    """An LMCache-shaped chunk name: <model>@<world>@<rank>@<hash>@<dtype>."""
+    return f"bench-model@1@0@{index:016x}@bfloat16"
+
+
+def first_difference(got: memoryview, want: bytes) -> int:
+    """Offset of the first differing byte (a binary search over slices that compare fast)."""
+    lo, hi = 0, min(len(got), len(want))
+    if bytes(got[:hi]) == want[:hi]:
+        return hi
+    while hi - lo > 1:   # invariant: got[:lo] == want[:lo] and got[:hi] != want[:hi]
+        mid = (lo + hi) // 2
+        if bytes(got[lo:mid]) == want[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check(path: Path, got: memoryview, digest: int, want: typing.Callable[[], bytes],
+          base: int = 0) -> None:
+    """Raise WrongData naming the first wrong offset when the bytes' digest differs.
+
+    base is where `got` starts in the file (a request of a sequential read).
+    """
+    if xxhash.xxh3_64_intdigest(got) == digest:
+        return
+    expected = want()
+    if len(got) != len(expected):
+        raise WrongData(f"{path}: read {base + len(got)} bytes, expected {base + len(expected)}"
+                        " (file too short or too long)")
+    at = first_difference(got, expected)
+    raise WrongData(f"{path}: wrong bytes at offset {base + at} "
+                    f"(read 0x{got[at]:02x}, wrote 0x{expected[at]:02x})")
+
+
+# ---------------------------------------------------------------- figures
+
+
+def percentile_ms(seconds: typing.Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of per-file times, in milliseconds."""
+    if not seconds:
+        return 0.0
+    xs = sorted(seconds)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] * 1e3
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def per_file_figures(nbytes: int, times: list[float], prefix: str) -> dict[str, float]:
+    total = sum(times)
+    return {f"{prefix}_GBps": gbps(nbytes, total), f"{prefix}_s": total,
+            f"{prefix}_p50_ms": percentile_ms(times, 0.50),
+            f"{prefix}_p99_ms": percentile_ms(times, 0.99)}
+
+
+# ---------------------------------------------------------------- kvcache
+
+
+def kv_write(directory: Path, plan: Plan) -> dict[str, float]:
+    """Write plan.files chunks the LMCache way; time per file from open to rename."""
+    pattern = Pattern(plan.seed, plan.file_size - HEADER_SIZE)
+    d = directory / KV_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    payload = memoryview(bytearray(plan.file_size - HEADER_SIZE))
+    times = []
+    for i in range(plan.files):
+        pattern.fill(payload, i)
+        header = kv_header(i, plan.file_size, plan.seed)
+        tmp, final = d / f"{kv_name(i)}.tmp", d / f"{kv_name(i)}.data"
+        t = time.perf_counter()
+        with open(tmp, "wb", buffering=0) as f:
+            f.write(header)
+            _write_all(f, payload)
+        os.rename(tmp, final)
+        times.append(time.perf_counter() - t)
+    return per_file_figures(plan.files * plan.file_size, times, "write")
+
+
+def _write_all(f: typing.BinaryIO, data: memoryview) -> None:
+    """One write call, plus more only if the filesystem takes less (a short write)."""
+    done = 0
+    while done < len(data):
+        n = f.write(data[done:])
+        if not n:
+            raise OSError(5, "write returned 0", getattr(f, "name", None))
+        done += n
+
+
+def _read_whole(f: typing.BinaryIO, view: memoryview) -> int:
+    """4 KiB, then the rest in one call (more calls only on a short read); bytes read."""
+    got = f.readinto(view[:FIRST_READ]) or 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def kv_read(directory: Path, plan: Plan) -> dict[str, float]:
+    """Stat every chunk in order, then read and verify each whole; per-file times."""
+    pattern = Pattern(plan.seed, plan.file_size - HEADER_SIZE)
+    d = directory / KV_DIR
+    payload_len = plan.file_size - HEADER_SIZE
+    digests = [pattern.digest(kv_header(i, plan.file_size, plan.seed), i, payload_len)
+               for i in range(plan.files)]
+    buf = memoryview(bytearray(plan.file_size + 1))   # one spare byte shows a too-long file
+    times = []
+    for i in range(plan.files):
+        path = d / f"{kv_name(i)}.data"
+        t = time.perf_counter()
+        os.stat(path)
+        with open(path, "rb", buffering=0) as f:
+            got = _read_whole(f, buf)
+        times.append(time.perf_counter() - t)
+        header = kv_header(i, plan.file_size, plan.seed)
+        check(path, buf[:got], digests[i], lambda: pattern.expected(header, i, payload_len))
+    out = per_file_figures(plan.files * plan.file_size, times, "read")
+    k = min(plan.files, PROMPT_FILES)
+    out["prompt_files"] = k
+    out["prompt_ms"] = sum(times[:k]) * 1e3
+    return out
+
+
+# ---------------------------------------------------------------- seq
+
+
+def _seq_requests(plan: Plan) -> list[int]:
+    full, rest = divmod(plan.seq_size, SEQ_REQUEST)
+    return [SEQ_REQUEST] * full + ([rest] if rest else [])
+
+
+def _seq_prefix(k: int) -> bytes:
+    return struct.pack("<Q", k)     # each request starts with its index: no two are alike
+
+
+def seq_write(directory: Path, plan: Plan) -> dict[str, float]:
+    pattern = Pattern(plan.seed ^ 1, SEQ_REQUEST)
+    buf = memoryview(bytearray(SEQ_REQUEST))
+    buf[8:] = pattern.view[:SEQ_REQUEST - 8]
+    path = directory / SEQ_FILE
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for k, n in enumerate(_seq_requests(plan)):
+            buf[:8] = _seq_prefix(k)
+            _write_all(f, buf[:n])
+    seconds = time.perf_counter() - t
+    return {"write_GBps": gbps(plan.seq_size, seconds), "write_s": seconds}
+
+
+def seq_read(directory: Path, plan: Plan) -> dict[str, float]:
+    pattern = Pattern(plan.seed ^ 1, SEQ_REQUEST)
+    requests = _seq_requests(plan)
+    tail = pattern.view[:SEQ_REQUEST - 8]
+    digests = [_seq_digest(k, n, tail) for k, n in enumerate(requests)]
+    buf = memoryview(bytearray(SEQ_REQUEST))
+    path = directory / SEQ_FILE
+    seconds = 0.0
+    with open(path, "rb", buffering=0) as f:
+        for k, n in enumerate(requests):
+            t = time.perf_counter()
+            got = _read_full(f, buf[:n])
+            seconds += time.perf_counter() - t
+            check(path, buf[:got], digests[k], lambda: _seq_expected(k, n, tail), k * SEQ_REQUEST)
+        t = time.perf_counter()
+        extra = f.read(1)
+        seconds += time.perf_counter() - t
+    if extra:
+        raise WrongData(f"{path}: longer than the {plan.seq_size} bytes written")
+    return {"read_GBps": gbps(plan.seq_size, seconds), "read_s": seconds}
+
+
+def _seq_digest(k: int, n: int, tail: memoryview) -> int:
+    h = xxhash.xxh3_64(_seq_prefix(k))
+    h.update(tail[:n - 8])
+    return h.intdigest()
+
+
+def _seq_expected(k: int, n: int, tail: memoryview) -> bytes:
+    """A request's expected bytes (only built to locate a mismatch)."""
+    return _seq_prefix(k) + bytes(tail[:n - 8])
+
+
+def _read_full(f: typing.BinaryIO, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+# ---------------------------------------------------------------- meta
+
+
+def meta_ops(directory: Path, plan: Plan) -> dict[str, float]:
+    """create / stat / rename / unlink per second over plan.meta_files empty files."""
+    d = directory / META_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    names = [str(d / f"f{i:06d}") for i in range(plan.meta_files)]
+    renamed = [str(d / f"g{i:06d}") for i in range(plan.meta_files)]
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    out: dict[str, float] = {}
+
+    def timed(op: str, fn: typing.Callable[[int], object]) -> None:
+        t = time.perf_counter()
+        for i in range(plan.meta_files):
+            fn(i)
+        out[f"{op}_per_s"] = plan.meta_files / max(time.perf_counter() - t, 1e-9)
+
+    timed("create", lambda i: os.close(os.open(names[i], flags, 0o644)))
+    timed("stat", lambda i: os.stat(names[i]))
+    timed("rename", lambda i: os.rename(names[i], renamed[i]))
+    timed("unlink", lambda i: os.unlink(renamed[i]))
+    os.rmdir(d)
+    return out
+
+
+# ---------------------------------------------------------------- phases
+
+
+def new_plan(workloads: typing.Sequence[str], files: int, file_size: int, seq_size: int,
+             meta_files: int) -> Plan:
+    if file_size <= HEADER_SIZE:
+        raise ValueError(f"--file-size must exceed the {HEADER_SIZE}-byte header")
+    if seq_size <= 0 or seq_size % 4096:
+        raise ValueError("--seq-size must be a positive multiple of 4 KiB")
+    if files <= 0 or meta_files <= 0:
+        raise ValueError("--files and --meta-files must be positive")
+    return Plan(workloads=list(workloads), files=files, file_size=file_size, seq_size=seq_size,
+                meta_files=meta_files, seed=int.from_bytes(os.urandom(8), "little"))
+
+
+def write_phase(directory: Path, plan: Plan) -> dict[str, dict[str, float]]:
+    """Write what the plan asks (and run meta, which needs no reader); save the manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out: dict[str, dict[str, float]] = {}
+    if "kvcache" in plan.workloads:
+        out["kvcache"] = kv_write(directory, plan)
+    if "seq" in plan.workloads:
+        out["seq"] = seq_write(directory, plan)
+    if "meta" in plan.workloads:
+        out["meta"] = meta_ops(directory, plan)
+    plan.save(directory)
+    return out
+
+
+def read_phase(directory: Path, only: typing.Collection[str] = WORKLOADS
+               ) -> dict[str, dict[str, float]]:
+    """Read back and verify what the write phase left in directory (its manifest says what)."""
+    plan = Plan.load(directory)
+    out: dict[str, dict[str, float]] = {}
+    if "kvcache" in plan.workloads and "kvcache" in only:
+        out["kvcache"] = kv_read(directory, plan)
+    if "seq" in plan.workloads and "seq" in only:
+        out["seq"] = seq_read(directory, plan)
+    return out
+
+
+def remove_data(directory: Path) -> None:
+    """Delete what the write phase created (and directory itself when it is left empty)."""
+    d = directory / KV_DIR
+    if d.is_dir():
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+    for name in (SEQ_FILE, MANIFEST):
+        (directory / name).unlink(missing_ok=True)
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+
+
+def drop_caches() -> bool:
+    """sync + drop the kernel's page, dentry and inode caches; False when not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
