@@ -25,6 +25,7 @@ from curvine_py.common import config as config_mod
 from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
+from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -205,6 +206,17 @@ class File(io.RawIOBase):
             return fn()  # type: ignore[return-value]
         except CurvineError as e:
             raise e.with_path(self.name) from None
+
+
+@dataclass
+class CachePolicy:
+    """A path's effective cache policy (docs/eviction.md) and where each part is set."""
+    pinned: bool
+    pinned_by: str
+    ttl_s: int | None
+    ttl_from: str
+    tier: str
+    tier_from: str
 
 
 class Client:
@@ -426,6 +438,69 @@ class Client:
     def get_file(self, path: str, local_path: str, callback: Progress = None) -> None:
         with self.open(path, "rb") as src, open(local_path, "wb") as dst:
             _copy(src, dst, callback)
+
+    # ------------------------------------------------------------------ xattrs and cache policy
+    def getxattr(self, path: str, name: str) -> bytes:
+        a = self._attr(path)
+        return self._do(path, lambda: self.meta.call(  # type: ignore[return-value]
+            "GetXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino, name=name)).value)
+
+    def setxattr(self, path: str, name: str, value: bytes) -> None:
+        a = self._attr(path)
+        self._do(path, lambda: self.meta.call("SetXattr", pb.XattrRequest(
+            caller=self.meta.caller(mutation=True), ino=a.ino, name=name, value=value)))
+
+    def removexattr(self, path: str, name: str, missing_ok: bool = False) -> None:
+        a = self._attr(path)
+        try:
+            self.meta.call("RemoveXattr", pb.XattrRequest(caller=self.meta.caller(mutation=True), ino=a.ino,
+                                                          name=name))
+        except CurvineError as e:
+            if not (missing_ok and e.errno == errno.ENODATA):
+                raise e.with_path(path) from None
+
+    def pin(self, path: str) -> None:
+        """Exempt a file, or every file below a directory, from eviction and TTL sweeps."""
+        self.setxattr(path, PIN, b"1")
+
+    def unpin(self, path: str) -> None:
+        self.removexattr(path, PIN, missing_ok=True)
+
+    def set_ttl(self, path: str, ttl: str | int | None) -> None:
+        """Files below path (or path itself) go ttl after their last change ('7d', 3600); None clears."""
+        if ttl is None:
+            self.removexattr(path, TTL, missing_ok=True)
+        else:
+            self.setxattr(path, TTL, str(ttl).encode())
+
+    def set_tier(self, path: str, tier: str | None) -> None:
+        """New blocks below path prefer this tier (mem, ssd, hdd, disk); None clears."""
+        if tier is None:
+            self.removexattr(path, TIER, missing_ok=True)
+        else:
+            self.setxattr(path, TIER, tier.encode())
+
+    def cache_policy(self, path: str) -> "CachePolicy":
+        """The effective pin, ttl and tier of path, with the path each comes from."""
+        p = normpath(path)
+        parts = [q for q in p.split("/") if q]
+        chain = ["/" + "/".join(parts[:i]) for i in range(len(parts) + 1)]
+        pinned_by, ttl, tier = "", ("", ""), ("", "")
+        for prefix in chain:   # root first: a nearer ttl or tier overrides, any pin holds
+            a = self._attr(prefix)
+            names = self._do(prefix, lambda: self.meta.call(
+                "ListXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino)).names)
+            for name in set(names) & set(POLICY_XATTRS):  # type: ignore[arg-type]
+                value = self.getxattr(prefix, name).decode("ascii", "replace")
+                if name == PIN and value == "1" and not pinned_by:
+                    pinned_by = prefix
+                elif name == TTL:
+                    ttl = (value, prefix)
+                elif name == TIER:
+                    tier = (value, prefix)
+        return CachePolicy(pinned=bool(pinned_by), pinned_by=pinned_by,
+                           ttl_s=int(ttl[0]) if ttl[0].isdigit() else None, ttl_from=ttl[1],
+                           tier=tier[0], tier_from=tier[1])
 
     # ------------------------------------------------------------------ cluster
     def block_locations(self, path: str) -> list[BlockLocation]:

@@ -13,50 +13,14 @@ a bad value is an EINVAL with a clear message whatever the path it came through.
 """
 from __future__ import annotations
 
-import errno
-import re
 import sqlite3
 
-from curvine_py.common.errors import err
+from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL, normalize, parse_ttl
 from curvine_py.common.types import ROOT_INO
 
-PIN = "user.curvine.pin"
-TTL = "user.curvine.ttl"
-TIER = "user.curvine.tier"
-POLICY_XATTRS = (PIN, TTL, TIER)
-TIERS = ("mem", "ssd", "hdd", "disk")
-_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_TTL_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
+__all__ = ["PIN", "POLICY_XATTRS", "TIER", "TTL", "MAX_DEPTH", "Policies", "normalize", "parse_ttl"]
+
 MAX_DEPTH = 4096
-
-
-def parse_ttl(text: str) -> int:
-    """'7d' -> 604800; a positive whole number of seconds with an optional unit."""
-    m = _TTL_RE.match(text)
-    if not m or int(m.group(1)) <= 0:
-        raise err(errno.EINVAL, f"bad ttl {text!r}: use a positive number of seconds or e.g. 30m, 12h, 7d")
-    return int(m.group(1)) * _TTL_UNITS[m.group(2).lower()]
-
-
-def normalize(name: str, value: bytes) -> bytes:
-    """The stored form of a policy xattr value; EINVAL for a bad one."""
-    try:
-        text = bytes(value).decode("ascii").strip().rstrip("\0").strip()
-    except UnicodeDecodeError:
-        raise err(errno.EINVAL, f"{name}: value must be ASCII text") from None
-    if name == PIN:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return b"1"
-        if text.lower() in ("0", "false", "no", "off"):
-            return b"0"
-        raise err(errno.EINVAL, f"bad {PIN} value {text!r}: use 1 or 0")
-    if name == TTL:
-        return str(parse_ttl(text)).encode()
-    if name == TIER:
-        if text.lower() not in TIERS:
-            raise err(errno.EINVAL, f"bad {TIER} value {text!r}: one of {', '.join(TIERS)}")
-        return text.lower().encode()
-    return bytes(value)
 
 
 class Policies:

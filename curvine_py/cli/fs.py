@@ -20,7 +20,7 @@ import sys
 import time
 import typing
 
-from curvine_py.cli import output
+from curvine_py.cli import output, policy
 from curvine_py.cli import CliError, Context
 from curvine_py.common.errors import CurvineError
 
@@ -152,8 +152,9 @@ def cmd_stat(ctx: Context) -> int:
     path = remote(ctx.args.path)
     with on_path(path):
         st = ctx.client.lstat(path)
+        pol = ctx.client.cache_policy(path) if st.is_dir or st.is_file else None
     if ctx.args.json:
-        output.print_json(status_json(st))
+        output.print_json({**status_json(st), **({"cache": policy.policy_json(pol)} if pol else {})})
         return 0
     rows = [
         ("path", st.path), ("type", file_type(st.mode)),
@@ -165,6 +166,7 @@ def cmd_stat(ctx: Context) -> int:
         ("change", output.format_time_ns(st.ctime_ns)),
         ("block size", output.format_size(st.block_size)), ("replicas", st.replicas),
         ("complete", "yes" if st.complete else "no (open for writing)"),
+        *(policy.policy_rows(pol) if pol else []),
     ]
     print(output.table([(f"{k}:", v) for k, v in rows]))
     return 0
@@ -506,6 +508,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("path", nargs="?", default="/", metavar="PATH")
 
     add("df", cmd_df, "capacity and usage of the pool", json_flag=True)
+
+    policy.register(add)
 
     p = add("blocks", cmd_blocks, "show a file's blocks and the workers holding them",
             json_flag=True)

@@ -27,6 +27,9 @@ def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
         "files": rep.files,
         "blocks": rep.blocks,
         "under_replicated": rep.under_replicated,
+        "evicted_files": rep.evicted_files,
+        "evicted_bytes": rep.evicted_bytes,
+        "expired_files": rep.expired_files,
         "workers": [{
             "id": w.address.worker_id,
             "host": w.address.host,
@@ -54,6 +57,8 @@ def format_report(rep: "curvine_pb2.ReportReply") -> str:
                       f"({output.format_percent(rep.used, rep.capacity)})"),
         ("files:", rep.files),
         ("blocks:", f"{rep.blocks} ({rep.under_replicated} under-replicated)"),
+        ("evicted:", f"{rep.evicted_files} files ({output.format_size(rep.evicted_bytes)}), "
+                     f"{rep.expired_files} expired by TTL"),
     ])
     if not rep.workers:
         return summary + "\n\nno workers registered"

@@ -1,0 +1,84 @@
+"""`cv fs pin|unpin|ttl|set-tier`: cache policies of files and directory trees.
+
+They are xattrs on the namespace (``user.curvine.pin``, ``user.curvine.ttl``,
+``user.curvine.tier``; docs/eviction.md), so the same settings are visible through a
+mount with getfattr.  Bad values come back from the master as one EINVAL line.
+"""
+from __future__ import annotations
+
+import typing
+
+from curvine_py.cli import Context
+from curvine_py.common.policy import TIERS, format_ttl
+
+if typing.TYPE_CHECKING:
+    from curvine_py.sdk import CachePolicy
+
+
+def _paths(ctx: Context) -> list[str]:
+    from curvine_py.cli.fs import remote
+    return [remote(p) for p in ctx.args.paths]
+
+
+def cmd_pin(ctx: Context) -> int:
+    from curvine_py.cli.fs import on_path
+    for path in _paths(ctx):
+        with on_path(path):
+            ctx.client.pin(path)
+    return 0
+
+
+def cmd_unpin(ctx: Context) -> int:
+    from curvine_py.cli.fs import on_path
+    for path in _paths(ctx):
+        with on_path(path):
+            ctx.client.unpin(path)
+    return 0
+
+
+def cmd_ttl(ctx: Context) -> int:
+    from curvine_py.cli.fs import on_path, remote
+    path = remote(ctx.args.path)
+    with on_path(path):
+        ctx.client.set_ttl(path, None if ctx.args.ttl in ("none", "off") else ctx.args.ttl)
+    return 0
+
+
+def cmd_set_tier(ctx: Context) -> int:
+    from curvine_py.cli.fs import on_path, remote
+    path = remote(ctx.args.path)
+    with on_path(path):
+        ctx.client.set_tier(path, None if ctx.args.tier == "any" else ctx.args.tier)
+    return 0
+
+
+def policy_rows(p: "CachePolicy") -> list[tuple[str, str]]:
+    """Rows for `cv fs stat`: each setting and where it comes from."""
+    def origin(where: str) -> str:
+        return f" (from {where})" if where else ""
+    return [
+        ("pinned", f"yes{origin(p.pinned_by)}" if p.pinned else "no"),
+        ("ttl", f"{format_ttl(p.ttl_s)}{origin(p.ttl_from)}" if p.ttl_s else "none"),
+        ("tier", f"{p.tier}{origin(p.tier_from)}" if p.tier else "any"),
+    ]
+
+
+def policy_json(p: "CachePolicy") -> dict[str, typing.Any]:
+    return {"pinned": p.pinned, "pinned_by": p.pinned_by or None, "ttl_s": p.ttl_s,
+            "ttl_from": p.ttl_from or None, "tier": p.tier or None, "tier_from": p.tier_from or None}
+
+
+def register(add: typing.Callable[..., typing.Any]) -> None:
+    """Add the policy commands through fs.register's `add`."""
+    p = add("pin", cmd_pin, "exempt files or directory trees from eviction and TTL")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = add("unpin", cmd_unpin, "remove a pin set on these paths")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = add("ttl", cmd_ttl, "remove files under PATH this long after their last change (e.g. 7d, 12h, "
+                            "3600; 'none' clears)")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("ttl", metavar="TTL")
+    p = add("set-tier", cmd_set_tier, "new blocks under PATH prefer this tier (falls back when it is full)")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("tier", metavar="TIER", choices=[*TIERS, "any"], type=str.lower,
+                   help=f"one of {', '.join(TIERS)}, or any")

@@ -1,0 +1,58 @@
+"""Names and values of the cache-policy xattrs, shared by the master, the SDK and the CLI.
+
+``user.curvine.pin`` = ``"1"`` exempts a file or a directory tree from eviction and TTL
+sweeps; ``user.curvine.ttl`` = seconds after the last modification (``"7d"``, ``"12h"``,
+``"30m"``, ``"45s"``, ``"2w"`` accepted, stored as seconds); ``user.curvine.tier`` = the
+tier new blocks prefer (``mem``, ``ssd``, ``hdd``, ``disk``).  docs/eviction.md.
+"""
+from __future__ import annotations
+
+import errno
+import re
+
+from curvine_py.common.errors import err
+
+PIN = "user.curvine.pin"
+TTL = "user.curvine.ttl"
+TIER = "user.curvine.tier"
+POLICY_XATTRS = (PIN, TTL, TIER)
+TIERS = ("mem", "ssd", "hdd", "disk")
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TTL_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
+
+
+def parse_ttl(text: str) -> int:
+    """'7d' -> 604800; a positive whole number of seconds with an optional unit."""
+    m = _TTL_RE.match(text)
+    if not m or int(m.group(1)) <= 0:
+        raise err(errno.EINVAL, f"bad ttl {text!r}: use a positive number of seconds or e.g. 30m, 12h, 7d")
+    return int(m.group(1)) * _TTL_UNITS[m.group(2).lower()]
+
+
+def normalize(name: str, value: bytes) -> bytes:
+    """The stored form of a policy xattr value; EINVAL for a bad one."""
+    try:
+        text = bytes(value).decode("ascii").strip().rstrip("\0").strip()
+    except UnicodeDecodeError:
+        raise err(errno.EINVAL, f"{name}: value must be ASCII text") from None
+    if name == PIN:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return b"1"
+        if text.lower() in ("0", "false", "no", "off"):
+            return b"0"
+        raise err(errno.EINVAL, f"bad {PIN} value {text!r}: use 1 or 0")
+    if name == TTL:
+        return str(parse_ttl(text)).encode()
+    if name == TIER:
+        if text.lower() not in TIERS:
+            raise err(errno.EINVAL, f"bad {TIER} value {text!r}: one of {', '.join(TIERS)}")
+        return text.lower().encode()
+    return bytes(value)
+
+
+def format_ttl(seconds: int) -> str:
+    """604800 -> '7d' (the largest unit that divides it)."""
+    for unit in ("w", "d", "h", "m"):
+        if seconds % _TTL_UNITS[unit] == 0:
+            return f"{seconds // _TTL_UNITS[unit]}{unit}"
+    return f"{seconds}s"

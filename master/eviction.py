@@ -1,0 +1,273 @@
+"""The bounded cache: watermark LRU eviction, TTL sweeps, and room for new blocks.
+
+A thread wakes every ``master.evict_interval_s`` (or when kicked by an allocation that
+pushed usage past the high watermark).  When the pool, or any worker, is above
+``evict_high`` of its capacity, it evicts whole files, least recently used first
+(recency = the later of the last read open and the last modification), until the pool
+and those workers are below ``evict_low``.  Files open for writing, incomplete files and
+pinned files (``user.curvine.pin`` on the file or an ancestor) are never evicted.  Every
+``ttl_sweep_s`` it removes files whose TTL (``user.curvine.ttl``, nearest ancestor)
+passed since their last modification.
+
+Decisions are made here, off the journal thread, from a read connection; the removal
+is one ``evict`` op record (re-checked at apply time, see cacheops.py), so it is durable
+and replayable, and the freed blocks are deleted on the workers by the usual delete
+orders in heartbeat replies.
+
+Last reads are noted in memory on every read open (no journal write per open) and
+written to the ``reads`` table by an op every ``READS_FLUSH_S`` and before each
+eviction decision, so LRU order survives a master restart to within that window.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from curvine_py.common.config import MasterConfig
+from curvine_py.common.errors import err
+from curvine_py.master import schema
+from curvine_py.master.cachepolicy import TTL, Policies
+from curvine_py.master.capacity import Capacity
+from curvine_py.master.workers import Registry
+
+log = logging.getLogger(__name__)
+READS_FLUSH_S = 10.0
+MAX_VICTIMS = 2000        # files per evict op (a pass repeats while still above the watermark)
+_FMT, _REG = 0o170000, 0o100000   # S_IFMT, S_IFREG
+
+
+class Evictor:
+    """One per master; its own thread plus synchronous calls from AllocateBlocks."""
+
+    def __init__(self, cfg: MasterConfig, db_path: str, registry: Registry, capacity: Capacity,
+                 submit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.cfg = cfg
+        self.db_path = db_path
+        self.registry = registry
+        self.capacity = capacity
+        self.submit = submit
+        self.high, self.low = cfg.evict_high, min(cfg.evict_low, cfg.evict_high)
+        self._conn = None
+        self._reads: dict[int, int] = {}
+        self._reads_lock = threading.Lock()
+        self._pass_lock = threading.Lock()
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_flush = self._last_sweep = time.monotonic()
+        self.evicted_files = self.evicted_bytes = self.expired_files = 0
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="evictor", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        try:
+            self.flush_reads()
+        except Exception:   # the journal may be gone already
+            pass
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait(self.cfg.evict_interval_s)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.tick()
+            except Exception:
+                log.exception("eviction pass failed")
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.cfg.evict and self.over_high():
+            self.evict()
+        if now - self._last_sweep >= self.cfg.ttl_sweep_s:
+            self._last_sweep = now
+            self.sweep_ttl()
+        if now - self._last_flush >= READS_FLUSH_S:
+            self.flush_reads()
+
+    @property
+    def conn(self) -> Any:
+        """This evictor's read connection (used under _pass_lock only)."""
+        if self._conn is None:
+            self._conn = schema.open_db(self.db_path)
+        return self._conn
+
+    # ------------------------------------------------------------------ reads
+    def note_read(self, ino: int) -> None:
+        with self._reads_lock:
+            self._reads[ino] = time.time_ns()
+
+    def flush_reads(self) -> None:
+        self._last_flush = time.monotonic()
+        with self._reads_lock:
+            reads, self._reads = self._reads, {}
+        if reads:
+            self.submit({"op": "record_reads", "cred": [0, 0, []], "request_id": "",
+                         "reads": sorted(reads.items())})
+
+    # ------------------------------------------------------------------ watermarks
+    def over_high(self) -> bool:
+        usage = self.capacity.usage()
+        cap = sum(c for c, _ in usage.values())
+        used = sum(u for _, u in usage.values())
+        return (cap > 0 and used > self.high * cap) or any(c and u > self.high * c for c, u in usage.values())
+
+    def _need(self, extra: int = 0) -> tuple[int, dict[int, int]]:
+        """Bytes to free in the pool and per over-full worker to get below the low watermark."""
+        usage = self.capacity.usage()
+        cap = sum(c for c, _ in usage.values())
+        used = sum(u for _, u in usage.values()) + extra
+        pool = int(used - self.low * cap) if used > self.high * cap or extra else 0
+        workers = {w: int(u - self.low * c) for w, (c, u) in usage.items() if c and u > self.high * c}
+        return max(0, pool), workers
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, extra: int = 0) -> int:
+        """One pass: evict LRU files until below the low watermark; returns files evicted.
+
+        ``extra`` asks for that many more bytes than the watermark needs (an allocation
+        that found no room)."""
+        with self._pass_lock:
+            pool, workers = self._need(extra)
+            if pool <= 0 and not any(n > 0 for n in workers.values()):
+                return 0
+            self.flush_reads()
+            victims, per_worker, total = self._choose(pool, workers)
+            if not victims:
+                log.warning("pool above its watermark but nothing is evictable (pinned or open files only)")
+                return 0
+            result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims})
+            done = set(result["evicted"])
+            self.capacity.note_freed({w: n for w, n in per_worker.items()} if done else {})
+            self.evicted_files += len(done)
+            self.evicted_bytes += result["bytes"]
+            log.info("evicted %d files (%d bytes logical, %d on workers) to stay under the watermark",
+                     len(done), result["bytes"], total)
+            return len(done)
+
+    def _candidates(self) -> Any:
+        """Complete, unleased regular files, least recently used first."""
+        return self.conn.execute(
+            "SELECT i.ino, i.generation, max(i.mtime_ns, coalesce(r.last_read_ns, 0)) AS recency"
+            " FROM inodes i LEFT JOIN reads r ON r.ino = i.ino"
+            " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0 AND i.nlink > 0"
+            " ORDER BY recency", (_FMT, _REG))
+
+    def _choose(self, pool: int, workers: dict[int, int]) -> tuple[list[list[int]], dict[int, int], int]:
+        """Victims [[ino, generation]], bytes they free per worker, and the total."""
+        policies = Policies(self.conn)
+        victims: list[list[int]] = []
+        per_worker: dict[int, int] = {}
+        total = 0
+        need = dict(workers)
+        for ino, generation, _ in self._candidates():
+            if pool <= 0 and not any(n > 0 for n in need.values()):
+                break
+            if len(victims) >= MAX_VICTIMS or policies.pinned(ino):
+                continue
+            frees = self._frees(ino)
+            if not frees:
+                continue
+            if pool <= 0 and not any(need.get(w, 0) > 0 for w in frees):
+                continue   # only workers that are fine hold it
+            victims.append([ino, generation])
+            for w, n in frees.items():
+                per_worker[w] = per_worker.get(w, 0) + n
+                need[w] = need.get(w, 0) - n
+                total += n
+            pool -= sum(frees.values())
+        return victims, per_worker, total
+
+    def _frees(self, ino: int) -> dict[int, int]:
+        """Bytes each worker gets back when ino goes."""
+        out: dict[int, int] = {}
+        for bid, length in self.conn.execute("SELECT block_id, length FROM blocks WHERE ino=?", (ino,)):
+            for w in self.registry.replicas(bid, live_only=False):
+                out[w] = out.get(w, 0) + length
+        return out
+
+    # ------------------------------------------------------------------ room for a block
+    @staticmethod
+    def tier_of(conn: Any, ino: int) -> str:
+        """The tier a file's new blocks should land on ('' = any)."""
+        return Policies(conn).tier(ino)
+
+    def place(self, block_id: int, replicas: int, block_size: int, exclude: frozenset[int] = frozenset(),
+              tier: str = "", note: bool = True) -> list[int]:
+        """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC.
+
+        ``note``: count the block against its workers until they report it."""
+        def again() -> list[int]:
+            return self.capacity.place(block_id, replicas, block_size, exclude, tier)
+        targets = again() or self.make_room(block_size, self.wait_s, again)
+        if note:
+            self.capacity.note_placed(targets, block_size)
+        return targets
+
+    @property
+    def wait_s(self) -> float:
+        """How long an allocation waits for evicted blocks to leave the workers."""
+        return 4 * self.capacity.heartbeat_s + 2.0
+
+    def after_allocate(self) -> None:
+        """Wake the evictor at once when an allocation pushed usage past the high watermark."""
+        if self.cfg.evict and self.over_high():
+            self.kick()
+
+    def make_room(self, block_size: int, wait_s: float, place: Callable[[], list[int]]) -> list[int]:
+        """Targets for a block when placement found none: evict, wait for the space, or ENOSPC."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            evicted = self.evict(extra=block_size * 4) if self.cfg.evict else 0
+            if not evicted and not self.capacity.frees_pending():
+                raise err(errno.ENOSPC, "no space left in the pool (only pinned or open files remain)"
+                          if self.registry.live_workers() else "no live workers")
+            time.sleep(min(0.05, self.cfg.evict_interval_s))
+            targets = place()
+            if targets:
+                return targets
+            if time.monotonic() > deadline:
+                raise err(errno.ENOSPC, "no space left in the pool (eviction did not free space in time)")
+
+    # ------------------------------------------------------------------ ttl
+    def sweep_ttl(self) -> int:
+        """Remove files whose TTL passed since their last modification; returns how many."""
+        with self._pass_lock:
+            policies = Policies(self.conn)
+            if not policies.values[TTL]:
+                return 0
+            now = time.time_ns()
+            victims = []
+            for ino, generation, mtime in self.conn.execute(
+                    "SELECT ino, generation, mtime_ns FROM inodes WHERE (mode & ?) = ? AND complete = 1"
+                    " AND lease_id = 0", (_FMT, _REG)):
+                ttl = policies.ttl_s(ino)
+                if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino):
+                    victims.append([ino, generation])
+            if not victims:
+                return 0
+            freed = {}
+            for ino, _ in victims:
+                for w, n in self._frees(ino).items():
+                    freed[w] = freed.get(w, 0) + n
+            result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims,
+                                  "reason": "ttl"})
+            self.capacity.note_freed(freed)
+            self.expired_files += len(result["evicted"])
+            log.info("ttl sweep removed %d files", len(result["evicted"]))
+            return len(result["evicted"])
