@@ -1,0 +1,659 @@
+"""Many hosts on one machine: network namespaces on a shared bridge, and a cluster across them.
+
+Used by ``tests/multihost`` and ``bench/compare``, and by hand::
+
+    python -m curvine_py.testhosts up --hosts 4 [--cluster DIR]   # leaves them running
+    python -m curvine_py.testhosts status
+    python -m curvine_py.testhosts down                           # also reaps crashed runs
+
+Layout of one run (id = 4 random hex digits, prefix ``cvt`` by default)::
+
+    bridge  <prefix><id>br      in the root namespace, address 10.213.X.1/24 (gateway_ip)
+    host i  netns <prefix><id>h<i>, veth <prefix><id>v<i> on the bridge, its peer (eth0 inside)
+            has 10.213.X.(10+i)/24; ``lo`` is up.  The netns name is the host's identity.
+
+X is a /24 no interface or route of this machine uses, so two runs coexist.  Daemons are
+started with ``nsenter --net=...`` (not ``ip netns exec``, which also unshares the mount
+namespace): a FUSE mount made inside a host is then visible to the test process.  ``cut()``
+takes a host's bridge port down: its packets are dropped silently (a partition, not a
+refused connection) until ``restore()``.
+
+Teardown survives failures: every run records what it creates (and every pid and mount it
+starts) in ``/run/curvine-testhosts/<id>.json`` *before* creating it, with the creating
+pid.  ``close()`` (context exit, atexit) kills the processes, lazily unmounts, deletes the
+namespaces and the bridge.  A run whose creator died (a killed pytest) is reaped by the
+next ``Hosts()`` and by ``down``.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+from curvine_py.common import config as cfgmod
+from curvine_py.localcluster import (
+    _BOOTSTRAP, CONFIG_FILE, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError,
+    LocalCluster, is_mounted, log_tail, unmount,
+)
+from curvine_py.pb import curvine_pb2
+from curvine_py.processes import ProcessRecord, _start_ticks, pid_alive, terminate
+
+if typing.TYPE_CHECKING:
+    from curvine_py.sdk import Client
+
+STATE_DIR = Path(os.environ.get("CURVINE_TESTHOSTS_DIR", "/run/curvine-testhosts"))
+NETNS_DIR = Path("/var/run/netns")
+SUBNET_PREFIX = "10.213"
+HOST_OFFSET = 10              # host i has .(10+i); the gateway (root namespace) has .1
+MAX_HOSTS = 200
+IFNAMSIZ = 15                 # Linux interface names are at most 15 characters
+KILL_WAIT_S = 5.0
+
+
+class HostsError(Exception):
+    """Namespaces or links could not be created or removed (one line for the user)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``ip ARGS`` in the root namespace; a failure raises HostsError with ip's message."""
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise HostsError(f"ip {' '.join(args)}: {r.stderr.strip() or f'exit {r.returncode}'}")
+    return r
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot run network-namespace hosts, or None when it can."""
+    if os.geteuid() != 0:
+        return "network-namespace hosts need root"
+    for tool in ("ip", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (iproute2 / util-linux)"
+    probe = f"cvprobe{os.getpid() % 100000}"
+    r = _ip("netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"ip netns is unavailable here: {r.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+# ---------------------------------------------------------------- state files
+
+
+@contextlib.contextmanager
+def _state_lock() -> typing.Iterator[None]:
+    """Serialise subnet choice and reaping between concurrent runs on this machine."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _read_states() -> list[dict[str, typing.Any]]:
+    out = []
+    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(path.read_text()))
+    return out
+
+
+def _write_state(state: dict[str, typing.Any]) -> None:
+    path = STATE_DIR / f"{state['id']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _owner_alive(state: dict[str, typing.Any]) -> bool:
+    return pid_alive(state.get("owner_pid"), state.get("owner_ticks"))
+
+
+def _used_subnets() -> set[int]:
+    """Third octets of 10.213.X.0/24 networks this machine (or a recorded run) uses."""
+    used = {s["octet"] for s in _read_states()}
+    ours = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
+    for word in (_ip("-4", "-o", "addr").stdout + _ip("-4", "route").stdout).split():
+        try:
+            net = ipaddress.IPv4Network(word, strict=False)
+        except ValueError:
+            continue
+        if net.subnet_of(ours):
+            used.add(int(net.network_address.packed[2]))
+        elif net.overlaps(ours):
+            used.update(range(256))   # a wider route covers all of 10.213/16
+    return used
+
+
+def teardown_state(state: dict[str, typing.Any]) -> list[str]:
+    """Remove everything one run recorded: processes, mounts, namespaces, links, the file.
+
+    Best effort and idempotent; returns what could not be removed (empty when clean).
+    """
+    problems: list[str] = []
+    pids = [(p, t) for p, t in state.get("pids", []) if pid_alive(p, t)]
+    for ns in state.get("netns", []):   # anything else still running inside a host
+        r = _ip("netns", "pids", ns, check=False)
+        pids += [(int(p), None) for p in r.stdout.split() if p.isdigit()]
+    _kill_all(pids)
+    for mp in state.get("mounts", []):
+        unmount(mp)
+        if is_mounted(mp):
+            problems.append(f"mount {mp} is still mounted")
+    for ns in state.get("netns", []):
+        if (NETNS_DIR / ns).exists():
+            r = _ip("netns", "del", ns, check=False)
+            if r.returncode != 0:
+                problems.append(f"netns {ns}: {r.stderr.strip()}")
+    for link in [*state.get("veths", []), state.get("bridge", "")]:
+        if link and _ip("link", "show", link, check=False).returncode == 0:
+            r = _ip("link", "del", link, check=False)   # a veth may vanish meanwhile with its netns
+            if r.returncode != 0 and "Cannot find device" not in r.stderr:
+                problems.append(f"link {link}: {r.stderr.strip()}")
+    if not problems:
+        with contextlib.suppress(FileNotFoundError):
+            (STATE_DIR / f"{state['id']}.json").unlink()
+    return problems
+
+
+def _kill_all(pids: list[tuple[int, int | None]]) -> None:
+    """SIGTERM each process group (then each pid), wait a little, SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid, _ in pids:
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, sig)
+                    if sig == signal.SIGTERM:
+                        os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline and any(pid_alive(p, t) for p, t in pids):
+            time.sleep(0.05)
+        pids = [(p, t) for p, t in pids if pid_alive(p, t)]
+        if not pids:
+            return
+
+
+def reap_stale(ids: typing.Collection[str] = (), kept: bool = False) -> list[str]:
+    """Tear down runs whose creator died; with kept, also the runs ``up`` left; with ids,
+    exactly those runs (alive or not).  Returns the ids removed."""
+    removed = []
+    with _state_lock():
+        for state in _read_states():
+            chosen = state["id"] in ids if ids else (
+                not _owner_alive(state) and (kept or not state.get("keep")))
+            if chosen and not teardown_state(state):
+                removed.append(state["id"])
+    return removed
+
+
+# ---------------------------------------------------------------- hosts
+
+
+class Host:
+    """One network namespace with one address on the shared bridge."""
+
+    def __init__(self, hosts: "Hosts", index: int, name: str, ip: str, veth: str) -> None:
+        self._hosts = hosts
+        self.index = index
+        self.name = name
+        self.ip = ip
+        self.veth = veth          # its port on the bridge (root namespace side)
+
+    def __repr__(self) -> str:
+        return f"Host({self.name!r}, {self.ip!r})"
+
+    @property
+    def netns_path(self) -> str:
+        return str(NETNS_DIR / self.name)
+
+    def wrap(self, argv: typing.Sequence[str]) -> list[str]:
+        """argv run in this host's network namespace only (mounts stay shared)."""
+        return ["nsenter", f"--net={self.netns_path}", "--", *argv]
+
+    def run(self, argv: list[str], **kw: typing.Any) -> subprocess.CompletedProcess[typing.Any]:
+        kw.setdefault("timeout", 60)
+        return subprocess.run(self.wrap(argv), **kw)
+
+    def popen(self, argv: list[str], **kw: typing.Any) -> subprocess.Popen[typing.Any]:
+        """A process in this host; it leads its own process group, killed at teardown."""
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(self.wrap(argv), **kw)
+        self._hosts.track_pid(p.pid)
+        return p
+
+    def cut(self) -> None:
+        """Partition this host: its bridge port goes down, every packet to or from it is dropped."""
+        _ip("link", "set", self.veth, "down")
+
+    def restore(self) -> None:
+        """Bring the host back; reachable at once (the failed ARP entries the cut left
+        would otherwise drop the first packets to and from it for about a second)."""
+        _ip("link", "set", self.veth, "up")
+        self._hosts.wait_link(self)
+        _ip("neigh", "flush", "to", self.ip, check=False)
+        _ip("-n", self.name, "neigh", "flush", "all", check=False)
+        for other in self._hosts.hosts:
+            if other is not self:
+                _ip("-n", other.name, "neigh", "flush", "to", self.ip, check=False)
+
+    def is_cut(self) -> bool:
+        return not _link_up(self.veth)
+
+
+def _link_up(link: str) -> bool:
+    """Whether link is administratively up (UP among its <flags>); False when it is gone."""
+    out = _ip("-o", "link", "show", link, check=False).stdout
+    flags = out[out.find("<") + 1:out.find(">")].split(",") if "<" in out else []
+    return "UP" in flags
+
+
+class Hosts:
+    """n hosts (network namespaces) on one bridge whose root-namespace address is gateway_ip.
+
+    Created by the constructor; ``close()`` (context exit, or atexit) removes everything.
+    ``keep=True`` (``up`` from the command line) leaves them for a later ``down``.
+    """
+
+    def __init__(self, n: int, prefix: str = "cvt", keep: bool = False) -> None:
+        if not 1 <= n <= MAX_HOSTS:
+            raise HostsError(f"between 1 and {MAX_HOSTS} hosts, not {n}")
+        if len(prefix) + 4 + 1 + len(str(n - 1)) > IFNAMSIZ or not prefix.isalnum():
+            raise HostsError(f"prefix {prefix!r} must be alphanumeric and short (interface names <= 15)")
+        reason = unavailable_reason()
+        if reason:
+            raise HostsError(reason)
+        reap_stale()
+        self.id = prefix + secrets.token_hex(2)
+        self.keep = keep
+        self.hosts: list[Host] = []
+        self._closed = False
+        with _state_lock():
+            free = sorted(set(range(1, 255)) - _used_subnets(), key=lambda _: random.random())
+            if not free:
+                raise HostsError(f"no free /24 in {SUBNET_PREFIX}.0.0/16")
+            octet = free[0]
+            self.bridge = f"{self.id}br"
+            self.gateway_ip = f"{SUBNET_PREFIX}.{octet}.1"
+            self.hosts = [Host(self, i, f"{self.id}h{i}", f"{SUBNET_PREFIX}.{octet}.{HOST_OFFSET + i}",
+                               f"{self.id}v{i}") for i in range(n)]
+            self.state: dict[str, typing.Any] = {
+                "id": self.id, "octet": octet, "owner_pid": os.getpid(),
+                "owner_ticks": _start_ticks(os.getpid()), "keep": keep, "bridge": self.bridge,
+                "gateway_ip": self.gateway_ip, "netns": [h.name for h in self.hosts],
+                "veths": [h.veth for h in self.hosts], "ips": [h.ip for h in self.hosts],
+                "pids": [], "mounts": [], "clusters": []}
+            _write_state(self.state)
+            try:
+                self._create()
+            except BaseException:
+                teardown_state(self.state)
+                raise
+        if not keep:
+            atexit.register(self.close)
+
+    def _create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.gateway_ip}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for h in self.hosts:
+            peer = f"{self.id}p{h.index}"
+            _ip("netns", "add", h.name)
+            _ip("link", "add", h.veth, "type", "veth", "peer", "name", peer)
+            _ip("link", "set", peer, "netns", h.name)
+            _ip("link", "set", h.veth, "master", self.bridge)
+            _ip("link", "set", h.veth, "up")
+            ns = ["-n", h.name]
+            _ip(*ns, "link", "set", peer, "name", "eth0")
+            _ip(*ns, "addr", "add", f"{h.ip}/24", "dev", "eth0")
+            _ip(*ns, "link", "set", "eth0", "up")
+            _ip(*ns, "link", "set", "lo", "up")
+        for h in self.hosts:
+            self.wait_link(h)
+
+    def wait_link(self, host: Host, timeout: float = 10.0) -> None:
+        """Wait until the bridge forwards to host (its port leaves the listening states)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "bridge_slave state forwarding" in _ip("-d", "link", "show", host.veth).stdout:
+                return
+            time.sleep(0.05)
+        raise HostsError(f"link of {host.name} did not come up within {timeout:.0f} s")
+
+    def __getitem__(self, i: int) -> Host:
+        return self.hosts[i]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def __enter__(self) -> "Hosts":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ bookkeeping for teardown
+
+    def _update(self, key: str, value: typing.Any) -> None:
+        if self._closed:
+            return
+        self.state[key].append(value)
+        with _state_lock():
+            _write_state(self.state)
+
+    def track_pid(self, pid: int) -> None:
+        """Kill this process (group) at teardown if it still runs."""
+        self._update("pids", [pid, _start_ticks(pid)])
+
+    def track_mount(self, mountpoint: str) -> None:
+        self._update("mounts", os.path.realpath(mountpoint))
+
+    def track_cluster(self, directory: str) -> None:
+        self._update("clusters", directory)
+
+    def close(self) -> None:
+        """Kill every process started here, unmount, delete namespaces and links; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        problems = teardown_state(self.state)
+        if problems:
+            raise HostsError("teardown left: " + "; ".join(problems))
+
+    # ------------------------------------------------------------ inspection
+
+    def status(self) -> list[dict[str, typing.Any]]:
+        return [{"name": h.name, "ip": h.ip, "cut": h.is_cut()} for h in self.hosts]
+
+
+# ---------------------------------------------------------------- a cluster across hosts
+
+
+class _Daemons(LocalCluster):
+    """LocalCluster's bookkeeping (records, readiness waits, restarts, ordered stop) with
+    each daemon started inside its Host and bound to that host's address.  Every namespace
+    has its own ports, so the documented default ports are used on every host."""
+
+    def __init__(self, hosts: Hosts, dir: str | Path, master_host: Host, worker_hosts: list[Host],
+                 secret: str, **kw: typing.Any) -> None:
+        self.hosts = hosts
+        self.master_host = master_host
+        self.worker_host_list = worker_hosts
+        super().__init__(dir, workers=len(worker_hosts), master_port=DEFAULT_MASTER_PORT,
+                         bind=master_host.ip, **kw)
+        self.secret = secret
+        self.mounts: dict[int, tuple[Host, str, tuple[str, ...]]] = {}   # fuse index -> where
+
+    def worker_host(self, i: int) -> str:
+        return self.worker_host_list[i].name
+
+    def effective_config(self) -> cfgmod.Config:
+        cfg = super().effective_config()
+        cfg.cluster.secret = self.secret
+        cfg.worker.bind = cfg.worker.ip = self.worker_host_list[0].ip
+        return cfg
+
+    def prepare(self) -> None:
+        """Write D/curvine.toml afresh (addresses differ per run), then LocalCluster's layout."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        header = ("# Written by curvine_py.testhosts for a cluster across network-namespace hosts.\n"
+                  f"# Master on {self.master_host.name}; workers on "
+                  f"{', '.join(h.name for h in self.worker_host_list)}.\n\n")
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.config_path)
+        super().prepare()
+        cfg = cfgmod.Config()
+        cfgmod.load_file(cfg, self.config_path)
+        self.secret = cfg.cluster.secret
+
+    def _check_ports(self) -> None:
+        """The hosts' namespaces are fresh: nothing else can hold their ports."""
+
+    def _command(self, role: str, i: int) -> list[str]:
+        boot = _BOOTSTRAP.format(prog=f"curvine-{role}", die_with_parent=self.die_with_parent,
+                                 parent=os.getpid(), module=ROLE_MODULES[role])
+        argv = [sys.executable, "-c", boot, "--config", str(self.config_path)]
+        if role == "master":
+            return self.master_host.wrap(argv + [
+                "--master-port", str(self.master_port), "--master-bind", self.master_host.ip,
+                "--master-meta-dir", str(self.dir / "master"), *self.extra_master_flags])
+        if role == "worker":
+            h = self.worker_host_list[i]
+            rpc, data = self.worker_ports(i)
+            return h.wrap(argv + [
+                "--worker-master", self.master_address, "--worker-bind", h.ip, "--worker-ip", h.ip,
+                "--worker-host", h.name, "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
+                "--worker-dirs", self.worker_dir_spec(i), *self.extra_worker_flags])
+        host, mountpoint, extra = self.mounts[i]
+        return host.wrap(argv[:3] + [mountpoint, "--master", self.master_address, "--config",
+                                     str(self.config_path), "--client-host", host.name,
+                                     "--foreground", *extra])
+
+    def _record(self, role: str, i: int) -> ProcessRecord:
+        if role == "worker":
+            h = self.worker_host_list[i]
+            rpc, data = self.worker_ports(i)
+            return ProcessRecord(role, f"worker{i}", i, f"{h.ip}:{rpc}", str(self.dir / "logs" / f"worker{i}.log"),
+                                 data_address=f"{h.ip}:{data}", host=h.name)
+        if role == "fuse":
+            host, mountpoint, _ = self.mounts[i]
+            return ProcessRecord(role, f"fuse{i}", i, mountpoint, str(self.dir / "logs" / f"fuse{i}.log"),
+                                 host=host.name)
+        return super()._record(role, i)
+
+    def _spawn(self, rec: ProcessRecord, role: str) -> ProcessRecord:
+        rec = super()._spawn(rec, role)
+        self.hosts.track_pid(rec.pid)
+        return rec
+
+
+class NetCluster:
+    """A curvine cluster whose master, workers and mounts each run inside a Host.
+
+    Attributes not defined here (``processes``, ``workers``, ``master``, ``wait_ready``,
+    ...) are the underlying LocalCluster's.
+    """
+
+    def __init__(self, hosts: Hosts, dir: str | Path, master_host: int = 0,
+                 worker_hosts: typing.Sequence[int] = (1, 2), extra_master_flags: typing.Sequence[str] = (),
+                 extra_worker_flags: typing.Sequence[str] = (), secret: str | None = None,
+                 capacity: int | str | None = None, die_with_parent: bool = True) -> None:
+        self.hosts = hosts
+        self._d = _Daemons(hosts, dir, hosts[master_host], [hosts[i] for i in worker_hosts],
+                           secret or secrets.token_hex(16), capacity=capacity,
+                           extra_master_flags=extra_master_flags, extra_worker_flags=extra_worker_flags,
+                           die_with_parent=die_with_parent)
+        self.dir = self._d.dir
+        self.config_path = self._d.config_path
+
+    def __getattr__(self, name: str) -> typing.Any:
+        return getattr(self._d, name)
+
+    @property
+    def master_address(self) -> str:
+        return self._d.master_address
+
+    @property
+    def secret(self) -> str:
+        return self._d.secret
+
+    def worker_host(self, i: int) -> Host:
+        """The Host worker i runs on."""
+        return self._d.worker_host_list[i]
+
+    def worker_data_dir(self, i: int) -> Path:
+        return self.dir / f"worker{i}" / "data"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "NetCluster":
+        """Start the master and every worker; wait until all workers are registered and live."""
+        self.hosts.track_cluster(str(self.dir))
+        self._d.start(timeout)
+        return self
+
+    def stop(self) -> None:
+        """Stop the mounts, then workers and master; idempotent."""
+        self._d.stop()
+
+    def __enter__(self) -> "NetCluster":
+        if not self._d.processes:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
+        self._d.kill_worker(i, sig)
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker i again (same host, ports and data dir); wait until it is live."""
+        self._d.restart_worker(i)
+
+    def kill_master(self, sig: int = signal.SIGKILL) -> None:
+        self._d.kill_master(sig)
+
+    def restart_master(self) -> None:
+        """Start the master again on its metadata; wait until every running worker re-registered."""
+        self._d.restart_master()
+
+    def report(self, timeout: float = 5.0) -> curvine_pb2.ReportReply:
+        """The master's Report; ClusterError when it does not answer within timeout."""
+        rep = self._d.report(timeout=timeout)
+        if rep is None:
+            raise ClusterError(f"the master at {self.master_address} did not answer within {timeout} s")
+        return rep
+
+    # ------------------------------------------------------------ mounts
+
+    def mount(self, host: int, mountpoint: str | Path, *extra_flags: str) -> Path:
+        """Mount the cluster at mountpoint, the mount daemon running inside hosts[host] with
+        that host's identity; returns once the mount shows in this process's mount table."""
+        mp = Path(mountpoint).absolute()
+        mp.mkdir(parents=True, exist_ok=True)
+        index = max(self._d.mounts, default=-1) + 1
+        self._d.mounts[index] = (self.hosts[host], str(mp), tuple(extra_flags))
+        self.hosts.track_mount(str(mp))
+        rec = self._d._spawn(self._d._record("fuse", index), "fuse")
+        self._d.processes.append(rec)
+        self._d.write_state()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not is_mounted(str(mp)):
+            if not rec.is_alive() or time.monotonic() >= deadline:
+                how = "exited" if not rec.is_alive() else "did not mount in time"
+                self.unmount(mp)
+                raise ClusterError(f"the mount daemon on {self.hosts[host].name} {how}; "
+                                   f"last lines of {rec.log}:", log_tail(rec.log))
+            time.sleep(0.05)
+        return mp
+
+    def unmount(self, mountpoint: str | Path) -> None:
+        """Stop the mount daemon serving mountpoint (SIGTERM unmounts) and detach what is left."""
+        mp = str(Path(mountpoint).absolute())
+        recs = [p for p in self._d.processes if p.role == "fuse" and p.address == mp]
+        terminate(recs)
+        unmount(mp)
+        self._d.processes = [p for p in self._d.processes if p not in recs]
+        self._d.write_state()
+
+    # ------------------------------------------------------------ clients
+
+    def client_config(self, host: int | None = None) -> cfgmod.Config:
+        """This cluster's client settings; host identity hosts[host].name (None: the gateway's)."""
+        cfg = cfgmod.Config()
+        cfgmod.load_file(cfg, self.config_path)
+        cfg.client.master = self.master_address
+        cfg.client.host = self.hosts[host].name if host is not None else f"{self.hosts.id}gw"
+        cfg.client.retry_s = 30.0
+        return cfg
+
+    def client(self, host: int | None = None) -> "Client":
+        """An SDK client in this process (the root namespace reaches every host) that
+        identifies itself as hosts[host] (local-replica preference)."""
+        from curvine_py.sdk import Client
+        return Client(master=self.master_address, config=self.client_config(host))
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m curvine_py.testhosts",
+                                description="Network-namespace hosts for multi-host tests (root only).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="create hosts (and optionally a cluster) that stay until `down`")
+    up.add_argument("--hosts", type=int, default=4)
+    up.add_argument("--prefix", default="cvt")
+    up.add_argument("--cluster", metavar="DIR", help="also start a cluster: master on host 0, workers on the others")
+    sub.add_parser("status", help="list the runs on this machine")
+    down = sub.add_parser("down", help="remove the runs made by `up` and those whose creator died")
+    down.add_argument("ids", nargs="*", help="remove exactly these runs (see `status`)")
+    return p
+
+
+def _up(args: argparse.Namespace) -> int:
+    hosts = Hosts(args.hosts, args.prefix, keep=True)
+    try:
+        for h in hosts.hosts:
+            print(f"{h.name}\t{h.ip}\tnsenter --net={h.netns_path} -- CMD")
+        print(f"gateway\t{hosts.gateway_ip}")
+        if args.cluster:
+            if args.hosts < 2:
+                raise HostsError("a cluster needs at least 2 hosts (master + a worker)")
+            c = NetCluster(hosts, args.cluster, worker_hosts=range(1, args.hosts), die_with_parent=False)
+            c.start()
+            print(f"cluster\t{c.master_address}\tconfig {c.config_path}")
+    except BaseException:
+        teardown_state(hosts.state)
+        raise
+    return 0
+
+
+def _status() -> int:
+    for s in _read_states():
+        owner = "up (kept)" if s.get("keep") else (
+            f"pid {s['owner_pid']}" + ("" if _owner_alive(s) else " (dead: `down` removes it)"))
+        alive = sum(pid_alive(p, t) for p, t in s.get("pids", []))
+        print(f"{s['id']}\t{SUBNET_PREFIX}.{s['octet']}.0/24\t{owner}\t{len(s['netns'])} hosts\t"
+              f"{alive} processes\t{len(s.get('mounts', []))} mounts")
+        for name, ip, veth in zip(s["netns"], s["ips"], s["veths"]):
+            print(f"  {name}\t{ip}\t{'up' if _link_up(veth) else 'CUT or missing'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "up":
+            return _up(args)
+        if args.cmd == "status":
+            return _status()
+        removed = reap_stale(args.ids, kept=True)
+        print(f"removed {len(removed)} run(s){': ' + ', '.join(removed) if removed else ''}")
+        return 0
+    except (HostsError, ClusterError) as e:
+        print(f"testhosts: {e}", file=sys.stderr)
+        detail = getattr(e, "detail", "")
+        if detail:
+            print(detail, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
