@@ -392,8 +392,10 @@ class _Daemons(LocalCluster):
         self.hosts = hosts
         self.master_host = master_host
         self.worker_host_list = worker_hosts
+        # The secret is passed in the environment too: it must win over a CURVINE_CLUSTER_SECRET
+        # the caller's environment may hold (the test suite sets one).
         super().__init__(dir, workers=len(worker_hosts), master_port=DEFAULT_MASTER_PORT,
-                         bind=master_host.ip, **kw)
+                         bind=master_host.ip, env={"CURVINE_CLUSTER_SECRET": secret}, **kw)
         self.secret = secret
         self.mounts: dict[int, tuple[Host, str, tuple[str, ...]]] = {}   # fuse index -> where
 
@@ -416,10 +418,9 @@ class _Daemons(LocalCluster):
         tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.config_path)
+        secret = self.secret
         super().prepare()
-        cfg = cfgmod.Config()
-        cfgmod.load_file(cfg, self.config_path)
-        self.secret = cfg.cluster.secret
+        self.secret = secret
 
     def _check_ports(self) -> None:
         """The hosts' namespaces are fresh: nothing else can hold their ports."""
@@ -581,6 +582,7 @@ class NetCluster:
         cfg.client.master = self.master_address
         cfg.client.host = self.hosts[host].name if host is not None else f"{self.hosts.id}gw"
         cfg.client.retry_s = 30.0
+        cfg.cluster.secret = self.secret
         return cfg
 
     def client(self, host: int | None = None) -> "Client":
