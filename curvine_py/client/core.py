@@ -16,6 +16,7 @@ from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
 from curvine_py.client.blockio import BlockIO
 from curvine_py.client.metaclient import MasterClient
+from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class ClientCore:
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
         self.workers = WorkerDirectory()
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
+        self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret) if cfg.client.short_circuit else None
 
     def buffer_pool(self, block_size: int) -> BufferPool:
         """The shared pool when sizes match; files with other block sizes get their own."""
@@ -119,6 +121,8 @@ class ClientCore:
 
     def close(self) -> None:
         self.leases.stop()
+        if self.shortcircuit is not None:
+            self.shortcircuit.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         self.meta.close()

@@ -74,6 +74,7 @@ class ClientConfig:
     retry_s: float = 120.0        # how long a metadata call keeps retrying an unreachable master
     data_timeout_s: float = 10.0  # a data-channel socket silent this long fails over to the other replica
     tune_malloc: bool = True      # keep freed large buffers in malloc's heap (see common/memory.py)
+    short_circuit: bool = True    # read replicas on this host from their block files (client/shortcircuit.py)
 
 
 @dataclass

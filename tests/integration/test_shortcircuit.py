@@ -1,0 +1,149 @@
+"""Short-circuit reads through a real local cluster: a client whose host identity is
+worker 0's reads worker 0's replicas from their block files, verified; a corrupt or
+missing block file falls back to the network (the other replica) with exact bytes."""
+from __future__ import annotations
+
+import os
+import typing
+
+import pytest
+
+from curvine_py.common import rpc
+from curvine_py.localcluster import LocalCluster
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import curvine_pb2_grpc
+from tests.conftest import client_config
+
+if typing.TYPE_CHECKING:
+    from curvine_py.sdk import Client
+
+MiB = 1 << 20
+SIZE = 9 * MiB + 12345          # three blocks, the last one short and not chunk-aligned
+
+
+def make_client(cluster: LocalCluster, host: str, short_circuit: bool = True) -> "Client":
+    from curvine_py.sdk import Client
+    cfg = client_config(cluster)
+    cfg.client.host = host
+    cfg.client.short_circuit = short_circuit
+    return Client(master=cluster.master_address, config=cfg)
+
+
+@pytest.fixture
+def local_client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
+    """A client on 'worker 0's host': only worker 0's replicas are local to it."""
+    c = make_client(shared_cluster, shared_cluster.worker_host(0))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def payload(seed: int) -> bytes:
+    return os.urandom(64) * (SIZE // 64) + os.urandom(SIZE % 64) + bytes([seed])
+
+
+def local_block_files(client: "Client", cluster: LocalCluster, path: str) -> list[str]:
+    """Paths of worker 0's block files of path, as its StatBlock reports them."""
+    ino = client.stat(path).ino
+    reply = client.core.meta.block_locations(ino)
+    w0 = next(w for w in reply.workers if w.host == cluster.worker_host(0))
+    channel = rpc.channel(f"{w0.ip}:{w0.rpc_port}")
+    try:
+        stub = curvine_pb2_grpc.WorkerServiceStub(channel)
+        secret = client.config.cluster.secret
+        md = (("curvine-secret", secret),) if secret else None
+        stats = [stub.StatBlock(pb.BlockRequest(block_id=b.block_id), timeout=5, metadata=md) for b in reply.blocks]
+    finally:
+        channel.close()
+    assert all(s.exists for s in stats), "both replicas were written (two workers, two replicas)"
+    return [s.path for s in stats]
+
+
+def test_same_host_reads_use_the_block_file(local_client: "Client", remote_dir: str) -> None:
+    data = payload(1)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    before = sc.stats()
+    assert local_client.get_bytes(f"{remote_dir}/f") == data
+    after = sc.stats()
+    assert after["reads"] - before["reads"] == 3
+    assert after["bytes"] - before["bytes"] == len(data)
+    assert after["fallbacks"] == before["fallbacks"]
+    # unaligned ranges (partial chunks at both ends, across a block boundary)
+    with local_client.open(f"{remote_dir}/f") as f:
+        for off, n in ((1, 100), (MiB - 7, 2 * MiB + 9), (4 * MiB - 3, 5 * MiB), (SIZE - 10, 50)):
+            f.seek(off)
+            assert f.read(n) == data[off:off + n]
+    assert sc.stats()["fallbacks"] == before["fallbacks"]
+
+
+def test_other_hosts_read_over_the_network(shared_cluster: LocalCluster, client: "Client",
+                                           remote_dir: str) -> None:
+    """The default client's host is the hostname: no worker of the local cluster is on it."""
+    data = payload(2)
+    client.put_bytes(f"{remote_dir}/f", data)
+    assert client.get_bytes(f"{remote_dir}/f") == data
+    assert client.core.shortcircuit is not None and client.core.shortcircuit.stats()["reads"] == 0
+    off = make_client(shared_cluster, shared_cluster.worker_host(0), short_circuit=False)
+    try:
+        assert off.core.shortcircuit is None
+        assert off.get_bytes(f"{remote_dir}/f") == data
+    finally:
+        off.close()
+
+
+def test_flipped_byte_falls_back_to_the_other_replica(shared_cluster: LocalCluster, local_client: "Client",
+                                                      remote_dir: str) -> None:
+    data = payload(3)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    paths = local_block_files(local_client, shared_cluster, f"{remote_dir}/f")
+    with open(paths[1], "r+b") as f:   # one byte in the middle of block 1
+        f.seek(MiB + 17)
+        byte = f.read(1)
+        f.seek(MiB + 17)
+        f.write(bytes([byte[0] ^ 0x40]))
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    before = sc.stats()
+    assert local_client.get_bytes(f"{remote_dir}/f") == data
+    after = sc.stats()
+    assert after["fallbacks"] - before["fallbacks"] == 1
+    assert after["reads"] - before["reads"] == 2   # blocks 0 and 2 still came from the files
+
+
+def test_deleted_block_file_falls_back(shared_cluster: LocalCluster, local_client: "Client",
+                                       remote_dir: str) -> None:
+    data = payload(4)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    assert local_client.get_bytes(f"{remote_dir}/f") == data   # paths now cached by the client
+    paths = local_block_files(local_client, shared_cluster, f"{remote_dir}/f")
+    os.unlink(paths[0])
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    before = sc.stats()
+    assert local_client.get_bytes(f"{remote_dir}/f") == data
+    after = sc.stats()
+    assert after["fallbacks"] - before["fallbacks"] == 1
+    assert after["reads"] - before["reads"] == 2
+
+
+def test_partial_ranges_of_a_block(local_client: "Client", remote_dir: str) -> None:
+    """Ranges that start or end inside a 1 MiB chunk (the writer's read-modify-write asks
+    for these): the partly covered chunks are verified whole, only the range is copied."""
+    data = payload(5)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    reply = local_client.core.meta.block_locations(local_client.stat(f"{remote_dir}/f").ino)
+    local_client.core.workers.learn(list(reply.workers))
+    block = max(reply.blocks, key=lambda b: b.offset)          # the short last block
+    w0 = next(w for w in reply.workers if w.host == sc.host)
+    base = block.offset
+    for off, n in ((0, 1), (5, MiB), (MiB - 1, 2), (MiB, block.length - MiB), (3, block.length - 3), (0, block.length),
+                   (block.length - 1, 1), (MiB + 1, block.length - MiB - 2)):
+        into = bytearray(n)
+        assert sc.read(w0, block, off, memoryview(into)) == n
+        assert bytes(into) == data[base + off:base + off + n], (off, n)
+    assert sc.stats()["fallbacks"] == 0
