@@ -52,7 +52,7 @@ def normalize(name: str, value: bytes) -> bytes:
 
 def format_ttl(seconds: int) -> str:
     """604800 -> '7d' (the largest unit that divides it)."""
-    for unit in ("w", "d", "h", "m"):
+    for unit in ("d", "h", "m"):
         if seconds % _TTL_UNITS[unit] == 0:
             return f"{seconds // _TTL_UNITS[unit]}{unit}"
     return f"{seconds}s"

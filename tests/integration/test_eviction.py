@@ -1,0 +1,221 @@
+"""The bounded cache through the SDK on real small-capacity clusters.
+
+Watermark LRU eviction, pins, TTL sweeps, ENOSPC when only pinned data is left, tier
+preference with fallback, and the policy commands of the CLI.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import time
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.common.errors import CurvineError
+from curvine_py.localcluster import LocalCluster
+from curvine_py.pb import curvine_pb2
+from curvine_py.sdk import Client
+
+from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
+
+MiB = 1 << 20
+FILE = 4 * MiB
+EVICT_FLAGS = (*FAST_MASTER_FLAGS, "--master-evict-interval-s", "0.1", "--master-ttl-sweep-s", "0.3",
+               "--master-block-size", "1MiB")
+
+
+def payload(i: int, size: int = FILE) -> bytes:
+    return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def connect(c: LocalCluster) -> Client:
+    cfg = client_config(c)
+    cfg.client.block_size = MiB
+    return Client(master=c.master_address, config=cfg)
+
+
+@pytest.fixture
+def small(cluster_factory: typing.Callable[..., LocalCluster]) -> typing.Iterator[tuple[LocalCluster, Client]]:
+    """Two workers of 48 MiB each, two replicas: 48 MiB of files fit."""
+    c = cluster_factory(capacity="48MiB", extra_master_flags=EVICT_FLAGS)
+    client = connect(c)
+    try:
+        yield c, client
+    finally:
+        client.close()
+
+
+def present(client: Client, path: str) -> bool:
+    try:
+        client.stat(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def settle(client: Client, timeout: float = 10.0) -> curvine_pb2.ReportReply:
+    """Wait until the pool is at or below the high watermark (deletes reach workers by heartbeat)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rep = client.report()
+        if rep.used <= 0.9 * rep.capacity or time.monotonic() > deadline:
+            return rep
+        time.sleep(0.1)
+
+
+def test_watermark_eviction_keeps_recently_read_files(small: tuple[LocalCluster, Client]) -> None:
+    _, client = small
+    client.mkdir("/kv")
+    for i in range(8):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    for i in (0, 1, 2):   # read: these become the most recently used of the first batch
+        assert client.get_bytes(f"/kv/{i}") == payload(i)
+    peak = 0
+    for i in range(8, 24):   # 96 MiB written into a 48 MiB pool: no write fails
+        client.put_bytes(f"/kv/{i}", payload(i))
+        peak = max(peak, client.report().used)
+    rep = settle(client)
+    assert rep.used <= 0.9 * rep.capacity, rep
+    assert peak <= rep.capacity   # never full (writes would have waited)
+    assert rep.evicted_files >= 10 and rep.evicted_bytes >= 10 * FILE
+    survivors = [i for i in range(24) if present(client, f"/kv/{i}")]
+    assert {0, 1, 2} <= set(survivors) or all(i in survivors for i in range(20, 24))
+    assert all(i in survivors for i in range(21, 24)), survivors      # the newest survive
+    assert not any(i in survivors for i in range(3, 8)), survivors     # unread old files went first
+    for i in survivors:   # whole files or nothing: every survivor is byte-exact
+        assert client.get_bytes(f"/kv/{i}") == payload(i)
+    for i in set(range(24)) - set(survivors):
+        with pytest.raises(FileNotFoundError):
+            client.get_bytes(f"/kv/{i}")
+    assert sorted(int(n) for n in client.listdir("/kv")) == survivors
+
+
+def test_pinned_files_survive_and_full_pinned_pool_is_enospc(small: tuple[LocalCluster, Client]) -> None:
+    _, client = small
+    client.mkdir("/pinned")
+    client.mkdir("/kv")
+    client.pin("/pinned")
+    for i in range(3):
+        client.put_bytes(f"/pinned/{i}", payload(100 + i))
+    for i in range(16):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    assert all(present(client, f"/pinned/{i}") for i in range(3))
+    # only pinned data may stay: filling the pool with pinned files ends in ENOSPC
+    failed = -1
+    with pytest.raises(CurvineError) as e:
+        for failed in range(3, 40):
+            client.put_bytes(f"/pinned/{failed}", payload(100 + failed))
+    assert e.value.errno == errno.ENOSPC, e.value
+    assert not client.listdir("/kv")
+    # nothing else broke: pinned files read back, and unpinning lets writes evict again
+    kept = sorted(int(n) for n in client.listdir("/pinned"))
+    assert kept == list(range(failed + 1)) and failed >= 8
+    assert client.stat(f"/pinned/{failed}").size == 0   # the failed put left an empty file
+    for i in kept[:-1]:
+        assert client.get_bytes(f"/pinned/{i}") == payload(100 + i)
+    client.unpin("/pinned")
+    client.put_bytes("/kv/after", payload(7))
+    assert client.get_bytes("/kv/after") == payload(7)
+
+
+def test_ttl_sweep_removes_expired_files(small: tuple[LocalCluster, Client]) -> None:
+    _, client = small
+    client.mkdir("/ttl/sub", parents=True)
+    client.mkdir("/keep")
+    client.set_ttl("/ttl", "1")
+    client.put_bytes("/ttl/a", b"a" * 1000)
+    client.put_bytes("/ttl/sub/b", b"b" * 1000)
+    client.put_bytes("/ttl/pinned", b"p")
+    client.pin("/ttl/pinned")
+    client.put_bytes("/keep/c", b"c")
+    assert client.cache_policy("/ttl/sub/b").ttl_s == 1
+    deadline = time.monotonic() + 10
+    while present(client, "/ttl/a") or present(client, "/ttl/sub/b"):
+        assert time.monotonic() < deadline, "ttl sweep did not remove expired files"
+        time.sleep(0.1)
+    assert present(client, "/ttl/pinned") and present(client, "/keep/c")
+    assert client.report().expired_files >= 2
+    with pytest.raises(CurvineError) as e:
+        client.set_ttl("/ttl", "soon")
+    assert e.value.errno == errno.EINVAL and "ttl" in str(e.value)
+
+
+def test_lru_order_survives_master_restart(small: tuple[LocalCluster, Client]) -> None:
+    c, client = small
+    client.mkdir("/kv")
+    for i in range(6):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    assert client.get_bytes("/kv/0") == payload(0)   # noted in memory, flushed at shutdown
+    c.restart_master()
+    for i in range(6, 14):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    settle(client)
+    assert present(client, "/kv/0")
+    assert not present(client, "/kv/1")
+
+
+class TieredCluster(LocalCluster):
+    """Each worker has a small MEM dir and a larger SSD dir."""
+
+    def worker_dir_spec(self, i: int) -> str:
+        base = self.dir / f"worker{i}"
+        return f"[MEM:8MiB]{base / 'mem'},[SSD:64MiB]{base / 'data'}"
+
+
+def dir_used(client: Client, tier: str) -> int:
+    rep = client.report()
+    return sum(d.used for w in rep.workers for d in w.dirs if d.tier == tier)
+
+
+def test_tier_preference_and_fallback(tmp_path: Path) -> None:
+    c = TieredCluster(tmp_path / "tiered", workers=2, extra_master_flags=EVICT_FLAGS, die_with_parent=True)
+    c.start()
+    client = connect(c)
+    try:
+        client.mkdir("/hot")
+        client.mkdir("/cold")
+        client.set_tier("/hot", "mem")
+        client.put_bytes("/cold/x", payload(1))
+        time.sleep(0.5)
+        assert dir_used(client, "MEM") == 0
+        client.put_bytes("/hot/a", payload(2))
+        time.sleep(0.5)
+        assert dir_used(client, "MEM") >= 2 * FILE      # both replicas in MEM
+        for i in range(4):                          # MEM (8 MiB per worker) is full: SSD takes the rest
+            client.put_bytes(f"/hot/b{i}", payload(10 + i))
+        for i in range(4):
+            assert client.get_bytes(f"/hot/b{i}") == payload(10 + i)
+        assert client.cache_policy("/hot/b0").tier == "mem"
+        with pytest.raises(CurvineError) as e:
+            client.set_tier("/hot", "tape")
+        assert e.value.errno == errno.EINVAL
+    finally:
+        client.close()
+        c.stop()
+
+
+def test_cli_policy_commands(small: tuple[LocalCluster, Client]) -> None:
+    c, client = small
+    client.mkdir("/d")
+    client.put_bytes("/d/f", b"x")
+    env = {**os.environ, "CURVINE_MASTER": c.master_address}
+
+    def cv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CV, "fs", *args], capture_output=True, text=True, env=env, timeout=60)
+
+    assert cv("pin", "/d").returncode == 0
+    assert cv("ttl", "/d", "7d").returncode == 0
+    assert cv("set-tier", "/d", "ssd").returncode == 0
+    out = cv("stat", "/d/f").stdout
+    assert "pinned:" in out and "yes (from /d)" in out and "7d (from /d)" in out and "ssd (from /d)" in out
+    bad = cv("ttl", "/d", "forever")
+    assert bad.returncode != 0 and "bad ttl" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert cv("unpin", "/d").returncode == 0
+    assert cv("ttl", "/d", "none").returncode == 0
+    assert not client.cache_policy("/d/f").pinned and client.cache_policy("/d/f").ttl_s is None
+    rep = subprocess.run([CV, "report"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "evicted:" in rep
