@@ -29,6 +29,8 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from pathlib import Path
 import grpc
 
 from curvine_py.common import config as cfgmod
+from curvine_py.common.security import with_secret
 from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
     port_in_use, terminate, wait_dead,
@@ -146,17 +149,17 @@ def unmount(mountpoint: str) -> None:
                 return
 
 
-def _channel(address: str) -> grpc.Channel:
+def _channel(address: str, secret: str = "") -> grpc.Channel:
     """A channel that retries a not-yet-listening master every 100-500 ms, not gRPC's
     default back-off of up to two minutes (start-up polling must notice it promptly)."""
-    return grpc.insecure_channel(address, options=[
+    return with_secret(grpc.insecure_channel(address, options=[
         ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 500)])
+        ("grpc.max_reconnect_backoff_ms", 500)]), secret)
 
 
-def query_report(address: str, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:
+def query_report(address: str, timeout: float = 1.0, secret: str = "") -> curvine_pb2.ReportReply | None:
     """One Report call to the master at address; None when it does not answer."""
-    with _channel(address) as channel:
+    with _channel(address, secret) as channel:
         try:
             return curvine_pb2_grpc.MasterServiceStub(channel).Report(curvine_pb2.Empty(),
                                                                         timeout=timeout)
@@ -165,6 +168,30 @@ def query_report(address: str, timeout: float = 1.0) -> curvine_pb2.ReportReply 
 
 
 # ---------------------------------------------------------------- the cluster
+
+
+def ensure_secret(path: Path) -> str:
+    """The cluster secret of the config file at path, created (and written there) if absent.
+
+    Only the secret line is touched: users may have edited the rest of the file."""
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, path)
+    if cfg.cluster.secret:
+        return cfg.cluster.secret
+    secret = secrets.token_hex(16)
+    text = path.read_text()
+    line = f'secret = "{secret}"'
+    if re.search(r'^secret\s*=\s*""\s*$', text, re.M):
+        text = re.sub(r'^secret\s*=\s*""\s*$', line, text, count=1, flags=re.M)
+    elif re.search(r"^\[cluster\]\s*$", text, re.M):
+        text = re.sub(r"^\[cluster\]\s*$", "[cluster]\n" + line, text, count=1, flags=re.M)
+    else:
+        text += f"\n[cluster]\n{line}\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return secret
 
 
 class LocalCluster:
@@ -211,6 +238,7 @@ class LocalCluster:
         self._channel: grpc.Channel | None = None
         self._stub: curvine_pb2_grpc.MasterServiceStub | None = None
         self.hostname = cfgmod.host_identity("")
+        self.secret = ""  # the cluster secret, read (or created) by prepare()
 
     # ------------------------------------------------------------ layout
 
@@ -272,7 +300,8 @@ class LocalCluster:
                            "--worker-dirs", self.worker_dir_spec(i), *self.extra_worker_flags]
         if role == "fuse":
             assert self.mount is not None
-            return argv + [self.mount, "--master", self.master_address, "--foreground"]
+            return argv + [self.mount, "--master", self.master_address, "--config", str(self.config_path),
+                           "--foreground"]
         raise ValueError(role)
 
     def _record(self, role: str, i: int) -> ProcessRecord:
@@ -301,6 +330,9 @@ class LocalCluster:
             tmp = self.config_path.with_suffix(".tmp")
             tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
             os.replace(tmp, self.config_path)
+        ensure_secret(self.config_path)
+        # The daemons load the file then the environment (CURVINE_CLUSTER_SECRET wins): so do we.
+        self.secret = cfgmod.load(path=str(self.config_path)).cluster.secret
 
     # ------------------------------------------------------------ spawning
 
@@ -398,7 +430,7 @@ class LocalCluster:
     def report(self, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:
         """The master's Report, or None when it does not answer within timeout."""
         if self._stub is None:
-            self._channel = _channel(self.master_address)
+            self._channel = _channel(self.master_address, self.secret)
             self._stub = curvine_pb2_grpc.MasterServiceStub(self._channel)
         try:
             return self._stub.Report(curvine_pb2.Empty(), timeout=timeout)

@@ -15,6 +15,7 @@ from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
 from curvine_py.common.rpc import server_options
+from curvine_py.common.security import SecretCheck
 from curvine_py.master.service import MasterService
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
@@ -26,9 +27,11 @@ def build_server(cfg: config.Config) -> tuple[grpc.Server, MasterService, int]:
     os.makedirs(cfg.master.meta_dir, exist_ok=True)
     service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
     service.journal.start()
+    service.evictor.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.master.rpc_threads,
                                                     thread_name_prefix="rpc"),
-                         options=server_options())
+                         options=server_options(),
+                         interceptors=[SecretCheck(cfg.cluster.secret, "master")])
     pb_grpc.add_MasterServiceServicer_to_server(service, server)
     try:
         port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.set()
     log.info("signal %s: shutting down", sig)
     server.stop(grace=2).wait()
+    service.evictor.stop()
     service.journal.stop()
     return 0
 

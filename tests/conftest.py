@@ -25,13 +25,21 @@ if typing.TYPE_CHECKING:
 FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
 START_TIMEOUT_S = 60.0
 CV = str(Path(sys.executable).parent / "cv")  # the console script of this venv
+TEST_SECRET = "test-" + os.urandom(8).hex()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_environment() -> None:
-    """Tests must not pick up a developer's CURVINE_* settings."""
+    """Tests must not pick up a developer's CURVINE_* settings or config files.
+
+    Every cluster the tests start, and every client they make, shares one cluster secret
+    through the environment (the documented override of [cluster] secret): security is on
+    in every test, and tests of refusals build a Config with another secret explicitly.
+    """
     for name in [n for n in os.environ if n.startswith("CURVINE_")]:
         del os.environ[name]
+    os.environ["CURVINE_CONF"] = os.devnull
+    os.environ["CURVINE_CLUSTER_SECRET"] = TEST_SECRET
 
 
 def start_cluster(directory: Path, workers: int = 2, **kwargs: typing.Any) -> LocalCluster:
@@ -112,6 +120,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[
 def client_config(cluster: LocalCluster) -> Config:
     """Client settings for tests: this cluster, and a bounded wait for an unreachable master."""
     cfg = Config()
+    cfg.cluster.secret = cluster.secret
     cfg.client.master = cluster.master_address
     cfg.client.retry_s = 30.0
     return cfg

@@ -32,8 +32,9 @@ from typing import Sequence
 from curvine_py.common import frames
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
-from curvine_py.worker.blockstore import DEFAULT_BLOCK, BlockStore, BlockWriter, PendingWrite
+from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.worker.replication import Downstream
 
@@ -117,6 +118,7 @@ class DataServer:
         self.store = store
         self.worker_id = worker_id          # set by the heartbeat once registered
         self.secret = secret
+        self.tokens = BlockTokens(secret)
         self.pipeline = max(2, pipeline)
         self.idle_timeout_s = idle_timeout_s
         self.io_timeout_s = io_timeout_s
@@ -221,22 +223,26 @@ class DataServer:
                     frames.recv_exact_into(sock, view[:k])
                     n -= k
 
-    def _check_token(self, h: data_pb2.DataHeader) -> None:
-        if self.secret and h.token != self.secret:
-            raise CurvineError(errno.EACCES, "bad or missing cluster secret")
+    def _check_token(self, h: data_pb2.DataHeader, write: bool) -> None:
+        """Only blocks the master handed out (with a token minted from the cluster secret)."""
+        if not self.tokens.allows(h.token, h.block_id, write):
+            what = "write" if write else "read"
+            raise CurvineError(errno.EACCES, f"no valid {what} token for block {h.block_id} "
+                                             "(blocks are handed out by the master; check [cluster] secret)")
 
     # ------------------------------------------------------------ WRITE
 
     def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
         state = _WriteState(open_h.block_id)
+        tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)   # preferred tier; when full, any
         try:
-            self._check_token(open_h)
-            state.writer = self.store.create(open_h.block_id, open_h.tier, open_h.length or DEFAULT_BLOCK)
+            self._check_token(open_h, write=True)
+            state.writer = self.store.create(open_h.block_id, tier, open_h.length or DEFAULT_BLOCK)
         except CurvineError as e:
             state.fail(e)
         if state.error is None and open_h.chain:
             state.down = Downstream.open(self.pool, open_h.chain, open_h.block_id,
-                                         open_h.length, open_h.tier, open_h.token)
+                                         open_h.length, tier, open_h.token)
         ring = self._acquire_ring()
         try:
             while True:
@@ -318,7 +324,7 @@ class DataServer:
 
     def _read(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
         try:
-            self._check_token(h)
+            self._check_token(h, write=False)
             reader = self.store.open_reader(h.block_id, h.offset, h.length)
         except CurvineError as e:
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "read failed")

@@ -23,6 +23,7 @@ import grpc
 
 from curvine_py.common import config
 from curvine_py.common.errors import ConfigError
+from curvine_py.common.security import SecretCheck
 from curvine_py.common.signals import StopSignals
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
@@ -87,7 +88,8 @@ class Worker:
         w = self.cfg.worker
         assert self.store is not None and self.data is not None
         self.rpc = grpc.server(ThreadPoolExecutor(max_workers=w.rpc_threads, thread_name_prefix="rpc"),
-                               options=[("grpc.so_reuseport", 0)])
+                               options=[("grpc.so_reuseport", 0)],
+                               interceptors=[SecretCheck(self.cfg.cluster.secret, "worker")])
         data = self.data
         service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host), self.rpc)
         try:

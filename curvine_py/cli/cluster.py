@@ -31,6 +31,15 @@ def fail_cluster(e: lc.ClusterError) -> int:
     return EXIT_FAIL
 
 
+def _secret_of(config_path: str | None) -> str:
+    """The cluster secret the daemons use: their config file, then the environment
+    ("" when unreadable: status still works, without the report)."""
+    try:
+        return cfgmod.load(path=config_path).cluster.secret if config_path else ""
+    except (OSError, cfgmod.ConfigError):
+        return ""
+
+
 def _rel(path: str) -> str:
     """A path relative to the cwd when that is shorter (status lines stay narrow)."""
     try:
@@ -183,7 +192,8 @@ def cmd_status(ctx: Context) -> int:
     procs: list[lc.ProcessRecord] = state["processes"]
     alive = [p.is_alive() for p in procs]
     master = next((p for p in procs if p.role == "master"), None)
-    rep = lc.query_report(state["master"]) if master is not None and master.is_alive() else None
+    rep = (lc.query_report(state["master"], secret=_secret_of(state.get("config")))
+           if master is not None and master.is_alive() else None)
     live = sum(1 for w in rep.workers if w.state.lower() == "live") if rep is not None else None
     if ctx.args.json:
         output.print_json({

@@ -38,7 +38,8 @@ class BlockIO:
         except OSError as e:
             raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
 
-    def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview) -> tuple[list[int], int]:
+    def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview,
+                    token: str = "", tier: str = "") -> tuple[list[int], int]:
         """Store data as block_id on targets (chained); returns (worker ids that acked, checksum).
 
         If the first target cannot be reached the next one becomes the head of the chain;
@@ -49,7 +50,7 @@ class BlockIO:
         for i, head in enumerate(targets):
             chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets[i + 1:]]
             try:
-                return self._send(head, chain, block_id, data, checksum), checksum
+                return self._send(head, chain, block_id, data, checksum, token, tier), checksum
             except (CurvineError, OSError) as e:
                 last = e if isinstance(e, CurvineError) else CurvineError(e.errno or errno.EIO, str(e))
                 if last.errno == errno.ENOSPC and i + 1 >= len(targets):
@@ -75,9 +76,10 @@ class BlockIO:
                 sock.close()
 
     def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
-              checksum: int) -> list[int]:
+              checksum: int, token: str, tier: str = "") -> list[int]:
         with self._conn(head) as sock:
-            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain))
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain,
+                                               token=token, tier_name=tier))
             for off in range(0, len(data), PIECE):
                 frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
             frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=len(data),
@@ -85,10 +87,13 @@ class BlockIO:
             reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
             return list(reply.acked) or [head.worker_id]
 
-    def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview) -> int:
-        """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read."""
+    def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,
+                   token: str = "") -> int:
+        """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read.
+        token: the block's access token from the master (BlockInfo.token)."""
         with self._conn(worker) as sock:
-            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into)))
+            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into),
+                                               token=token))
             reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")
             n = reply.length
             if n > len(into):

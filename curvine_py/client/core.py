@@ -89,7 +89,7 @@ class ClientCore:
         if cfg.client.tune_malloc:
             tune_malloc()
         self.cfg = cfg
-        self.meta = MasterClient(master or cfg.client.master, cfg.client)
+        self.meta = MasterClient(master or cfg.client.master, cfg.client, cfg.cluster.secret)
         self.host = host_identity(cfg.client.host)
         self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s)
         self.io = BlockIO(self.pool)

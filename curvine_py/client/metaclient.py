@@ -59,11 +59,11 @@ class Identity:
 class MasterClient:
     """Thread-safe; one per process is enough (gRPC multiplexes calls on one channel)."""
 
-    def __init__(self, address: str, cfg: ClientConfig) -> None:
+    def __init__(self, address: str, cfg: ClientConfig, secret: str = "") -> None:
         self.address = address
         self.cfg = cfg
         self.client_id = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
-        self._channel = channel(address)
+        self._channel = channel(address, secret)
         self.stub = pb_grpc.MasterServiceStub(self._channel)
         self.identity = Identity.current()
         # Told the directories each mutation changed, as they are after it (the VFS caches them).

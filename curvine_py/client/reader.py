@@ -80,7 +80,7 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
         if sc is not None and sc.is_local(addr) and sc.read(addr, block, offset, into[:want]) is not None:
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
-            n = core.io.read_block(addr, block.block_id, offset, into[:want])
+            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token)
             if n != want:
                 raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
             return n

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 WRITE_ATTEMPTS = 3
+NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
 
 
 def _covers(ranges: list[list[int]], length: int) -> bool:
@@ -47,6 +48,18 @@ def _merge(ranges: list[list[int]]) -> list[list[int]]:
         else:
             out.append([a, b])
     return out
+
+
+def _may_retry(e: CurvineError, attempt: int) -> bool:
+    """Retry a block write on other workers?  A worker out of space (ENOSPC: the master's
+    view of usage lags a heartbeat) is retried with backoff while eviction frees room; the
+    master answers ENOSPC itself when nothing can be evicted, which is not retried."""
+    if e.errno == errno.ENOSPC:
+        if attempt >= NOSPACE_RETRIES:
+            return False
+        time.sleep(min(0.05 * (attempt + 1), 0.5))
+        return True
+    return attempt + 1 < WRITE_ATTEMPTS
 
 
 class DirtyBlock:
@@ -355,14 +368,15 @@ class FileWriter:
 
     def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
         try:
-            for attempt in range(WRITE_ATTEMPTS):
+            for attempt in range(WRITE_ATTEMPTS + NOSPACE_RETRIES):
                 addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
                 try:
-                    acked, checksum = self.core.io.write_block(addrs, target.block_id, data)
+                    acked, checksum = self.core.io.write_block(addrs, target.block_id, data, target.token,
+                                                             target.tier)
                     return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
-                                        checksum=checksum, workers=acked)
+                                        checksum=checksum, workers=acked, token=target.token)
                 except CurvineError as e:
-                    if attempt + 1 == WRITE_ATTEMPTS:
+                    if not _may_retry(e, attempt):
                         raise
                     log.warning("block %d: %s; retrying on other workers", target.block_id, e)
                     target = self._allocate(1, exclude=list(target.workers))[0]

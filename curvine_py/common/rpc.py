@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import grpc
 
+from curvine_py.common.security import with_secret
+
 MAX_MESSAGE = 64 * 1024 * 1024
 
 
@@ -12,9 +14,10 @@ def server_options() -> list[tuple[str, int]]:
             ("grpc.so_reuseport", 0)]
 
 
-def channel(address: str) -> grpc.Channel:
-    """An insecure channel with large messages and keepalives (detect dead masters fast)."""
-    return grpc.insecure_channel(address, options=[
+def channel(address: str, secret: str = "") -> grpc.Channel:
+    """A channel with large messages and keepalives (detect dead masters fast) that sends
+    the cluster secret on every call."""
+    return with_secret(grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE),
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.keepalive_time_ms", 10000),
@@ -22,4 +25,4 @@ def channel(address: str) -> grpc.Channel:
         ("grpc.enable_retries", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
-    ])
+    ]), secret)

@@ -23,6 +23,7 @@ Factory = typing.Callable[..., LocalCluster]
 
 def client_config(cluster: LocalCluster) -> cfgmod.Config:
     cfg = cfgmod.Config()
+    cfg.cluster.secret = cluster.secret
     cfg.client.master = cluster.master_address
     cfg.client.retry_s = 30.0
     return cfg

@@ -21,6 +21,7 @@ import xxhash
 
 from curvine_py.common import config, frames
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.security import BlockTokens
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc, data_pb2
 from curvine_py.worker import heartbeat, service
 from curvine_py.worker.blockstore import BlockStore
@@ -42,9 +43,9 @@ def connect(server: DataServer) -> socket.socket:
 
 
 def send_block(sock: socket.socket, block_id: int, data: bytes, chain=(), piece: int = MiB,
-               checksum: int | None = None) -> None:
+               checksum: int | None = None, token: str = "") -> None:
     frames.send_frame(sock, data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, chain=list(chain),
-                                                length=len(data)))
+                                                length=len(data), token=token))
     view = memoryview(data)
     for i in range(0, len(data), piece):
         frames.send_frame(sock, data_pb2.DataHeader(op=Op.WRITE_DATA), view[i:i + piece])
@@ -58,8 +59,10 @@ def write(sock: socket.socket, block_id: int, data: bytes, chain=(), **kw) -> da
     return frames.recv_header(sock)
 
 
-def read(sock: socket.socket, block_id: int, offset: int = 0, length: int = (1 << 64) - 1) -> tuple[data_pb2.DataHeader, bytes]:
-    frames.send_frame(sock, data_pb2.DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=length))
+def read(sock: socket.socket, block_id: int, offset: int = 0, length: int = (1 << 64) - 1,
+         token: str = "") -> tuple[data_pb2.DataHeader, bytes]:
+    frames.send_frame(sock, data_pb2.DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=length,
+                                                token=token))
     h = frames.recv_header(sock)
     if h.errno:
         return h, b""
@@ -332,18 +335,24 @@ def test_garbage_and_bad_ops_close_only_that_connection(nodes):
         assert read(s, 61)[1] == b"still serving"
 
 
-def test_cluster_secret(ring, tmp_path):
+def test_block_tokens(ring, tmp_path):
+    """With a cluster secret, only blocks handed out by the master (a token minted from the
+    secret for that block and mode) can be written or read; the secret itself is no token."""
     store = BlockStore([str(tmp_path / "x")], ring, reserve=0)
     server = DataServer(store, "127.0.0.1", 0, worker_id=1, secret="s3cret").start()
+    tokens = BlockTokens("s3cret")
     try:
         with connect(server) as s:
             assert write(s, 1, b"data").errno == errno.EACCES
-            frames.send_frame(s, data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=1, token="s3cret"))
-            frames.send_frame(s, data_pb2.DataHeader(op=Op.WRITE_DATA), b"data")
-            frames.send_frame(s, data_pb2.DataHeader(op=Op.WRITE_COMMIT, length=4,
-                                                     checksum=xxhash.xxh3_64_intdigest(b"data")))
-            assert frames.recv_header(s).errno == 0
+            assert write(s, 1, b"data", token="s3cret").errno == errno.EACCES
+            assert write(s, 1, b"data", token=tokens.mint(1, "r")).errno == errno.EACCES
+            assert write(s, 1, b"data", token=tokens.mint(2, "w")).errno == errno.EACCES
+            assert write(s, 1, b"data", token=BlockTokens("other").mint(1, "w")).errno == errno.EACCES
+            assert write(s, 1, b"data", token=tokens.mint(1, "w")).errno == 0
             assert read(s, 1)[0].errno == errno.EACCES
+            assert read(s, 1, token=tokens.mint(2, "r"))[0].errno == errno.EACCES
+            assert read(s, 1, token=tokens.mint(1, "r"))[1] == b"data"
+            assert read(s, 1, token=tokens.mint(1, "w"))[1] == b"data"  # a writer reads back
     finally:
         server.close()
 
@@ -470,9 +479,11 @@ def test_worker_process_serves_and_stops_cleanly(tmp_path):
         words = p.stdout.readline().split()
         assert words[0] == "worker" and words[2] == "data" and words[4] == "rpc", words
         port = int(words[3].rsplit(":", 1)[1])
+        tokens = BlockTokens(os.environ.get("CURVINE_CLUSTER_SECRET", ""))  # the tests' secret
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            assert write(s, 1, b"via process").errno == 0
-            assert read(s, 1)[1] == b"via process"
+            assert write(s, 1, b"via process").errno == errno.EACCES
+            assert write(s, 1, b"via process", token=tokens.mint(1, "w")).errno == 0
+            assert read(s, 1, token=tokens.mint(1, "r"))[1] == b"via process"
         p.send_signal(signal.SIGTERM)
         assert p.wait(15) == 0
     finally:

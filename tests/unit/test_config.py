@@ -48,7 +48,8 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         config.load(path=str(tmp_path / "missing.toml"))
 
 
-def test_round_trip_through_toml(tmp_path: Path) -> None:
+def test_round_trip_through_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CURVINE_CLUSTER_SECRET", raising=False)  # the tests' shared secret
     cfg = config.Config()
     cfg.worker.dirs = ["[SSD:1GiB]/x"]
     f = tmp_path / "out.toml"
