@@ -5,14 +5,16 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux
+# MooseFS: the peer bench/compare (and tests/multihost/test_compare.py) measures us against.
+PEER_PKGS := moosefs-master moosefs-chunkserver moosefs-client
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install system-deps proto bench clean
+.PHONY: run test install system-deps peer-deps proto bench compare clean
 
 run: install
 	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground
 
-test: install
+test: install peer-deps
 	$(PY) -m pytest -q tests
 
 install: $(STAMP)
@@ -32,12 +34,24 @@ system-deps:
 	fi
 	@command -v python3 >/dev/null || (apt-get update -qq && apt-get install -y -qq python3 python3-venv)
 
+peer-deps:
+	@missing=""; for p in $(PEER_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	    || echo "warning: could not install$$missing (bench/compare and its test will be skipped)"; \
+	fi
+
 # Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
 proto:
 	$(PY) -m grpc_tools.protoc -Icurvine_py/pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/curvine.proto proto/data.proto
 
 bench: install
 	$(PY) bench/sdk_bench.py
+
+# Ours vs MooseFS vs a local directory on 3 network-namespace hosts (root), one table.
+compare: install peer-deps
+	$(PY) bench/compare
 
 clean:
 	-$(VENV)/bin/cv cluster stop --dir .curvine

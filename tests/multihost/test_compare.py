@@ -1,0 +1,70 @@
+"""`bench/compare --small`: ours, MooseFS and a local directory on namespace hosts, one table.
+
+Runs the real script (real hosts, real daemons, real mounts) at a tiny size.  Timings are
+never asserted; what is asserted is that every system produced every figure (so every
+read was verified byte for byte by `cv bench`), warm and cold, and that nothing is left
+mounted or running afterwards.  Skipped, with the reason, when not root or when MooseFS
+cannot be installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from curvine_py import moosefs
+from curvine_py.testhosts import unavailable_reason
+
+COMPARE = Path(__file__).resolve().parents[2] / "bench" / "compare"
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def compare_ready() -> None:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    why = moosefs.install()
+    if why:
+        pytest.skip(f"MooseFS unavailable: {why}")
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(str(path))]
+
+
+def test_compare_small_reports_every_figure_for_every_system(compare_ready: None, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["systems"]) == {"curvine", "moosefs", "local"}
+    for system, result in out["systems"].items():
+        kv, seq = result["kvcache"], result["seq"]
+        for temp in ("warm", "cold"):
+            assert kv["read"][temp]["read_GBps"] > 0, (system, temp)
+            assert seq["read"][temp]["read_GBps"] > 0, (system, temp)
+        assert kv["write_GBps"] > 0 and seq["write_GBps"] > 0
+        assert result["meta"]["create_per_s"] > 0
+    rows = {(row["workload"], row["metric"]): row for row in out["table"]}
+    row = rows[("kvcache", "read GB/s (cold)")]
+    assert all(row[s] != "-" for s in ("curvine", "moosefs", "local", "curvine/moosefs"))
+    assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
+
+
+def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> None:
+    bad = subprocess.run([sys.executable, str(COMPARE), "--systems", "curvine,nfs"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and bad.stderr.startswith("compare: --systems"), bad.stderr
+    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--systems", "moosefs,local",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[1].split()
+    assert header == ["workload", "metric", "curvine", "moosefs", "local", "curvine/moosefs"]
+    assert "kvcache   read GB/s (warm)" in r.stdout
+    assert os.listdir(tmp_path) == []
