@@ -19,6 +19,8 @@ import grpc
 from curvine_py.common.config import Config
 from curvine_py.common.errors import err, rpc_method
 from curvine_py.master import posix, schema
+from curvine_py.master.capacity import Capacity
+from curvine_py.master.eviction import Evictor
 from curvine_py.master.journal import Journal
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
@@ -68,6 +70,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self._local = threading.local()
         self.lease_ms = int(cfg.master.lease_s * 1000)
         self.address = f"{cfg.master.bind}:{cfg.master.port}"
+        self.capacity = Capacity(self.registry, self.placement, cfg.master.heartbeat_ms / 1000)
+        self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -223,21 +227,24 @@ class MasterService(pb_grpc.MasterServiceServicer):
         acc = request.flags & os.O_ACCMODE
         want = {os.O_RDONLY: R, os.O_WRONLY: W}.get(acc, R | W)
         posix.require(row, cred_of(request.caller), want)
+        self.evictor.note_read(row["ino"])
         return self._open_reply({"attr": row})
 
     @rpc_method
     def AllocateBlocks(self, request: pb.AllocateBlocksRequest,
                        context: grpc.ServicerContext) -> pb.AllocateBlocksReply:
         # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
-        self.placement.place(0, 1, self.cfg.master.block_size)
+        tier = self.evictor.tier_of(self.ns.conn, request.ino)
+        self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier, note=False)
         result = self.submit(caller_rec(request.caller, "allocate", ino=request.ino, lease_id=request.lease_id,
                                         count=request.count or 1))
         exclude = frozenset(request.exclude_workers)
         blocks, wids = [], set()
         for bid in result["block_ids"]:
-            targets = self.placement.place(bid, result["replicas"], result["block_size"], exclude)
+            targets = self.evictor.place(bid, result["replicas"], result["block_size"], exclude, tier)
             wids.update(targets)
-            blocks.append(pb.BlockInfo(block_id=bid, workers=targets))
+            blocks.append(pb.BlockInfo(block_id=bid, workers=targets, tier=tier))
+        self.evictor.after_allocate()
         return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids))
 
     @rpc_method
@@ -336,7 +343,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
         return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,
                               capacity=sum(w.capacity for w in live), used=sum(w.used for w in live),
                               files=files, blocks=nblocks, under_replicated=self.under_replicated(),
-                              master_address=self.address, version=VERSION)
+                              master_address=self.address, version=VERSION,
+                              evicted_files=self.evictor.evicted_files, evicted_bytes=self.evictor.evicted_bytes,
+                              expired_files=self.evictor.expired_files)
 
     def under_replicated(self) -> int:
         """Committed blocks with fewer live replicas than their file asks for."""

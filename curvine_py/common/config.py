@@ -45,6 +45,11 @@ class MasterConfig:
     lease_s: float = 60.0         # a writer's lease lasts this long without renewal
     retry_cache_s: float = 600.0  # how long request ids of mutations are remembered
     rpc_threads: int = 16
+    evict: bool = True            # evict least recently used files when the pool passes evict_high
+    evict_high: float = 0.9       # usage fraction (pool or one worker) that starts eviction
+    evict_low: float = 0.8        # eviction stops below this fraction
+    evict_interval_s: float = 1.0  # how often usage is checked (an allocation past evict_high checks at once)
+    ttl_sweep_s: float = 60.0     # how often files past their user.curvine.ttl are removed
 
 
 @dataclass
