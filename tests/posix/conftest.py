@@ -139,6 +139,8 @@ def start_mount(cluster: LocalCluster, mountpoint: Path, run_dir: Path, log: Pat
     mountpoint.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CURVINE_")}
+    if cluster.secret:   # the mount talks to a cluster that checks its secret
+        env["CURVINE_CLUSTER_SECRET"] = cluster.secret
     env["CURVINE_RUN_DIR"] = str(run_dir)
     env["PYTHONUNBUFFERED"] = "1"
     argv = [sys.executable, "-c", _BOOT.format(parent=os.getpid()), str(mountpoint),
