@@ -29,13 +29,16 @@ PIECE = 1 << 20
 class BlockIO:
     """Send and fetch whole or partial blocks."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, read_timeout_s: float | None = None) -> None:
         self.pool = pool
+        self.read_timeout_s = read_timeout_s   # None: the pool's io timeout
 
     def _connect(self, ip: str, port: int) -> socket.socket:
         try:
             return self.pool.get(ip, port)
         except OSError as e:
+            if isinstance(e, TimeoutError) or e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                self.pool.mark_suspect(ip, port)
             raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
 
     def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview,
@@ -68,6 +71,7 @@ class BlockIO:
             yield sock
             ok = True
         except socket.timeout:
+            self.pool.mark_suspect(worker.ip, worker.data_port)
             raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
         finally:
             if ok:
@@ -92,6 +96,8 @@ class BlockIO:
         """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read.
         token: the block's access token from the master (BlockInfo.token)."""
         with self._conn(worker) as sock:
+            if self.read_timeout_s is not None:   # reads fail over fast: another replica has the bytes
+                sock.settimeout(self.read_timeout_s)
             frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into),
                                                token=token))
             reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")

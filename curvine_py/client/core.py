@@ -92,7 +92,7 @@ class ClientCore:
         self.meta = MasterClient(master or cfg.client.master, cfg.client, cfg.cluster.secret)
         self.host = host_identity(cfg.client.host)
         self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s)
-        self.io = BlockIO(self.pool)
+        self.io = BlockIO(self.pool, read_timeout_s=cfg.client.read_timeout_s)
         self.buffers = BufferPool(cfg.master.block_size, max_buffers=64)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
         self.workers = WorkerDirectory()
@@ -110,14 +110,17 @@ class ClientCore:
             return pool
 
     def replica_order(self, block: pb.BlockInfo) -> list[pb.WorkerAddress]:
-        """Replicas to try, local host first, others rotated by block id to spread load."""
+        """Replicas to try, local host first, others rotated by block id to spread load;
+        replicas that recently timed out (suspect, see connpool) last."""
         addrs = [a for a in (self.workers.get(w) for w in block.workers) if a is not None]
         local = [a for a in addrs if a.host == self.host]
         remote = [a for a in addrs if a.host != self.host]
         if remote:
             k = block.block_id % len(remote)
             remote = remote[k:] + remote[:k]
-        return local + remote
+        ordered = local + remote
+        suspect = [a for a in ordered if self.pool.is_suspect(a.ip, a.data_port)]
+        return [a for a in ordered if a not in suspect] + suspect
 
     def close(self) -> None:
         self.leases.stop()

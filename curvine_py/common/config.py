@@ -77,7 +77,8 @@ class ClientConfig:
     read_ahead_blocks: int = 4    # blocks fetched ahead of a sequential reader
     rpc_timeout_s: float = 30.0   # one attempt of a metadata call
     retry_s: float = 120.0        # how long a metadata call keeps retrying an unreachable master
-    data_timeout_s: float = 10.0  # a data-channel socket silent this long fails over to the other replica
+    data_timeout_s: float = 10.0  # a data-channel socket silent this long fails (writes)
+    read_timeout_s: float = 2.0   # a replica silent this long during a read: read the other replica
     tune_malloc: bool = True      # keep freed large buffers in malloc's heap (see common/memory.py)
     short_circuit: bool = True    # read replicas on this host from their block files (client/shortcircuit.py)
 

@@ -4,6 +4,10 @@ A cluster keeps a handful of sockets per worker instead of a connect per 4 MiB b
 An idle socket is health-checked before reuse (a zero-timeout poll): a worker closes
 connections idle too long, and a restarted worker leaves dead ones behind; reusing
 either would fail a block that a fresh connection would have carried.
+
+A peer that timed out (a silent worker: partitioned away, or hung) is *suspect* for a
+while: its idle sockets are dropped (they would each wait out a timeout) and readers try
+it last, so one timeout per peer, not one per block, is the price of a partition.
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from collections import defaultdict
 
 from curvine_py.common import frames
 
-CONNECT_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 1.5   # a LAN connect takes < 1 ms; a silent peer must not stall a read long
 IO_TIMEOUT_S = 30.0
+SUSPECT_S = 10.0          # how long a peer that timed out is tried last
 
 
 class ConnectionPool:
@@ -29,7 +34,24 @@ class ConnectionPool:
         self.connect_timeout_s = connect_timeout_s
         self.io_timeout_s = io_timeout_s
         self._idle: dict[tuple[str, int], list[tuple[float, socket.socket]]] = defaultdict(list)
+        self._suspect_until: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
+
+    def mark_suspect(self, ip: str, port: int) -> None:
+        """(ip, port) did not answer in time: drop its idle sockets, try it last for SUSPECT_S."""
+        with self._lock:
+            self._suspect_until[(ip, port)] = time.monotonic() + SUSPECT_S
+            idle = self._idle.pop((ip, port), [])
+        for _, sock in idle:
+            sock.close()
+
+    def is_suspect(self, ip: str, port: int) -> bool:
+        with self._lock:
+            until = self._suspect_until.get((ip, port))
+            if until is not None and until <= time.monotonic():
+                del self._suspect_until[(ip, port)]
+                until = None
+        return until is not None
 
     def get(self, ip: str, port: int) -> socket.socket:
         """A healthy pooled socket to (ip, port), else a new connection (raises OSError)."""
