@@ -1,14 +1,22 @@
 """The master's view of space: per worker and pool, and placement that respects it.
 
 Workers report each data dir's capacity and used bytes in every heartbeat, so the
-reported figures lag by up to a heartbeat or two.  Two corrections keep decisions
-honest in between:
+reported figures lag by up to a heartbeat or two.  Blocks freed by eviction still
+count in them until the worker had time to receive the delete order (next heartbeat
+reply) and report the lower usage (the one after): they are subtracted until the
+worker's last heartbeat is 1.5 intervals past the free, so one eviction pass is not
+repeated for the same bytes.  Blocks placed but not yet reported are not added: writers
+allocate block ids in growing batches and leave the unused ones, so counting placements
+overestimated usage by tens of MiB per file and evicted far below the low watermark;
+new writes show in the next heartbeat (a worker that is really full refuses the block,
+and the writer retries while eviction makes room).
 
-* blocks freed by eviction still count until the worker had time to receive the
-  delete order (next heartbeat reply) and report the lower usage (the one after):
-  they are subtracted until the worker's last heartbeat is 1.5 intervals past the free;
-* blocks placed on a worker count as soon as they are placed, until the worker's
-  next heartbeat (which reports them as reserved or written).
+Because eviction takes effect a heartbeat or two after the decision, the evictor looks
+ahead: each worker's write rate (bytes/s of new blocks in its heartbeats' block reports
+over the last ``RATE_WINDOW_S``; the gross rate, since usage itself stays flat while
+eviction keeps up) times that lag, at most ``max_ahead`` of its capacity, is added to
+its usage when checking the watermarks, so a pool written fast starts evicting early
+enough not to fill up.
 
 Placement walks the hash ring skipping workers without room for a block, and prefers
 workers whose data dirs of the requested tier have room (falling back to any tier).
@@ -23,7 +31,7 @@ from curvine_py.master.placement import Placement
 from curvine_py.master.workers import Registry, Worker
 
 MAX_ADJUST_S = 10.0     # a correction older than this is dropped whatever the heartbeats say
-REPORT_MARGIN_S = 0.05  # a block placed this long before a heartbeat is in its report
+RATE_WINDOW_S = 1.0     # fill rates are measured over heartbeats at least this far apart
 
 
 class Capacity:
@@ -35,7 +43,7 @@ class Capacity:
         self.heartbeat_s = heartbeat_s
         self._lock = threading.Lock()
         self._freed: deque[tuple[float, int, int]] = deque()      # (time, worker, bytes)
-        self._placed: deque[tuple[float, int, int]] = deque()
+        self._added: dict[int, deque[tuple[float, int]]] = {}       # worker -> (time, bytes reported new)
 
     # ------------------------------------------------------------------ corrections
     def note_freed(self, per_worker: dict[int, int]) -> None:
@@ -43,25 +51,16 @@ class Capacity:
         with self._lock:
             self._freed.extend((now, w, n) for w, n in per_worker.items() if n)
 
-    def note_placed(self, workers: list[int], nbytes: int) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._placed.extend((now, w, nbytes) for w in workers)
-
     def frees_pending(self) -> bool:
         """Are evicted bytes still on their way out of some worker?"""
-        return any(self._corrections()[1].values())
+        return any(self._corrections().values())
 
-    def _corrections(self) -> tuple[dict[int, int], dict[int, int]]:
-        """(bytes placed but not reported, bytes freed but still reported) per worker.
-
-        Entries the workers' heartbeats already reflect are dropped, so the queues hold
-        about one heartbeat's worth of allocations."""
+    def _corrections(self) -> dict[int, int]:
+        """Bytes freed but still reported, per worker (entries already reflected are dropped)."""
         now = time.monotonic()
         with self._lock:
-            self._placed = self._pending(self._placed, now, REPORT_MARGIN_S)
             self._freed = self._pending(self._freed, now, 1.5 * self.heartbeat_s)
-            return self._sum(self._placed), self._sum(self._freed)
+            return self._sum(self._freed)
 
     def _pending(self, q: deque[tuple[float, int, int]], now: float, lag: float) -> deque[tuple[float, int, int]]:
         beats = {w.worker_id: w.last_heartbeat for w in self.registry.live_workers()}
@@ -74,13 +73,32 @@ class Capacity:
             out[wid] = out.get(wid, 0) + n
         return out
 
+    def note_added(self, wid: int, nbytes: int) -> None:
+        """A heartbeat reported nbytes of new blocks on worker wid."""
+        if nbytes:
+            with self._lock:
+                self._added.setdefault(wid, deque()).append((time.monotonic(), nbytes))
+
+    def _rate(self, w: Worker) -> float:
+        """Bytes/s of new blocks on w over the last RATE_WINDOW_S."""
+        now = time.monotonic()
+        with self._lock:
+            q = self._added.get(w.worker_id)
+            if not q:
+                return 0.0
+            while q and now - q[0][0] > RATE_WINDOW_S:
+                q.popleft()
+            return sum(n for _, n in q) / RATE_WINDOW_S
+
     # ------------------------------------------------------------------ usage
-    def usage(self) -> dict[int, tuple[int, int]]:
-        """worker id -> (capacity, projected used) of every live worker."""
-        placed, freed = self._corrections()
+    def usage(self, ahead_s: float = 0.0, max_ahead: float = 0.1) -> dict[int, tuple[int, int]]:
+        """worker id -> (capacity, projected used) of every live worker, ahead_s seconds from now
+        (the look-ahead adds at most max_ahead of a worker's capacity)."""
+        freed = self._corrections()
         out = {}
         for w in self.registry.live_workers():
-            used = w.used + placed.get(w.worker_id, 0) - freed.get(w.worker_id, 0)
+            ahead = min(self._rate(w) * ahead_s, max_ahead * w.capacity) if ahead_s else 0
+            used = w.used - freed.get(w.worker_id, 0) + int(ahead)
             out[w.worker_id] = (w.capacity, max(0, used))
         return out
 
@@ -96,10 +114,9 @@ class Capacity:
     def place(self, block_id: int, replicas: int, block_size: int, exclude: frozenset[int] = frozenset(),
               tier: str = "") -> list[int]:
         """Workers for a new block ([] when none has room); the preferred tier first."""
-        placed, freed = self._corrections()
+        freed = self._corrections()
         live = self.registry.live_workers()
-        full = frozenset(w.worker_id for w in live
-                         if w.capacity - w.used - placed.get(w.worker_id, 0) + freed.get(w.worker_id, 0) < block_size)
+        full = frozenset(w.worker_id for w in live if w.capacity - w.used + freed.get(w.worker_id, 0) < block_size)
         ring = self.placement.ring()
         targets: list[int] = []
         if tier:

@@ -121,15 +121,20 @@ class Evictor:
                          "reads": sorted(reads.items())})
 
     # ------------------------------------------------------------------ watermarks
+    @property
+    def lag_s(self) -> float:
+        """From an eviction decision to the lower usage in a heartbeat: look this far ahead."""
+        return 2.5 * self.capacity.heartbeat_s + self.cfg.evict_interval_s
+
     def over_high(self) -> bool:
-        usage = self.capacity.usage()
+        usage = self.capacity.usage(self.lag_s, 1 - self.low)
         cap = sum(c for c, _ in usage.values())
         used = sum(u for _, u in usage.values())
         return (cap > 0 and used > self.high * cap) or any(c and u > self.high * c for c, u in usage.values())
 
     def _need(self, extra: int = 0) -> tuple[int, dict[int, int]]:
         """Bytes to free in the pool and per over-full worker to get below the low watermark."""
-        usage = self.capacity.usage()
+        usage = self.capacity.usage(self.lag_s, 1 - self.low)
         cap = sum(c for c, _ in usage.values())
         used = sum(u for _, u in usage.values()) + extra
         pool = int(used - self.low * cap) if used > self.high * cap or extra else 0
@@ -211,13 +216,10 @@ class Evictor:
               tier: str = "", note: bool = True) -> list[int]:
         """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC.
 
-        ``note``: count the block against its workers until they report it."""
+        ``note`` is unused (kept for the service's call; placements are not counted, see capacity.py)."""
         def again() -> list[int]:
             return self.capacity.place(block_id, replicas, block_size, exclude, tier)
-        targets = again() or self.make_room(block_size, self.wait_s, again)
-        if note:
-            self.capacity.note_placed(targets, block_size)
-        return targets
+        return again() or self.make_room(block_size, self.wait_s, again)
 
     @property
     def wait_s(self) -> float:

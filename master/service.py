@@ -289,6 +289,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
             return pb.HeartbeatReply(reregister=True)
         if request.HasField("report"):
             self._apply_report(request.worker_id, request.report)
+            self.capacity.note_added(request.worker_id, sum(b.length for b in request.report.added))
         return pb.HeartbeatReply(delete_blocks=self.registry.take_deletes(request.worker_id),
                                  ring_epoch=self.placement.ring().epoch)
 
