@@ -18,6 +18,7 @@ import grpc
 
 from curvine_py.common.config import Config
 from curvine_py.common.errors import err, rpc_method
+from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.master import posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
@@ -25,6 +26,7 @@ from curvine_py.master.journal import Journal
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
+from curvine_py.master.replication import Replicator
 from curvine_py.master.posix import R, W, Cred
 from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
@@ -72,6 +74,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.address = f"{cfg.master.bind}:{cfg.master.port}"
         self.capacity = Capacity(self.registry, self.placement, cfg.master.heartbeat_ms / 1000)
         self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit)
+        self.tokens = BlockTokens(cfg.cluster.secret)
+        self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
+                                     scan_interval_s=cfg.master.replication_scan_s)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -90,13 +95,15 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self.registry.free_blocks(result["freed"])
         return result
 
-    def _blocks(self, rows: Iterable[Row], block_size: int) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
+    def _blocks(self, rows: Iterable[Row], block_size: int,
+                mode: str = READ) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
         infos, wids = [], set()
         for b in rows:
             holders = self.registry.replicas(b["block_id"])
             wids.update(holders)
             infos.append(pb.BlockInfo(block_id=b["block_id"], offset=b["idx"] * block_size, length=b["length"],
-                                      checksum=b["checksum"], workers=holders))
+                                      checksum=b["checksum"], workers=holders,
+                                      token=self.tokens.mint(b["block_id"], mode)))
         return infos, self._addresses(wids)
 
     def _addresses(self, wids: Iterable[int]) -> list[pb.WorkerAddress]:
@@ -109,7 +116,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
         attr = result["attr"]
-        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"])
+        mode = WRITE if result.get("lease_id") else READ
+        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode)
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
                             dirs=dirs_of(result))
@@ -243,7 +251,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         for bid in result["block_ids"]:
             targets = self.evictor.place(bid, result["replicas"], result["block_size"], exclude, tier)
             wids.update(targets)
-            blocks.append(pb.BlockInfo(block_id=bid, workers=targets, tier=tier))
+            blocks.append(pb.BlockInfo(block_id=bid, workers=targets, token=self.tokens.mint(bid, WRITE),
+                                       tier=tier))
         self.evictor.after_allocate()
         return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids))
 
@@ -272,6 +281,18 @@ class MasterService(pb_grpc.MasterServiceServicer):
         blocks, workers = self._blocks(rows, row["block_size"])
         return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers)
 
+    @rpc_method
+    def ReportBadBlock(self, request: pb.BadBlockRequest, context: grpc.ServicerContext) -> pb.Empty:
+        """A reader found a replica whose bytes fail their checksum: drop that copy (never
+        the last one) and copy the block again from a good one."""
+        holders = self.registry.replicas(request.block_id)
+        if request.worker_id in holders and len(holders) > 1:
+            self.registry.delete_on(request.worker_id, [request.block_id])
+            log.warning("block %d on worker %d reported bad (%s); dropping that copy", request.block_id,
+                        request.worker_id, request.reason)
+        self.replicator.suspect([request.block_id])
+        return pb.Empty()
+
     # ------------------------------------------------------------------ cluster
     @rpc_method
     def RegisterWorker(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
@@ -284,14 +305,19 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        before = self.registry.get(request.worker_id)
+        was_lost = before is not None and not before.live
         w = self.registry.heartbeat(request.worker_id, list(request.dirs))
         if w is None:
             return pb.HeartbeatReply(reregister=True)
+        if was_lost:   # its copies count again: blocks copied meanwhile now have one too many
+            self.replicator.suspect(set(w.blocks))
         if request.HasField("report"):
             self._apply_report(request.worker_id, request.report)
             self.capacity.note_added(request.worker_id, sum(b.length for b in request.report.added))
         return pb.HeartbeatReply(delete_blocks=self.registry.take_deletes(request.worker_id),
-                                 ring_epoch=self.placement.ring().epoch)
+                                 ring_epoch=self.placement.ring().epoch,
+                                 replicate=self.replicator.take(request.worker_id))
 
     @rpc_method
     def ReportBlocks(self, request: pb.BlockReport, context: grpc.ServicerContext) -> pb.Empty:
@@ -301,9 +327,13 @@ class MasterService(pb_grpc.MasterServiceServicer):
         return pb.Empty()
 
     def _apply_report(self, wid: int, report: pb.BlockReport) -> None:
-        """Count valid replicas; tell the worker to delete blocks no file (or writer) needs."""
+        """Count valid replicas; tell the worker to delete blocks no file (or writer) needs,
+        and copies beyond the file's replica count (a lost worker that came back after its
+        blocks were copied elsewhere)."""
         for b in report.removed:
             self.registry.remove_replica(b, wid)
+        if report.removed:
+            self.replicator.suspect(list(report.removed))   # deleted or found corrupt by the worker
         added = list(report.added)
         stale: list[int] = []
         conn = self.ns.conn
@@ -312,14 +342,17 @@ class MasterService(pb_grpc.MasterServiceServicer):
             ids = [b.block_id for b in chunk]
             marks = ",".join("?" * len(ids))
             known = {r[0]: (r[1], r[2]) for r in conn.execute(
-                f"SELECT block_id, length, checksum FROM blocks WHERE block_id IN ({marks})", ids)}
+                f"SELECT b.block_id, b.length, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
+                f"WHERE b.block_id IN ({marks})", ids)}
             pending = {r[0] for r in conn.execute(
                 f"SELECT block_id FROM pending_blocks WHERE block_id IN ({marks})", ids)}
             for b in chunk:
                 k = known.get(b.block_id)
-                if (k is not None and b.length >= k[0]) or b.block_id in pending:
+                if b.block_id in pending or (k is not None and b.length >= k[0]
+                                             and len(self.registry.replicas(b.block_id)) < k[1]):
                     self.registry.add_replica(b.block_id, wid)
-                else:
+                    self.replicator.confirmed(b.block_id)
+                elif k is None or wid not in self.registry.replicas(b.block_id):
                     stale.append(b.block_id)
         if stale:
             self.registry.delete_on(wid, stale)
@@ -350,17 +383,14 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     def under_replicated(self) -> int:
         """Committed blocks with fewer live replicas than their file asks for."""
-        count = 0
-        for bid, want in self.ns.conn.execute(
-                "SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino"):
-            if len(self.registry.replicas(bid)) < want:
-                count += 1
-        return count
+        return len(self.replicator.scan(self.ns.conn))
 
     # ------------------------------------------------------------------ housekeeping
     def housekeeping(self) -> None:
-        """Run by a timer thread: liveness of workers, expired write leases."""
-        self.registry.check_liveness()
+        """Run by a timer thread: liveness of workers, expired write leases, re-replication."""
+        for wid in self.registry.check_liveness():
+            self.replicator.worker_lost(wid)
+        self.replicator.tick(self.ns.conn)
         now_ms = time.time_ns() // 1_000_000
         if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
                                 (now_ms,)).fetchone():

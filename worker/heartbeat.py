@@ -90,12 +90,14 @@ class Heartbeat:
 
     def __init__(self, cfg: WorkerConfig, store: BlockStore, rpc_port: int, data_port: int,
                  on_registered: Callable[[int], None] | None = None, secret: str = "",
-                 report_batch: int = REPORT_BATCH) -> None:
+                 report_batch: int = REPORT_BATCH,
+                 on_replicate: Callable[[curvine_pb2.ReplicateCommand], None] | None = None) -> None:
         self.cfg = cfg
         self.store = store
         self.rpc_port = rpc_port
         self.data_port = data_port
         self.on_registered = on_registered
+        self.on_replicate = on_replicate
         self.report_batch = report_batch
         self.storage_id = load_storage_id(store.dirs[0].path)
         self.worker_id = 0
@@ -198,6 +200,9 @@ class Heartbeat:
         deleted = sum(1 for bid in reply.delete_blocks if self.store.delete(bid))
         if deleted:
             log.info("deleted %d blocks at the master's request", deleted)
+        if self.on_replicate is not None:
+            for cmd in reply.replicate:
+                self.on_replicate(cmd)
         if reply.reregister:
             log.warning("master asked worker %d to register again", self.worker_id)
             self.registered.clear()

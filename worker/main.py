@@ -29,6 +29,8 @@ from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer
+from curvine_py.worker.replication import CopyQueue
+from curvine_py.pb import data_pb2
 from curvine_py.worker.uring import Uring
 
 log = logging.getLogger("curvine_py.worker")
@@ -63,6 +65,7 @@ class Worker:
         self.rpc: grpc.Server | None = None
         self.rpc_port = 0
         self.heartbeat: hb.Heartbeat | None = None
+        self.copies: CopyQueue | None = None
         self.ready = threading.Event()
 
     def start(self) -> None:
@@ -77,12 +80,20 @@ class Worker:
                                secret=self.cfg.cluster.secret, piece_size=w.buffer_size).start()
         self._start_rpc()
         if w.master:
+            self.copies = CopyQueue(self.store, self.data.pool)
             self.heartbeat = hb.Heartbeat(w, self.store, self.rpc_port, self.data.port,
                                           on_registered=self._registered,
-                                          secret=self.cfg.cluster.secret).start()
+                                          secret=self.cfg.cluster.secret,
+                                          on_replicate=self._replicate).start()
         else:
             log.warning("worker.master is empty: standalone mode, no master")
             self._announce(self.data.worker_id)
+
+    def _replicate(self, cmd: "hb.curvine_pb2.ReplicateCommand") -> None:
+        """A re-replication order from the master: push a local block to its new holders."""
+        assert self.copies is not None
+        targets = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in cmd.targets]
+        self.copies.submit(cmd.block_id, targets, cmd.token)
 
     def _start_rpc(self) -> None:
         w = self.cfg.worker
@@ -118,6 +129,8 @@ class Worker:
         """Stop in reverse order; safe on a partially started worker."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.copies is not None:
+            self.copies.close()
         if self.rpc is not None:
             self.rpc.stop(grace=2).wait()
         if self.data is not None:

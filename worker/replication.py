@@ -16,6 +16,8 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from curvine_py.common import frames
@@ -158,3 +160,45 @@ def push_block(store: BlockStore, pool: ConnectionPool, block_id: int,
             down.abort()
             raise
         return down.commit(reader.length, reader.checksum, block_id)
+
+
+class CopyQueue:
+    """Carries out the master's re-replication orders (HeartbeatReply.replicate) in the
+    background, a few at a time, so heartbeats never wait for a copy.  An order for a
+    block already being copied is ignored; a failed copy is only logged: the master
+    gives the order again (maybe to another pair) when it is not confirmed in time."""
+
+    def __init__(self, store: BlockStore, pool: ConnectionPool, threads: int = 2) -> None:
+        self.store = store
+        self.pool = pool
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="copy")
+        self._active: set[int] = set()
+        self._lock = threading.Lock()
+        self.copied = 0
+
+    def submit(self, block_id: int, targets: Sequence[data_pb2.ChainTarget], token: str) -> None:
+        with self._lock:
+            if block_id in self._active:
+                return
+            self._active.add(block_id)
+        self._executor.submit(self._copy, block_id, list(targets), token)
+
+    def _copy(self, block_id: int, targets: list[data_pb2.ChainTarget], token: str) -> None:
+        try:
+            acked = push_block(self.store, self.pool, block_id, targets, token)
+            wanted = {t.worker_id for t in targets}
+            if wanted - set(acked):
+                log.warning("copy of block %d: only %s of %s acked", block_id, acked, sorted(wanted))
+            else:
+                self.copied += 1
+                log.info("copied block %d to worker(s) %s", block_id, acked)
+        except (CurvineError, OSError) as e:
+            log.warning("copy of block %d to %s failed: %s", block_id, [t.worker_id for t in targets], e)
+        except Exception:
+            log.exception("copy of block %d failed", block_id)
+        finally:
+            with self._lock:
+                self._active.discard(block_id)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -164,6 +164,11 @@ class MasterClient:
     def block_locations(self, ino: int, ident: Identity | None = None) -> pb.BlockLocationsReply:
         return self.call("GetBlockLocations", pb.BlockLocationsRequest(caller=self.caller(ident), ino=ino))
 
+    def report_bad_block(self, block_id: int, worker_id: int, reason: str) -> None:
+        """Tell the master a replica's bytes failed their checksum (it is then re-copied)."""
+        self.call("ReportBadBlock", pb.BadBlockRequest(caller=self.caller(), block_id=block_id,
+                                                       worker_id=worker_id, reason=reason[:200]))
+
     def renew(self, lease_ids: list[int]) -> list[int]:
         return list(self.call("RenewLeases", pb.LeaseRequest(caller=self.caller(), lease_ids=lease_ids)).expired)
 

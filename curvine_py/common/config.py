@@ -20,7 +20,8 @@ from pathlib import Path
 from curvine_py.common.errors import ConfigError
 
 MiB = 1 << 20
-DEFAULT_CONFIG_PATHS = ("./curvine.toml", "/etc/curvine/curvine.toml")
+# ./.curvine/curvine.toml: the config (and secret) of the local cluster `cv cluster start` runs here
+DEFAULT_CONFIG_PATHS = ("./curvine.toml", "./.curvine/curvine.toml", "/etc/curvine/curvine.toml")
 
 
 @dataclass
@@ -41,7 +42,8 @@ class MasterConfig:
     replicas: int = 2
     vnodes: int = 64              # virtual nodes per worker on the hash ring
     heartbeat_ms: int = 1000      # how often workers heartbeat
-    worker_timeout_s: float = 30.0  # a worker silent this long is lost
+    worker_timeout_s: float = 30.0  # a worker silent this long is lost (its blocks are then re-replicated)
+    replication_scan_s: float = 30.0  # how often every block's replica count is checked (besides events)
     lease_s: float = 60.0         # a writer's lease lasts this long without renewal
     retry_cache_s: float = 600.0  # how long request ids of mutations are remembered
     rpc_threads: int = 16

@@ -1,0 +1,181 @@
+"""Re-replication: bring blocks that lost a replica back to their file's replica count.
+
+A block becomes *suspect* when something may have cost it a copy: its worker was
+declared lost, a worker reported it removed (deleted or found corrupt), a client
+reported a bad replica.  A periodic full scan catches whatever no event announced
+(for example blocks whose only other holder was lost while the master was down).  The
+first full scan waits for the worker timeout after the master starts, so that workers
+re-registering after a master restart are not mistaken for lost ones.
+
+For each suspect with fewer live replicas than wanted, one live holder (the *source*)
+is told, in its next heartbeat reply, to push the block to a target on a host that
+holds no copy yet; the target's block report then counts the new replica.  An order
+not confirmed within ``order_timeout_s`` is given again, possibly to another pair.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+
+from curvine_py.common.security import WRITE, BlockTokens
+from curvine_py.master.placement import Placement
+from curvine_py.master.store import to_u64
+from curvine_py.master.workers import Registry
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+BATCH = 2000              # suspects examined per tick
+PER_SOURCE = 8            # orders a worker may have outstanding as a source
+PER_TARGET = 8            # ... and as a target
+
+
+@dataclass
+class _Order:
+    source: int
+    target: int
+    deadline: float
+
+
+class Replicator:
+    """Thread-safe; driven by the master's housekeeping tick and heartbeats."""
+
+    def __init__(self, registry: Registry, placement: Placement, tokens: BlockTokens,
+                 grace_s: float, scan_interval_s: float, order_timeout_s: float = 60.0) -> None:
+        self.registry = registry
+        self.placement = placement
+        self.tokens = tokens
+        self.scan_interval_s = scan_interval_s
+        self.order_timeout_s = order_timeout_s
+        self._lock = threading.Lock()
+        self._suspects: set[int] = set()
+        self._orders: dict[int, _Order] = {}              # block id -> outstanding order
+        self._outbox: dict[int, list[pb.ReplicateCommand]] = {}  # source worker -> orders to send
+        self._next_scan = time.monotonic() + grace_s
+        self.ordered = 0                                  # orders given since start (for the report)
+
+    # ------------------------------------------------------------------ events
+    def suspect(self, block_ids: "list[int] | set[int]") -> None:
+        with self._lock:
+            self._suspects.update(block_ids)
+
+    def worker_lost(self, wid: int) -> None:
+        w = self.registry.get(wid)
+        if w is not None:
+            self.suspect(set(w.blocks))
+
+    def take(self, wid: int) -> list[pb.ReplicateCommand]:
+        """Orders for worker wid to carry out (sent in its heartbeat reply)."""
+        with self._lock:
+            return self._outbox.pop(wid, [])
+
+    # ------------------------------------------------------------------ the tick
+    def tick(self, conn: sqlite3.Connection) -> None:
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + self.scan_interval_s
+            self.suspect(set(self.scan(conn)))
+        with self._lock:
+            expired = [b for b, o in self._orders.items() if o.deadline < now]
+            for b in expired:
+                del self._orders[b]
+            self._suspects.update(expired)
+            batch = [self._suspects.pop() for _ in range(min(BATCH, len(self._suspects)))]
+        keep = [b for b in batch if not self._examine_safely(conn, b)]
+        if keep:
+            with self._lock:
+                self._suspects.update(keep)
+
+    def scan(self, conn: sqlite3.Connection) -> list[int]:
+        """Every committed block with fewer live replicas than its file wants."""
+        out = []
+        for bid, want in conn.execute("SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino"):
+            if len(self.registry.replicas(bid)) < want:
+                out.append(bid)
+        return out
+
+    def _examine_safely(self, conn: sqlite3.Connection, bid: int) -> bool:
+        try:
+            return self._examine(conn, bid)
+        except Exception:   # one bad row must not stop the others; it is looked at again later
+            log.exception("re-replication of block %d failed", bid)
+            return False
+
+    def _examine(self, conn: sqlite3.Connection, bid: int) -> bool:
+        """Order a copy of bid if it needs one; False = look again later."""
+        row = conn.execute("SELECT b.length, b.checksum, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
+                           "WHERE b.block_id = ?", (bid,)).fetchone()
+        if row is None:
+            return True                      # deleted meanwhile
+        length, checksum, want = row[0], to_u64(row[1]), row[2]
+        holders = self.registry.replicas(bid)
+        if len(holders) > want:
+            self._trim(bid, holders, want)
+            return True
+        if len(holders) == want:
+            return True
+        if not holders:
+            return False                     # every copy is on lost workers: wait for one to return
+        with self._lock:
+            if bid in self._orders:
+                return True                  # an order is outstanding (its expiry re-suspects)
+            busy = self._busy()
+        source = min((h for h in holders if busy.get(("s", h), 0) < PER_SOURCE),
+                     key=lambda h: busy.get(("s", h), 0), default=None)
+        target = self._target(bid, holders, length, busy)
+        if source is None or target is None:
+            return False
+        self._order(bid, length, checksum, source, target)
+        return True
+
+    def _trim(self, bid: int, holders: list[int], want: int) -> None:
+        """Delete the copies beyond want, keeping the holders the ring prefers for bid."""
+        with self._lock:
+            if bid in self._orders:
+                return                       # a copy is being made: wait for it to settle
+        preferred = self.placement.ring().place_block(bid, len(holders))
+        ranked = sorted(holders, key=lambda h: preferred.index(h) if h in preferred else len(preferred))
+        extra = ranked[want:]
+        for wid in extra:
+            self.registry.delete_on(wid, [bid])
+        log.info("block %d: %d copies for %d wanted; deleting those on workers %s", bid, len(holders), want, extra)
+
+    def _busy(self) -> dict[tuple[str, int], int]:
+        busy: dict[tuple[str, int], int] = {}
+        for o in self._orders.values():
+            busy[("s", o.source)] = busy.get(("s", o.source), 0) + 1
+            busy[("t", o.target)] = busy.get(("t", o.target), 0) + 1
+        return busy
+
+    def _target(self, bid: int, holders: list[int], length: int, busy: dict[tuple[str, int], int]) -> int | None:
+        """A live worker with room on a host holding no copy, by the ring's order for bid."""
+        live = self.registry.live_workers()
+        hosts = {w.host for w in live if w.worker_id in holders}
+        exclude = frozenset(w.worker_id for w in live
+                            if w.host in hosts or w.available < length or bid in w.pending_deletes
+                            or busy.get(("t", w.worker_id), 0) >= PER_TARGET)
+        picked = self.placement.ring().place_block(bid, 1, exclude)
+        return picked[0] if picked else None
+
+    def _order(self, bid: int, length: int, checksum: int, source: int, target: int) -> None:
+        addr = self.registry.get(target)
+        if addr is None:
+            return
+        cmd = pb.ReplicateCommand(block_id=bid, length=length, checksum=checksum, targets=[addr.address()],
+                                  token=self.tokens.mint(bid, WRITE))
+        with self._lock:
+            self._orders[bid] = _Order(source, target, time.monotonic() + self.order_timeout_s)
+            self._outbox.setdefault(source, []).append(cmd)
+            self.ordered += 1
+        log.info("block %d: copy from worker %d to worker %d", bid, source, target)
+
+    def confirmed(self, bid: int) -> None:
+        """A worker reported holding bid: an order for it is done."""
+        with self._lock:
+            self._orders.pop(bid, None)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._orders)
