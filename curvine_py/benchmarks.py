@@ -16,6 +16,7 @@ payload generation is (one precomputed buffer, copied into a reused one per file
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -192,7 +193,7 @@ def kv_write(directory: Path, plan: Plan) -> dict[str, float]:
     return per_file_figures(plan.files * plan.file_size, times, "write")
 
 
-def _write_all(f: typing.BinaryIO, data: memoryview) -> None:
+def _write_all(f: io.RawIOBase, data: memoryview) -> None:
     """One write call, plus more only if the filesystem takes less (a short write)."""
     done = 0
     while done < len(data):
@@ -202,7 +203,7 @@ def _write_all(f: typing.BinaryIO, data: memoryview) -> None:
         done += n
 
 
-def _read_whole(f: typing.BinaryIO, view: memoryview) -> int:
+def _read_whole(f: io.RawIOBase, view: memoryview) -> int:
     """4 KiB, then the rest in one call (more calls only on a short read); bytes read."""
     got = f.readinto(view[:FIRST_READ]) or 0
     while got < len(view):
@@ -297,7 +298,7 @@ def _seq_expected(k: int, n: int, tail: memoryview) -> bytes:
     return _seq_prefix(k) + bytes(tail[:n - 8])
 
 
-def _read_full(f: typing.BinaryIO, view: memoryview) -> int:
+def _read_full(f: io.RawIOBase, view: memoryview) -> int:
     got = 0
     while got < len(view):
         n = f.readinto(view[got:])
