@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def run_all(args: argparse.Namespace, plan: bm.Plan) -> Result:
     name = f"cv-bench-{plan.seed & 0xFFFFFFFF:08x}"
     work, reader_work = base / name, reader_base / name
     prefix = shlex.split(args.reader_prefix or "")
-    result: Result = {"dir": str(base), "reader_dir": str(reader_base), "plan": vars(plan).copy()}
+    result: Result = {"dir": str(base), "reader_dir": str(reader_base), "plan": vars(plan).copy(),
+                      "loadavg_1m": os.getloadavg()[0]}   # how busy the machine was: noise
     try:
         for workload, figs in bm.write_phase(work, plan).items():
             result[workload] = figs
