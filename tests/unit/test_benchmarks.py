@@ -1,0 +1,61 @@
+"""The pieces of `cv bench` that decide whether a read is right, and how figures are shown."""
+from __future__ import annotations
+
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from curvine_py import benchmarks as bm
+from curvine_py.cli.bench import figures, format_value
+
+
+@settings(max_examples=30, deadline=None)
+@given(length=st.integers(1, 5000), index=st.integers(0, 10_000))
+def test_digest_is_that_of_the_filled_content(length: int, index: int) -> None:
+    p = bm.Pattern(seed=index * 7 + length, length=length)
+    buf = bytearray(length)
+    p.fill(memoryview(buf), index)
+    header = bm.kv_header(index, length + bm.HEADER_SIZE, p.seed)
+    assert p.digest(header, index, length) == xxhash.xxh3_64_intdigest(header + buf)
+    assert p.expected(header, index, length) == header + buf
+    assert sorted(buf) == sorted(p.base)          # a rotation: the same bytes, moved
+
+
+def test_files_differ_beyond_their_header() -> None:
+    p = bm.Pattern(seed=1, length=1 << 16)
+    a, b = bytearray(1 << 16), bytearray(1 << 16)
+    p.fill(memoryview(a), 0)
+    p.fill(memoryview(b), 1)
+    assert a != b and sum(x != y for x, y in zip(a, b)) > (1 << 15)
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.binary(min_size=1, max_size=3000), at=st.integers(0, 2999))
+def test_first_difference_finds_the_changed_byte(data: bytes, at: int) -> None:
+    at %= len(data)
+    changed = bytearray(data)
+    changed[at] ^= 0x01
+    assert bm.first_difference(memoryview(changed), data) == at
+    assert bm.first_difference(memoryview(data), data) == len(data)
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    times = [i / 1000 for i in range(1, 101)]      # 1..100 ms
+    assert bm.percentile_ms(times, 0.50) == 50.0
+    assert bm.percentile_ms(times, 0.99) == 99.0
+    assert bm.percentile_ms([0.005], 0.99) == 5.0
+    assert bm.percentile_ms([], 0.5) == 0.0
+
+
+def test_figures_rows_and_formats() -> None:
+    result = {"kvcache": {"write_GBps": 1.25, "read": {
+                  "warm": {"read_GBps": 2.0, "prompt_ms": 55.5, "prompt_files": 8},
+                  "cold": {"read_GBps": 1.0, "prompt_ms": 90.0, "prompt_files": 8}}},
+              "meta": {"create_per_s": 1234.4}}
+    rows = figures(result)
+    assert rows == [("kvcache", "write GB/s", 1.25),
+                    ("kvcache", "read GB/s (warm)", 2.0), ("kvcache", "read GB/s (cold)", 1.0),
+                    ("kvcache", "1,925-token prompt read ms (8 files) (warm)", 55.5),
+                    ("kvcache", "1,925-token prompt read ms (8 files) (cold)", 90.0),
+                    ("meta", "create/s", 1234.4)]
+    assert [format_value(m, v) for _, m, v in rows] == ["1.250", "2.000", "1.000", "55.5", "90.0", "1,234"]
