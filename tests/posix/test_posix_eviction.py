@@ -132,3 +132,25 @@ def test_policy_xattrs_through_the_mount(mounted: typing.Any) -> None:
         assert e.value.errno == errno.EINVAL
     os.removexattr(d, "user.curvine.ttl")
     assert "user.curvine.ttl" not in os.listxattr(d)
+
+
+def test_full_pool_of_pinned_chunks_is_enospc_through_the_mount(mounted: typing.Any) -> None:
+    d: Path = mounted.path / "allpinned"
+    d.mkdir()
+    os.setxattr(d, "user.curvine.pin", b"1")
+    written, failure = [], None
+    for i in range(40):                             # 160 MiB of pinned chunks into a 64 MiB pool
+        try:
+            write_chunk(d, i)
+            written.append(i)
+        except OSError as e:
+            failure = e
+            break
+    assert failure is not None and failure.errno == errno.ENOSPC, failure
+    assert 8 <= len(written) <= 16, written
+    for i in written:                               # nothing else broke: the pinned chunks read back
+        assert read_chunk(d, i) == expected(i)
+    os.removexattr(d, "user.curvine.pin")           # unpinned, they may go: writes work again
+    for i in range(100, 104):
+        write_chunk(d, i)
+        assert read_chunk(d, i) == expected(i)
