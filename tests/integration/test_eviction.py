@@ -220,3 +220,36 @@ def test_cli_policy_commands(small: tuple[LocalCluster, Client]) -> None:
     assert not client.cache_policy("/d/f").pinned and client.cache_policy("/d/f").ttl_s is None
     rep = subprocess.run([CV, "report"], capture_output=True, text=True, env=env, timeout=60).stdout
     assert "evicted:" in rep
+
+
+class UnevenCluster(LocalCluster):
+    """Worker 0 has a small disk, the others a larger one."""
+
+    def worker_dir_spec(self, i: int) -> str:
+        return f"[SSD:{'12MiB' if i == 0 else '64MiB'}]{self.dir / f'worker{i}' / 'data'}"
+
+
+def test_full_worker_gets_no_new_blocks_and_full_pool_is_enospc(tmp_path: Path) -> None:
+    """Eviction off: a full worker is skipped by placement; a full pool is ENOSPC."""
+    c = UnevenCluster(tmp_path / "uneven", workers=3, die_with_parent=True,
+                      extra_master_flags=(*EVICT_FLAGS, "--master-evict", "false"))
+    c.start()
+    client = connect(c)
+    try:
+        client.mkdir("/d")
+        for i in range(12):                        # 96 MiB of replicas: far more than worker 0 holds
+            client.put_bytes(f"/d/{i}", payload(i))
+        time.sleep(0.5)
+        small = next(w for w in client.report().workers if w.address.host.endswith("-w0"))
+        assert small.used <= small.capacity == 12 * MiB
+        for i in range(12):
+            assert client.get_bytes(f"/d/{i}") == payload(i)
+        with pytest.raises(CurvineError) as e:     # 140 MiB of room in all: the pool fills up
+            for i in range(12, 40):
+                client.put_bytes(f"/d/{i}", payload(i))
+        assert e.value.errno == errno.ENOSPC
+        assert client.report().evicted_files == 0
+        assert client.get_bytes("/d/0") == payload(0)
+    finally:
+        client.close()
+        c.stop()
