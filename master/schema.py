@@ -43,6 +43,7 @@ CREATE INDEX IF NOT EXISTS pending_ino ON pending_blocks(ino);
 CREATE TABLE IF NOT EXISTS xattrs (
   ino INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name)
 );
+CREATE INDEX IF NOT EXISTS xattrs_name ON xattrs(name);
 CREATE TABLE IF NOT EXISTS reads (
   ino INTEGER PRIMARY KEY, last_read_ns INTEGER NOT NULL
 );
