@@ -64,7 +64,7 @@ def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> N
     r = subprocess.run([sys.executable, str(COMPARE), "--small", "--systems", "moosefs,local",
                         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    header = r.stdout.splitlines()[1].split()
+    header = r.stdout.splitlines()[2].split()
     assert header == ["workload", "metric", "curvine", "moosefs", "local", "curvine/moosefs"]
     assert "kvcache   read GB/s (warm)" in r.stdout
     assert os.listdir(tmp_path) == []
