@@ -108,6 +108,12 @@ class _WriteState:
             self.down = None
 
 
+# A chain replica silent this long is dropped from the write (the block is acked without
+# it, under-replicated): it must be well below the client's data_timeout_s (10 s), or the
+# client gives up on a healthy head that is waiting for a partitioned backup.
+CHAIN_IO_TIMEOUT_S = 4.0
+
+
 class DataServer:
     """Serves WRITE and READ exchanges for a BlockStore on one TCP port."""
 
@@ -122,7 +128,7 @@ class DataServer:
         self.pipeline = max(2, pipeline)
         self.idle_timeout_s = idle_timeout_s
         self.io_timeout_s = io_timeout_s
-        self.pool = pool or ConnectionPool()
+        self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}

@@ -50,6 +50,9 @@ class BlockIO:
         """
         checksum = xxhash.xxh3_64_intdigest(data)
         last: CurvineError | None = None
+        # A target that just timed out goes last (stable sort): a healthy head is not held up
+        # by it, and the chain still offers it the block.
+        targets = sorted(targets, key=lambda t: self.pool.is_suspect(t.ip, t.data_port))
         for i, head in enumerate(targets):
             chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets[i + 1:]]
             try:

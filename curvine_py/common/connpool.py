@@ -6,7 +6,8 @@ connections idle too long, and a restarted worker leaves dead ones behind; reusi
 either would fail a block that a fresh connection would have carried.
 
 A peer that timed out (a silent worker: partitioned away, or hung) is *suspect* for a
-while: its idle sockets are dropped (they would each wait out a timeout) and readers try
+while: its idle sockets are dropped, the exchanges in flight on its other sockets are cut
+short (shutdown: they would each wait out their own timeout), and readers and writers try
 it last, so one timeout per peer, not one per block, is the price of a partition.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import defaultdict
 
 from curvine_py.common import frames
@@ -35,15 +37,23 @@ class ConnectionPool:
         self.io_timeout_s = io_timeout_s
         self._idle: dict[tuple[str, int], list[tuple[float, socket.socket]]] = defaultdict(list)
         self._suspect_until: dict[tuple[str, int], float] = {}
+        self._busy: dict[tuple[str, int], weakref.WeakSet[socket.socket]] = defaultdict(weakref.WeakSet)
         self._lock = threading.Lock()
 
     def mark_suspect(self, ip: str, port: int) -> None:
-        """(ip, port) did not answer in time: drop its idle sockets, try it last for SUSPECT_S."""
+        """(ip, port) did not answer in time: drop its idle sockets, fail the exchanges in
+        flight on its busy ones at once, and have it tried last for SUSPECT_S."""
         with self._lock:
             self._suspect_until[(ip, port)] = time.monotonic() + SUSPECT_S
             idle = self._idle.pop((ip, port), [])
+            busy = list(self._busy.pop((ip, port), ()))
         for _, sock in idle:
             sock.close()
+        for sock in busy:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)   # its owner's send/recv fails now; it closes it
+            except OSError:
+                pass
 
     def is_suspect(self, ip: str, port: int) -> bool:
         with self._lock:
@@ -64,16 +74,23 @@ class ConnectionPool:
             since, sock = item
             if time.monotonic() - since < self.idle_s and _healthy(sock):
                 sock.settimeout(self.io_timeout_s)
-                return sock
+                return self._lend(ip, port, sock)
             sock.close()
         sock = socket.create_connection((ip, port), timeout=self.connect_timeout_s)
         frames.tune(sock)
         sock.settimeout(self.io_timeout_s)
+        return self._lend(ip, port, sock)
+
+    def _lend(self, ip: str, port: int, sock: socket.socket) -> socket.socket:
+        """Remember sock as in use (weakly: a borrower may just close it) until put back."""
+        with self._lock:
+            self._busy[(ip, port)].add(sock)
         return sock
 
     def put(self, ip: str, port: int, sock: socket.socket) -> None:
         """Return a socket whose last exchange completed cleanly."""
         with self._lock:
+            self._busy[(ip, port)].discard(sock)
             idle = self._idle[(ip, port)]
             if len(idle) < self.max_idle_per_peer:
                 idle.append((time.monotonic(), sock))

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]
 
 BLOCK = 1 << 20
 CALL_LIMIT_S = 5.0
+RECOVER_S = 30.0            # gRPC keepalive (10 s + 5 s) drops a stalled master connection
 CUT = 0                     # worker 0 (host 1) is partitioned away; worker 1 (host 2) stays
 
 
@@ -151,3 +152,59 @@ def test_mount_reads_switch_replica_within_5s(net_cluster: NetCluster, tmp_path:
         c.worker_host(CUT).restore()
     print(f"mount reads during the cut: {len(paths) - 1}, slowest {slowest:.2f} s")
     assert rejoined(c)
+
+
+def test_writes_while_a_replica_host_is_cut_finish_and_read_back(net_cluster: NetCluster) -> None:
+    """The master still places blocks on the cut worker (it is not yet declared lost): the
+    writer or the chain skips it after a connect timeout instead of hanging."""
+    c = net_cluster
+    with c.client(3) as cl:
+        cl.makedirs("/w")
+        cl.put_bytes("/w/warm", os.urandom(BLOCK), block_size=BLOCK)
+        c.worker_host(CUT).cut()
+        try:
+            slowest = 0.0
+            written = {}
+            for i in range(4):
+                payload = os.urandom(3 * BLOCK + i)
+                t0 = time.monotonic()
+                cl.put_bytes(f"/w/f{i}", payload, block_size=BLOCK)
+                slowest = max(slowest, time.monotonic() - t0)
+                written[f"/w/f{i}"] = payload
+            for path, payload in written.items():
+                assert cl.get_bytes(path) == payload
+        finally:
+            c.worker_host(CUT).restore()
+        print(f"writes during the cut: slowest {slowest:.2f} s")
+        assert slowest < 2 * CALL_LIMIT_S
+
+
+def test_metadata_calls_to_a_cut_master_fail_in_bounded_time(net_cluster: NetCluster) -> None:
+    from curvine_py.common.errors import CurvineError
+    from curvine_py.sdk import Client
+    c = net_cluster
+    cfg = c.client_config(3)
+    cfg.client.retry_s, cfg.client.rpc_timeout_s = 3.0, 1.0
+    with Client(config=cfg) as cl:
+        cl.makedirs("/m")
+        c.hosts[0].cut()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(CurvineError) as e:
+                cl.stat("/m")
+            took = time.monotonic() - t0
+            assert "unreachable" in str(e.value)
+            assert took < cfg.client.retry_s + 2 * cfg.client.rpc_timeout_s + 2, took
+        finally:
+            c.hosts[0].restore()
+        # The same client works again once the master is back: its stalled connection is
+        # retransmitted into or dropped by gRPC keepalive (10 s + 5 s), then reconnected.
+        t0 = time.monotonic()
+        while True:
+            try:
+                assert cl.stat("/m").is_dir
+                break
+            except CurvineError:
+                assert time.monotonic() - t0 < RECOVER_S, "the client did not reach the restored master"
+        print(f"master cut: a call failed after {took:.2f} s; calls work again {time.monotonic() - t0:.2f} s "
+              "after the restore")
