@@ -45,7 +45,7 @@ from pathlib import Path
 
 from curvine_py.common import config as cfgmod
 from curvine_py.localcluster import (
-    _BOOTSTRAP, CONFIG_FILE, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError,
+    _BOOTSTRAP, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, STATE_FILE, ClusterError,
     LocalCluster, is_mounted, log_tail, unmount,
 )
 from curvine_py.pb import curvine_pb2
@@ -162,6 +162,9 @@ def teardown_state(state: dict[str, typing.Any]) -> list[str]:
             r = _ip("link", "del", link, check=False)   # a veth may vanish meanwhile with its netns
             if r.returncode != 0 and "Cannot find device" not in r.stderr:
                 problems.append(f"link {link}: {r.stderr.strip()}")
+    for directory in state.get("clusters", []):   # its cluster.json names dead processes now
+        with contextlib.suppress(OSError):
+            (Path(directory) / STATE_FILE).unlink()
     if not problems:
         with contextlib.suppress(FileNotFoundError):
             (STATE_DIR / f"{state['id']}.json").unlink()
@@ -185,16 +188,19 @@ def _kill_all(pids: list[tuple[int, int | None]]) -> None:
             return
 
 
-def reap_stale(ids: typing.Collection[str] = (), kept: bool = False) -> list[str]:
+def reap_stale(ids: typing.Collection[str] = (), kept: bool = False, force: bool = False) -> list[str]:
     """Tear down runs whose creator died; with kept, also the runs ``up`` left; with ids,
-    exactly those runs (alive or not).  Returns the ids removed."""
+    only those runs.  A run whose creating process still runs (another test session) is
+    left alone unless force.  Returns the ids removed."""
     removed = []
     with _state_lock():
         for state in _read_states():
-            chosen = state["id"] in ids if ids else (
-                not _owner_alive(state) and (kept or not state.get("keep")))
-            if chosen and not teardown_state(state):
-                removed.append(state["id"])
+            if ids and state["id"] not in ids:
+                continue
+            dead = not _owner_alive(state)
+            if force or (dead and (kept or not state.get("keep"))):
+                if not teardown_state(state):
+                    removed.append(state["id"])
     return removed
 
 
@@ -605,7 +611,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--cluster", metavar="DIR", help="also start a cluster: master on host 0, workers on the others")
     sub.add_parser("status", help="list the runs on this machine")
     down = sub.add_parser("down", help="remove the runs made by `up` and those whose creator died")
-    down.add_argument("ids", nargs="*", help="remove exactly these runs (see `status`)")
+    down.add_argument("ids", nargs="*", help="only these runs (see `status`)")
+    down.add_argument("--force", action="store_true",
+                      help="also runs whose creator still runs (another test session's!)")
     return p
 
 
@@ -646,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
             return _up(args)
         if args.cmd == "status":
             return _status()
-        removed = reap_stale(args.ids, kept=True)
+        removed = reap_stale(args.ids, kept=True, force=args.force)
         print(f"removed {len(removed)} run(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
     except (HostsError, ClusterError) as e:
