@@ -8,11 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from curvine_py import testhosts
-from curvine_py.testhosts import Host, Hosts
+from curvine_py.localcluster import is_mounted
+from curvine_py.processes import pid_alive
+from curvine_py.testhosts import Host, Hosts, NetCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(120)]
 
@@ -138,3 +141,21 @@ def test_up_status_down_by_hand() -> None:
     assert run_id not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     bad = subprocess.run([*cli, "up", "--hosts", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("testhosts: ") and "Traceback" not in bad.stderr
+
+
+def test_closing_the_hosts_alone_stops_a_running_cluster_and_its_mount(tmp_path: Path) -> None:
+    """What a crashed test leaves (no NetCluster.stop): the hosts' teardown still kills the
+    daemons and detaches the mount."""
+    if testhosts.unavailable_reason():
+        pytest.skip(testhosts.unavailable_reason())
+    h = Hosts(3)
+    try:
+        c = NetCluster(h, tmp_path / "c", worker_hosts=(1, 2)).start()
+        mp = c.mount(0, tmp_path / "m")
+        pids = [p.pid for p in c.processes]
+        assert len(pids) == 4 and is_mounted(str(mp))
+    finally:
+        h.close()
+    assert not is_mounted(str(mp))
+    assert not any(pid_alive(pid) for pid in pids)
+    assert leftovers(h) == []
