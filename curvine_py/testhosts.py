@@ -593,7 +593,8 @@ class NetCluster:
 
     def client(self, host: int | None = None) -> "Client":
         """An SDK client in this process (the root namespace reaches every host) that
-        identifies itself as hosts[host] (local-replica preference)."""
+        identifies itself as hosts[host]: it prefers that host's replicas and reads them
+        from their block files (short-circuit; the hosts share this machine's disks)."""
         from curvine_py.sdk import Client
         return Client(master=self.master_address, config=self.client_config(host))
 
