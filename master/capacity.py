@@ -13,7 +13,7 @@ and the writer retries while eviction makes room).
 
 Because eviction takes effect a heartbeat or two after the decision, the evictor looks
 ahead: each worker's write rate (bytes/s of new blocks in its heartbeats' block reports
-over the last ``RATE_WINDOW_S``; the gross rate, since usage itself stays flat while
+over the last two heartbeats; the gross rate, since usage itself stays flat while
 eviction keeps up) times that lag, at most ``max_ahead`` of its capacity, is added to
 its usage when checking the watermarks, so a pool written fast starts evicting early
 enough not to fill up.
@@ -31,7 +31,7 @@ from curvine_py.master.placement import Placement
 from curvine_py.master.workers import Registry, Worker
 
 MAX_ADJUST_S = 10.0     # a correction older than this is dropped whatever the heartbeats say
-RATE_WINDOW_S = 1.0     # fill rates are measured over heartbeats at least this far apart
+MIN_RATE_WINDOW_S = 1.0  # write rates are averaged over two heartbeats, at least this long
 
 
 class Capacity:
@@ -41,6 +41,7 @@ class Capacity:
         self.registry = registry
         self.placement = placement
         self.heartbeat_s = heartbeat_s
+        self.rate_window_s = max(MIN_RATE_WINDOW_S, 2 * heartbeat_s)
         self._lock = threading.Lock()
         self._freed: deque[tuple[float, int, int]] = deque()      # (time, worker, bytes)
         self._added: dict[int, deque[tuple[float, int]]] = {}       # worker -> (time, bytes reported new)
@@ -80,15 +81,15 @@ class Capacity:
                 self._added.setdefault(wid, deque()).append((time.monotonic(), nbytes))
 
     def _rate(self, w: Worker) -> float:
-        """Bytes/s of new blocks on w over the last RATE_WINDOW_S."""
+        """Bytes/s of new blocks on w over the last rate window (quickly 0 once writes stop)."""
         now = time.monotonic()
         with self._lock:
             q = self._added.get(w.worker_id)
             if not q:
                 return 0.0
-            while q and now - q[0][0] > RATE_WINDOW_S:
+            while q and now - q[0][0] > self.rate_window_s:
                 q.popleft()
-            return sum(n for _, n in q) / RATE_WINDOW_S
+            return sum(n for _, n in q) / self.rate_window_s
 
     # ------------------------------------------------------------------ usage
     def usage(self, ahead_s: float = 0.0, max_ahead: float = 0.1) -> dict[int, tuple[int, int]]:

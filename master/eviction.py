@@ -133,12 +133,20 @@ class Evictor:
         return (cap > 0 and used > self.high * cap) or any(c and u > self.high * c for c, u in usage.values())
 
     def _need(self, extra: int = 0) -> tuple[int, dict[int, int]]:
-        """Bytes to free in the pool and per over-full worker to get below the low watermark."""
+        """Bytes to free in the pool and per worker: down to the low watermark for those above
+        the high one, and (extra > 0: an allocation found no room) at least extra free bytes
+        on every worker that has less."""
         usage = self.capacity.usage(self.lag_s, 1 - self.low)
         cap = sum(c for c, _ in usage.values())
-        used = sum(u for _, u in usage.values()) + extra
-        pool = int(used - self.low * cap) if used > self.high * cap or extra else 0
-        workers = {w: int(u - self.low * c) for w, (c, u) in usage.items() if c and u > self.high * c}
+        used = sum(u for _, u in usage.values())
+        pool = int(used - self.low * cap) if used > self.high * cap else 0
+        workers: dict[int, int] = {}
+        for w, (c, u) in usage.items():
+            need = int(u - self.low * c) if c and u > self.high * c else 0
+            if extra and c - u < extra:
+                need = max(need, extra - (c - u))
+            if need > 0:
+                workers[w] = need
         return max(0, pool), workers
 
     # ------------------------------------------------------------------ eviction

@@ -56,12 +56,17 @@ def present(client: Client, path: str) -> bool:
         return False
 
 
-def settle(client: Client, timeout: float = 10.0) -> curvine_pb2.ReportReply:
-    """Wait until the pool is at or below the high watermark (deletes reach workers by heartbeat)."""
+def settle(client: Client, timeout: float = 15.0) -> curvine_pb2.ReportReply:
+    """Wait until eviction is over: at or below the high watermark and no eviction for 1.5 s
+    (deletes reach workers by heartbeat; the look-ahead may evict a little after writes stop)."""
     deadline = time.monotonic() + timeout
+    last, since = -1, time.monotonic()
     while True:
         rep = client.report()
-        if rep.used <= 0.9 * rep.capacity or time.monotonic() > deadline:
+        if rep.evicted_files != last:
+            last, since = rep.evicted_files, time.monotonic()
+        quiet = time.monotonic() - since >= 1.5
+        if (quiet and rep.used <= 0.9 * rep.capacity) or time.monotonic() > deadline:
             return rep
         time.sleep(0.1)
 
