@@ -221,10 +221,8 @@ class Evictor:
         return Policies(conn).tier(ino)
 
     def place(self, block_id: int, replicas: int, block_size: int, exclude: frozenset[int] = frozenset(),
-              tier: str = "", note: bool = True) -> list[int]:
-        """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC.
-
-        ``note`` is unused (kept for the service's call; placements are not counted, see capacity.py)."""
+              tier: str = "") -> list[int]:
+        """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC."""
         def again() -> list[int]:
             return self.capacity.place(block_id, replicas, block_size, exclude, tier)
         return again() or self.make_room(block_size, self.wait_s, again)

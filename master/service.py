@@ -243,7 +243,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
                        context: grpc.ServicerContext) -> pb.AllocateBlocksReply:
         # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
         tier = self.evictor.tier_of(self.ns.conn, request.ino)
-        self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier, note=False)
+        self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier)
         result = self.submit(caller_rec(request.caller, "allocate", ino=request.ino, lease_id=request.lease_id,
                                         count=request.count or 1))
         exclude = frozenset(request.exclude_workers)
