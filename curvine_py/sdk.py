@@ -488,9 +488,9 @@ class Client:
         pinned_by, ttl, tier = "", ("", ""), ("", "")
         for prefix in chain:   # root first: a nearer ttl or tier overrides, any pin holds
             a = self._attr(prefix)
-            names = self._do(prefix, lambda: self.meta.call(
-                "ListXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino)).names)
-            for name in set(names) & set(POLICY_XATTRS):  # type: ignore[arg-type]
+            names = typing.cast(list[str], self._do(prefix, lambda: self.meta.call(
+                "ListXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino)).names))
+            for name in set(names) & set(POLICY_XATTRS):
                 value = self.getxattr(prefix, name).decode("ascii", "replace")
                 if name == PIN and value == "1" and not pinned_by:
                     pinned_by = prefix

@@ -269,7 +269,7 @@ class Evictor:
                     victims.append([ino, generation])
             if not victims:
                 return 0
-            freed = {}
+            freed: dict[int, int] = {}
             for ino, _ in victims:
                 for w, n in self._frees(ino).items():
                     freed[w] = freed.get(w, 0) + n
