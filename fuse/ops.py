@@ -250,7 +250,7 @@ class CurvineOps(pyfuse3.Operations):
     def _file_info(self, opened: Any) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo(fh=opened.fh)
         fi.keep_cache = opened.keep_cache
-        fi.direct_io = self.cfg.direct_io
+        fi.direct_io = self.cfg.direct_io or opened.direct
         return fi
 
     @_fs_errors
@@ -265,11 +265,15 @@ class CurvineOps(pyfuse3.Operations):
         return self._file_info(await self._run(self.vfs.open, inode, flags, self._ident(ctx)))
 
     @_fs_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        data = self.vfs.read_nowait(fh, off, size)   # already fetched: no thread hop
-        if data is None:
-            data = await self._run(self.vfs.read, fh, off, size)
-        return data
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        pinned = self.vfs.view_nowait(fh, off, size)   # already fetched: no thread hop, no copy
+        if pinned is not None:
+            view, unpin = pinned
+            # pyfuse3 copies the reply to the kernel right after this returns, within the same
+            # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
+            trio.lowlevel.current_trio_token().run_sync_soon(unpin)
+            return view
+        return await self._run(self.vfs.read, fh, off, size)
 
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

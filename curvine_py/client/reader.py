@@ -92,6 +92,10 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
 
 
+def _nothing() -> None:
+    return None
+
+
 class _Cached:
     """A whole block fetched into a pooled buffer; `users` pins it while it is copied from."""
 
@@ -197,30 +201,31 @@ class FileReader:
         finally:
             self._unpin(entry)
 
-    def read_bytes_nowait(self, offset: int, size: int) -> bytes | None:
-        """read_bytes if the bytes are already fetched (no waiting at all), else None.
+    def view_nowait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """Up to size already fetched bytes at offset as a view into the block cache (no copy,
+        no waiting) and the function that unpins the block once the view is no longer used;
+        None when they are not fetched yet or cross a block boundary.
 
-        The mount calls this on its event loop thread before paying for a worker thread.
+        The mount calls this on its event loop thread before paying for a worker thread,
+        and hands the view straight to FUSE's reply, so the kernel's copy is the only
+        one (a bytes object per 1 MiB request was a second copy, into fresh memory).
         """
         if offset >= self.size or size <= 0:
-            return b""
+            return memoryview(b""), _nothing
         size = min(size, self.size - offset)
         idx, within = divmod(offset, self.bs)
-        if within + size > self.bs:
-            return None
-        if not self._lock.acquire(blocking=False):
+        if within + size > self.bs or not self._lock.acquire(blocking=False):
             return None
         try:
             entry = self._cache.get(idx)
-            if entry is None or not entry.future.done() or entry.future.exception() is not None:
+            if entry is None or not entry.future.done() or entry.future.exception() is not None \
+                    or within + size > entry.future.result():
                 return None
-            if within + size > entry.future.result():
-                return None
-            data = bytes(entry.view[within:within + size])
+            entry.users += 1   # _retire leaves the buffer alone until the caller unpins
         finally:
             self._lock.release()
         self._note(offset, idx)
-        return data
+        return entry.view[within:within + size], lambda: self._unpin(entry)
 
     def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
         block = self.blocks.get(idx)

@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
@@ -59,6 +60,7 @@ class Opened:
     fh: int
     attr: pb.Attr
     keep_cache: bool
+    direct: bool = False      # serve this handle's reads without the kernel page cache
 
 
 class VFS:
@@ -77,6 +79,7 @@ class VFS:
         # (it invalidates them), and this answers without another call.
         self._dir_attrs: dict[int, tuple[float, pb.Attr]] = {}
         self._dir_ttl = core.cfg.fuse.attr_timeout_s
+        self._direct_reads = core.cfg.fuse.direct_io_reads
         core.meta.dirs_listener = self._learn_dirs
 
     # ------------------------------------------------------------------ attributes
@@ -270,7 +273,11 @@ class VFS:
             gen = reply.attr.generation
             keep = self._seen_generation.get(ino) == gen and not writer_handle
             self._seen_generation[ino] = gen
-        return Opened(h.fh, self.overlay(reply.attr), keep)
+            # A complete file read here, with no writer here: its bytes cannot change under
+            # this handle, so the kernel need not cache them (direct I/O skips filling new
+            # page-cache pages, the costliest step of a read through the mount).
+            direct = self._direct_reads and h.reader is not None and reply.attr.complete
+        return Opened(h.fh, self.overlay(reply.attr), keep, direct)
 
     def handle(self, fh: int) -> Handle:
         h = self._handles.get(fh)
@@ -294,13 +301,14 @@ class VFS:
             h.version = st.version
         return h.reader.read_bytes(offset, size)
 
-    def read_nowait(self, fh: int, offset: int, size: int) -> bytes | None:
-        """The bytes if they can be had without blocking (already fetched), else None."""
+    def view_nowait(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """The bytes as a view into the block cache if they can be had without blocking (already
+        fetched), with the function to call once it has been used; else None."""
         h = self._handles.get(fh)
         if h is None or h.reader is None or h.version != h.state.version or \
                 (h.state.writer is not None and not h.state.writer.closed):
             return None
-        return h.reader.read_bytes_nowait(offset, size)
+        return h.reader.view_nowait(offset, size)
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)

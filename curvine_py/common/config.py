@@ -92,6 +92,7 @@ class FuseConfig:
     entry_timeout_s: float = 1.0
     negative_timeout_s: float = 0.0
     direct_io: bool = False
+    direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
     max_read_ahead: int = 16 * MiB
 
 
