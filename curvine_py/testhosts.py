@@ -489,6 +489,8 @@ class NetCluster:
         self.config_path = self._d.config_path
 
     def __getattr__(self, name: str) -> typing.Any:
+        if name == "_d":   # not yet set (a failed __init__): no endless recursion
+            raise AttributeError(name)
         return getattr(self._d, name)
 
     @property
