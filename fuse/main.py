@@ -120,9 +120,12 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
 
     try:
         core = ClientCore(cfg)
-        core.meta.cfg.retry_s = min(core.meta.cfg.retry_s, 10.0)
-        core.meta.call("StatFs", pb.Empty())   # fail now, not at the first ls, if the master is unreachable
-        core.meta.cfg.retry_s = cfg.client.retry_s
+        retry_s = core.meta.cfg.retry_s      # (core.meta.cfg is cfg.client: restore the value itself)
+        core.meta.cfg.retry_s = min(retry_s, 10.0)
+        try:
+            core.meta.call("StatFs", pb.Empty())   # fail now, not at the first ls, if the master is unreachable
+        finally:
+            core.meta.cfg.retry_s = retry_s
     except CurvineError as e:
         log.error("cannot reach master %s: %s", cfg.client.master, e)
         _notify(ready_fd, f"cannot reach master {cfg.client.master}: {e.strerror}")

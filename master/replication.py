@@ -43,7 +43,7 @@ class Replicator:
     """Thread-safe; driven by the master's housekeeping tick and heartbeats."""
 
     def __init__(self, registry: Registry, placement: Placement, tokens: BlockTokens,
-                 grace_s: float, scan_interval_s: float, order_timeout_s: float = 60.0) -> None:
+                 grace_s: float, scan_interval_s: float, order_timeout_s: float = 15.0) -> None:
         self.registry = registry
         self.placement = placement
         self.tokens = tokens
@@ -62,9 +62,16 @@ class Replicator:
             self._suspects.update(block_ids)
 
     def worker_lost(self, wid: int) -> None:
+        """wid's blocks need copies; orders to or from it will never be carried out."""
         w = self.registry.get(wid)
-        if w is not None:
-            self.suspect(set(w.blocks))
+        with self._lock:
+            dead = [b for b, o in self._orders.items() if wid in (o.source, o.target)]
+            for b in dead:
+                del self._orders[b]
+            self._outbox.pop(wid, None)
+            self._suspects.update(dead)
+            if w is not None:
+                self._suspects.update(w.blocks)
 
     def take(self, wid: int) -> list[pb.ReplicateCommand]:
         """Orders for worker wid to carry out (sent in its heartbeat reply)."""

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import grpc
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import err, rpc_method
+from curvine_py.common.errors import Unavailable, err, rpc_method
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.master import posix, schema
 from curvine_py.master.capacity import Capacity
@@ -75,6 +75,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.capacity = Capacity(self.registry, self.placement, cfg.master.heartbeat_ms / 1000)
         self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit)
         self.tokens = BlockTokens(cfg.cluster.secret)
+        self.started = time.monotonic()
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
 
@@ -113,6 +114,13 @@ class MasterService(pb_grpc.MasterServiceServicer):
             if w is not None:
                 out.append(w.address())
         return out
+
+    def _wait_for_workers(self) -> None:
+        """Right after a (re)start the master knows no workers until they register again:
+        a writer then gets UNAVAILABLE, which clients retry like an unreachable master,
+        instead of an ENOSPC that would fail the write."""
+        if time.monotonic() - self.started < self.cfg.master.worker_timeout_s and not self.registry.live_workers():
+            raise Unavailable("the master is starting: no worker has registered yet")
 
     def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
         attr = result["attr"]
@@ -241,6 +249,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     @rpc_method
     def AllocateBlocks(self, request: pb.AllocateBlocksRequest,
                        context: grpc.ServicerContext) -> pb.AllocateBlocksReply:
+        self._wait_for_workers()
         # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
         tier = self.evictor.tier_of(self.ns.conn, request.ino)
         self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier)

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import grpc
 
+from curvine_py.common import rpc
 from curvine_py.common.config import WorkerConfig, host_identity
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from curvine_py.worker.blockstore import BlockEntry, BlockStore
@@ -105,7 +106,7 @@ class Heartbeat:
         self.registered = threading.Event()
         self._metadata = ((SECRET_METADATA_KEY, secret),) if secret else None
         self._stop = threading.Event()
-        self._channel = grpc.insecure_channel(cfg.master)
+        self._channel = rpc.channel(cfg.master)   # reconnects to a restarted master within a second
         self._stub = curvine_pb2_grpc.MasterServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._last_warning = 0.0

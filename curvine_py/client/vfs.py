@@ -357,7 +357,11 @@ class VFS:
             last = st.writers == 1
         if last:
             st.version += 1
-            w.close()
+            # Not close(): a failed commit (master restarting) must keep the data for the
+            # next flush or the release, not drop it; close(2) reports the error meanwhile.
+            # A forked child closing an inherited descriptor lands here too: the lease goes,
+            # and the parent's next write takes it again (_writer_for).
+            w.flush(release=True)
         elif w.flush() is not None:
             st.version += 1
         self._seen_generation.pop(h.ino, None)

@@ -111,6 +111,7 @@ class FileWriter:
         self.dirty: dict[int, DirtyBlock] = {}
         self.inflight: dict[int, Future[pb.BlockInfo]] = {}   # slot -> its newest block being shipped
         self.shipped: list[Future[pb.BlockInfo]] = []         # every ship since the last commit, in order
+        self.uncommitted: list[pb.BlockInfo] = []  # shipped blocks of a commit that failed: sent again
         self._slots = threading.Semaphore(IN_FLIGHT)
         self._lock = threading.RLock()
         self._error: BaseException | None = None
@@ -271,10 +272,15 @@ class FileWriter:
                 return None
             for idx in list(self.dirty):
                 self._ship_dirty(idx)
-            infos = self._wait_all()
+            infos = self.uncommitted + self._wait_all()
             self._check()
-            attr = self.core.meta.commit(self.ino, self.lease_id, self.size, infos, release=release,
-                                         mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+            try:
+                attr = self.core.meta.commit(self.ino, self.lease_id, self.size, infos, release=release,
+                                             mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+            except BaseException:
+                self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
+                raise
+            self.uncommitted = []
             self.committed_size = self.size
             self.changed = False
             if release:

@@ -100,6 +100,11 @@ def abort(context: grpc.ServicerContext, e: CurvineError) -> typing.NoReturn:
 F = typing.TypeVar("F", bound=typing.Callable[..., typing.Any])
 
 
+class Unavailable(Exception):
+    """The server cannot answer yet (e.g. a master waiting for its workers to register):
+    sent as UNAVAILABLE without an errno, which clients retry like an unreachable server."""
+
+
 def rpc_method(fn: F) -> F:
     """Decorate a servicer method: CurvineError -> status; any other bug -> EIO, logged."""
     @functools.wraps(fn)
@@ -108,6 +113,10 @@ def rpc_method(fn: F) -> F:
             return fn(self, request, context)
         except CurvineError as e:
             abort(context, e)
+        except Unavailable as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except OverflowError:   # e.g. an inode number past what the store can hold: bad input, not a bug
+            abort(context, CurvineError(errno.EINVAL, f"{fn.__name__}: a number in the request is out of range"))
         except Exception as e:  # a bug must not kill the server; the caller sees EIO
             if isinstance(e, grpc.RpcError) or type(e).__name__ == "_AbortError":
                 raise

@@ -24,5 +24,8 @@ def channel(address: str, secret: str = "") -> grpc.Channel:
         ("grpc.keepalive_timeout_ms", 5000),
         ("grpc.enable_retries", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
+        # without this gRPC waits up to 20 s (its default minimum) before reconnecting to a
+        # restarted master, so every call in between fails fast and retries exhaust
+        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
     ]), secret)

@@ -77,3 +77,11 @@ def net_cluster_factory(hosts: Hosts, tmp_path: Path, request: pytest.FixtureReq
 def net_cluster(net_cluster_factory: typing.Callable[..., NetCluster]) -> NetCluster:
     """Master on host 0, workers on hosts 1 and 2; host 3 runs no daemon."""
     return net_cluster_factory(worker_hosts=(1, 2))
+
+
+def pytest_terminal_summary(terminalreporter: typing.Any) -> None:
+    """Print the fault suite's table (tests/multihost/faulttable.py) when it ran."""
+    from tests.multihost.faulttable import ROWS, render
+    if ROWS:
+        terminalreporter.write_sep("=", "fault suite: nothing acknowledged may be lost")
+        terminalreporter.write_line(render())
