@@ -43,7 +43,7 @@ def test_compare_small_reports_every_figure_for_every_system(compare_ready: None
                        capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert set(out["systems"]) == {"curvine", "moosefs", "local"}
+    assert set(out["systems"]) == {"curvine", "moosefs", "local"} and out["errors"] == []
     for system, result in out["systems"].items():
         kv, seq = result["kvcache"], result["seq"]
         for temp in ("warm", "cold"):
@@ -61,8 +61,8 @@ def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> N
     bad = subprocess.run([sys.executable, str(COMPARE), "--systems", "curvine,nfs"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and bad.stderr.startswith("compare: --systems"), bad.stderr
-    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--systems", "moosefs,local",
-                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--systems", "local",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     header = r.stdout.splitlines()[2].split()
     assert header == ["workload", "metric", "curvine", "moosefs", "local", "curvine/moosefs"]
