@@ -79,8 +79,10 @@ def print_started(cluster: lc.LocalCluster, foreground: bool) -> None:
     print(f"started a cluster in {cluster.dir}: 1 master, {cluster.n_workers} worker(s)")
     print(output.table(process_rows(cluster.processes),
                        headers=("NAME", "ADDRESS", "PID", "STATE", "LOG"), right={2}))
-    print(f"use it: cv --config {_rel(str(cluster.config_path))} fs ls /   "
-          f"(or export CURVINE_MASTER={cluster.master_address})")
+    cfg = _rel(str(cluster.config_path))
+    hint = "" if cfg == ".curvine/curvine.toml" else f"--config {cfg} "   # found from this directory
+    print(f"use it: cv {hint}fs ls /   (elsewhere: cv --config {cluster.config_path} ..., "
+          "which holds the master's address and the cluster secret)")
     if foreground:
         print("running in the foreground; Ctrl-C stops the cluster")
     else:
