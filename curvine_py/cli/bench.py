@@ -35,6 +35,7 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("kvcache", "read GB/s", "read_GBps", "read"),
     ("kvcache", "read p50 ms", "read_p50_ms", "read"),
     ("kvcache", "read p99 ms", "read_p99_ms", "read"),
+    ("kvcache", "lookup ms (a stat per file)", "lookup_ms", "read"),
     ("kvcache", "1,925-token prompt read ms", "prompt_ms", "read"),
     ("seq", "write GB/s", "write_GBps", "write"),
     ("seq", "read GB/s", "read_GBps", "read"),

@@ -80,7 +80,7 @@ def test_a_wrong_byte_fails_loudly(tmp_path: Path, offset: int) -> None:
     assert f"{victim}: wrong bytes at offset {offset}" in r.stderr
 
 
-def test_a_short_file_and_a_wrong_seq_request_fail(tmp_path: Path) -> None:
+def test_a_wrong_size_and_a_wrong_seq_request_fail(tmp_path: Path) -> None:
     w = cv(str(tmp_path), *SMALL, "--workloads", "kvcache,seq", "--phase", "write")
     assert w.returncode == 0, w.stderr
     seq = tmp_path / bm.SEQ_FILE
@@ -90,9 +90,14 @@ def test_a_short_file_and_a_wrong_seq_request_fail(tmp_path: Path) -> None:
         f.write(second + first)
     r = cv(str(tmp_path), "--phase", "read", "--workloads", "seq")
     assert r.returncode == 1 and "wrong bytes at offset 0 " in r.stderr, r.stderr
-    os.truncate(tmp_path / bm.KV_DIR / f"{bm.kv_name(2)}.data", 1000)
+    chunk = tmp_path / bm.KV_DIR / f"{bm.kv_name(2)}.data"
+    with open(chunk, "ab") as f:
+        f.write(b"x")
+    r = cv(str(tmp_path), "--phase", "read", "--workloads", "kvcache")
+    assert r.returncode == 1 and "size 1048577, expected 1048576" in r.stderr, r.stderr
+    os.truncate(chunk, 1000)
     r = cv(str(tmp_path), "--phase", "read")
-    assert r.returncode == 1 and "read 1000 bytes, expected 1048576" in r.stderr, r.stderr
+    assert r.returncode == 1 and "size 1000, expected 1048576" in r.stderr, r.stderr
 
 
 def test_read_errors_of_the_fresh_reader_reach_the_writer(tmp_path: Path) -> None:
