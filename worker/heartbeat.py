@@ -133,7 +133,10 @@ class Heartbeat:
                     self.beat()
                 wait = self.interval_s
             except grpc.RpcError as e:
-                self._warn(f"master {self.cfg.master} unavailable: {e.code()} {e.details()}")
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    self._warn(f"master {self.cfg.master} refused this worker: {e.details()}")
+                else:
+                    self._warn(f"master {self.cfg.master} unavailable: {e.code()} {e.details()}")
                 wait = backoff
                 backoff = min(backoff * 2, 5.0)
             except Exception:
