@@ -33,6 +33,8 @@ class Daemons:
         self.run_dir = tmp / "run"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CURVINE_")}
         self.env["CURVINE_RUN_DIR"] = str(self.run_dir)
+        if cluster.secret:   # the daemons talk to a cluster that checks its secret
+            self.env["CURVINE_CLUSTER_SECRET"] = cluster.secret
         self.mountpoints: list[Path] = []
         self.procs: list[subprocess.Popen[bytes]] = []
 
