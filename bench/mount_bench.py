@@ -11,7 +11,7 @@ runs the same workloads against a local directory in the same run:
 - meta: M files created, stat'ed, renamed, unlinked.
 - dd: a 1 GiB sequential write and read with dd, as the disk's own reference.
 
-    .venv/bin/python bench/mount_bench.py [--files 32] [--meta 10000] [--json]
+    .venv/bin/python bench/mount_bench.py [--files 32] [--meta 10000] [--direct-io-reads] [--json]
 """
 from __future__ import annotations
 
@@ -121,15 +121,19 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=14 << 20)
     ap.add_argument("--meta", type=int, default=10000)
     ap.add_argument("--dir", default=None, help="where the cluster and the local reference dir live")
+    ap.add_argument("--direct-io-reads", action="store_true",
+                    help="mount with fuse.direct_io_reads (read-only opens of complete files skip the page cache)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from curvine_py.localcluster import LocalCluster
 
     base = Path(tempfile.mkdtemp(prefix="mount-bench-", dir=args.dir or "."))
-    cluster = LocalCluster(base / "cluster", workers=2).start()
+    cluster = LocalCluster(base / "cluster", workers=2, master_port=None).start()
     mounts = [base / "mnt-a", base / "mnt-b"]
     run_dir = base / "run"
-    env = {**os.environ, "CURVINE_RUN_DIR": str(run_dir)}
+    env = {**os.environ, "CURVINE_RUN_DIR": str(run_dir), "CURVINE_CLUSTER_SECRET": cluster.secret}
+    if args.direct_io_reads:
+        env["CURVINE_FUSE_DIRECT_IO_READS"] = "true"
     cv = str(Path(sys.executable).with_name("cv"))
     results: dict[str, Any] = {}
     try:
