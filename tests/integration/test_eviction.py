@@ -258,3 +258,16 @@ def test_full_worker_gets_no_new_blocks_and_full_pool_is_enospc(tmp_path: Path) 
     finally:
         client.close()
         c.stop()
+
+
+def test_files_open_for_writing_are_never_evicted(small: tuple[LocalCluster, Client]) -> None:
+    _, client = small
+    client.mkdir("/kv")
+    f = client.open("/kv/open", "wb")
+    f.write(payload(1))                            # oldest file in the pool, still being written
+    for i in range(16):                            # 64 MiB more into a 48 MiB pool
+        client.put_bytes(f"/kv/{i}", payload(i))
+    assert client.report().evicted_files > 0
+    f.write(payload(2))
+    f.close()
+    assert client.get_bytes("/kv/open") == payload(1) + payload(2)
