@@ -137,6 +137,17 @@ def _used_subnets() -> set[int]:
     return used
 
 
+def _new_id(prefix: str) -> str:
+    """A run id no recorded run, namespace or link uses (a clash would make a failed
+    creation tear down someone else's).  Called with the state lock held."""
+    taken = " ".join([s["id"] for s in _read_states()] + [_ip("netns", "list").stdout,
+                                                          _ip("-o", "link").stdout])
+    while True:
+        run_id = prefix + secrets.token_hex(2)
+        if run_id not in taken:
+            return run_id
+
+
 def teardown_state(state: dict[str, typing.Any]) -> list[str]:
     """Remove everything one run recorded: processes, mounts, namespaces, links, the file.
 
@@ -281,11 +292,11 @@ class Hosts:
         if reason:
             raise HostsError(reason)
         reap_stale()
-        self.id = prefix + secrets.token_hex(2)
         self.keep = keep
         self.hosts: list[Host] = []
         self._closed = False
         with _state_lock():
+            self.id = _new_id(prefix)
             free = sorted(set(range(1, 255)) - _used_subnets(), key=lambda _: random.random())
             if not free:
                 raise HostsError(f"no free /24 in {SUBNET_PREFIX}.0.0/16")
