@@ -53,11 +53,12 @@ def local_dir(path: str, data: bytes, buf: bytearray, runs: int) -> list[float]:
     return ts
 
 
-def sdk_read(master: str, host: str, short_circuit: bool, data: bytes, buf: bytearray,
+def sdk_read(master: str, secret: str, host: str, short_circuit: bool, data: bytes, buf: bytearray,
              runs: int) -> tuple[list[float], dict[str, int]]:
     from curvine_py.common.config import Config
     from curvine_py.sdk import Client
     cfg = Config()
+    cfg.cluster.secret = secret
     cfg.client.host = host
     cfg.client.short_circuit = short_circuit
     c = Client(master, config=cfg)
@@ -83,7 +84,10 @@ def main() -> int:
     cluster = LocalCluster(tmp, workers=2, master_port=None).start()
     try:
         data = os.urandom(KV_BYTES)
-        w = Client(cluster.master_address)
+        from curvine_py.common.config import Config
+        cfg = Config()
+        cfg.cluster.secret = cluster.secret
+        w = Client(cluster.master_address, config=cfg)
         w.mkdir("/bench", exist_ok=True)
         w.put_bytes("/bench/kv.data", data)
         w.close()
@@ -93,9 +97,9 @@ def main() -> int:
             "local_dir": local_dir(os.path.join(tmp, "plain.data"), data, buf, args.runs),
             "short_circuit": None, "network": None,
         }
-        series["short_circuit"], sc_stats = sdk_read(cluster.master_address, cluster.worker_host(0), True,
-                                                     data, buf, args.runs)
-        series["network"], _ = sdk_read(cluster.master_address, cluster.worker_host(0), False, data, buf, args.runs)
+        args_ = (cluster.master_address, cluster.secret, cluster.worker_host(0))
+        series["short_circuit"], sc_stats = sdk_read(*args_, True, data, buf, args.runs)
+        series["network"], _ = sdk_read(*args_, False, data, buf, args.runs)
         assert sc_stats.get("reads", 0) > 0 and sc_stats.get("fallbacks", 1) == 0, sc_stats
         for name, ts in series.items():
             out[f"{name}_GBps"] = KV_BYTES / min(ts) / 1e9
