@@ -97,7 +97,17 @@ class ClientCore:
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
         self.workers = WorkerDirectory()
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
-        self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret) if cfg.client.short_circuit else None
+        self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
+            if cfg.client.short_circuit else None
+
+    def _report_bad(self, block_id: int, worker_id: int, reason: str) -> None:
+        """Tell the master of a corrupt replica, in the background (the read goes on elsewhere)."""
+        def report() -> None:
+            try:
+                self.meta.report_bad_block(block_id, worker_id, reason)
+            except Exception as e:   # best effort: the worker finds the bad copy on its next read too
+                log.warning("could not report bad block %d on worker %d: %s", block_id, worker_id, e)
+        self.executor.submit(report)
 
     def buffer_pool(self, block_size: int) -> BufferPool:
         """The shared pool when sizes match; files with other block sizes get their own."""

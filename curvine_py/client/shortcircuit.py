@@ -9,7 +9,8 @@ identity (``client.host``, default the hostname).
 
 Anything unexpected -- the file moved or deleted, a checksum mismatch, a short file, a
 worker that does not answer -- makes ``read`` return None and the caller reads the block
-over the network instead: this path never returns bytes it has not verified.
+over the network instead: this path never returns bytes it has not verified.  A copy
+whose bytes do not match its checksums is also reported to the master (``report_bad``).
 
 Paths and parsed metas are cached per block (bounded LRU), not open file descriptors:
 a cached descriptor would pin the space of blocks the worker deleted, and one
@@ -23,6 +24,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 import xxhash
@@ -51,8 +53,10 @@ class LocalBlock:
 class ShortCircuit:
     """Reads of local replicas from their block files; counters say how often it worked."""
 
-    def __init__(self, host: str, secret: str = "", max_blocks: int = MAX_CACHED_BLOCKS) -> None:
+    def __init__(self, host: str, secret: str = "", max_blocks: int = MAX_CACHED_BLOCKS,
+                 report_bad: Callable[[int, int, str], object] | None = None) -> None:
         self.host = host
+        self.report_bad = report_bad   # (block id, worker id, reason): tell the master of a bad copy
         self.max_blocks = max_blocks
         self._metadata = ((SECRET_METADATA_KEY, secret),) if secret else None
         self._stubs: dict[tuple[str, int], curvine_pb2_grpc.WorkerServiceStub] = {}
@@ -80,6 +84,8 @@ class ShortCircuit:
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
             self._forget(key)
             self._count_fallback()
+            if isinstance(e, CurvineError) and e.errno == errno.EBADMSG and self.report_bad is not None:
+                self.report_bad(block.block_id, addr.worker_id, f"short-circuit read: {e}")
             log.warning("short-circuit read of block %d from worker %d's file failed (%s); using the network",
                         block.block_id, addr.worker_id, _brief(e))
             return None
