@@ -37,7 +37,6 @@ from curvine_py.pb import curvine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SECRET_METADATA_KEY = "curvine-secret"
 STAT_TIMEOUT_S = 2.0
 MAX_CACHED_BLOCKS = 4096
 PIECE = 256 << 10               # read + hash step: fits the L2 cache
@@ -58,7 +57,7 @@ class ShortCircuit:
         self.host = host
         self.report_bad = report_bad   # (block id, worker id, reason): tell the master of a bad copy
         self.max_blocks = max_blocks
-        self._metadata = ((SECRET_METADATA_KEY, secret),) if secret else None
+        self._secret = secret
         self._stubs: dict[tuple[str, int], curvine_pb2_grpc.WorkerServiceStub] = {}
         self._channels: list[grpc.Channel] = []
         self._blocks: OrderedDict[tuple[int, int], LocalBlock] = OrderedDict()
@@ -106,8 +105,7 @@ class ShortCircuit:
                 self._blocks.move_to_end(key)
         if local is not None and local.meta.checksum == block.checksum:
             return local
-        reply = self._stub(addr).StatBlock(pb.BlockRequest(block_id=block.block_id), timeout=STAT_TIMEOUT_S,
-                                           metadata=self._metadata)
+        reply = self._stub(addr).StatBlock(pb.BlockRequest(block_id=block.block_id), timeout=STAT_TIMEOUT_S)
         if not reply.exists or not reply.path or reply.checksum != block.checksum:
             return None
         with open(reply.path + ".meta", "rb") as f:
@@ -165,7 +163,7 @@ class ShortCircuit:
         with self._lock:
             stub = self._stubs.get(where)
             if stub is None:
-                channel = rpc.channel(f"{addr.ip}:{addr.rpc_port}")
+                channel = rpc.channel(f"{addr.ip}:{addr.rpc_port}", self._secret)
                 self._channels.append(channel)
                 stub = self._stubs[where] = curvine_pb2_grpc.WorkerServiceStub(channel)
             return stub

@@ -48,12 +48,10 @@ def local_block_files(client: "Client", cluster: LocalCluster, path: str) -> lis
     ino = client.stat(path).ino
     reply = client.core.meta.block_locations(ino)
     w0 = next(w for w in reply.workers if w.host == cluster.worker_host(0))
-    channel = rpc.channel(f"{w0.ip}:{w0.rpc_port}")
+    channel = rpc.channel(f"{w0.ip}:{w0.rpc_port}", client.config.cluster.secret)
     try:
         stub = curvine_pb2_grpc.WorkerServiceStub(channel)
-        secret = client.config.cluster.secret
-        md = (("curvine-secret", secret),) if secret else None
-        stats = [stub.StatBlock(pb.BlockRequest(block_id=b.block_id), timeout=5, metadata=md) for b in reply.blocks]
+        stats = [stub.StatBlock(pb.BlockRequest(block_id=b.block_id), timeout=5) for b in reply.blocks]
     finally:
         channel.close()
     assert all(s.exists for s in stats), "both replicas were written (two workers, two replicas)"
