@@ -58,6 +58,7 @@ class Evictor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_flush = self._last_sweep = time.monotonic()
+        self._last_warning = 0.0
         self.evicted_files = self.evicted_bytes = self.expired_files = 0
 
     # ------------------------------------------------------------------ thread
@@ -133,20 +134,23 @@ class Evictor:
         return (cap > 0 and used > self.high * cap) or any(c and u > self.high * c for c, u in usage.values())
 
     def _need(self, extra: int = 0) -> tuple[int, dict[int, int]]:
-        """Bytes to free in the pool and per worker: down to the low watermark for those above
-        the high one, and (extra > 0: an allocation found no room) at least extra free bytes
-        on every worker that has less."""
-        usage = self.capacity.usage(self.lag_s, 1 - self.low)
-        cap = sum(c for c, _ in usage.values())
-        used = sum(u for _, u in usage.values())
+        """Bytes to free in the pool and per worker: where usage looking ahead is past the high
+        watermark, until it is below the low one (a lower floor for fast writers: measured
+        shallower targets let a mount fill its pool between passes); with extra > 0 (an
+        allocation found no room), at least extra free bytes on every worker that has less."""
+        now = self.capacity.usage()
+        ahead = self.capacity.usage(self.lag_s, 1 - self.low)
+        cap = sum(c for c, _ in ahead.values())
+        used = sum(u for _, u in ahead.values())
         pool = int(used - self.low * cap) if used > self.high * cap else 0
         workers: dict[int, int] = {}
-        for w, (c, u) in usage.items():
-            need = int(u - self.low * c) if c and u > self.high * c else 0
-            if extra and c - u < extra:
-                need = max(need, extra - (c - u))
-            if need > 0:
-                workers[w] = need
+        for w, (c, u) in ahead.items():
+            n = int(u - self.low * c) if c and u > self.high * c else 0
+            free = c - now[w][1]
+            if extra and free < extra:
+                n = max(n, extra - free)
+            if n > 0:
+                workers[w] = n
         return max(0, pool), workers
 
     # ------------------------------------------------------------------ eviction
@@ -156,22 +160,38 @@ class Evictor:
         ``extra`` asks for that many more bytes than the watermark needs (an allocation
         that found no room)."""
         with self._pass_lock:
-            pool, workers = self._need(extra)
-            if pool <= 0 and not any(n > 0 for n in workers.values()):
-                return 0
-            self.flush_reads()
-            victims, per_worker, total = self._choose(pool, workers)
-            if not victims:
+            return self._evict(extra)
+
+    def on_heartbeat(self) -> None:
+        """A heartbeat brought fresh usage: evict now if past the watermark, so that this
+        worker's delete orders leave in this very reply (a heartbeat sooner than the thread
+        would).  Skipped when a pass is already running (it sees the same figures)."""
+        if self.cfg.evict and self.over_high() and self._pass_lock.acquire(blocking=False):
+            try:
+                self._evict(0)
+            finally:
+                self._pass_lock.release()
+
+    def _evict(self, extra: int) -> int:
+        """One eviction pass; the caller holds _pass_lock."""
+        pool, workers = self._need(extra)
+        if pool <= 0 and not any(n > 0 for n in workers.values()):
+            return 0
+        self.flush_reads()
+        victims, per_worker, total = self._choose(pool, workers)
+        if not victims:
+            if time.monotonic() - self._last_warning > 30:   # every heartbeat would say it again
+                self._last_warning = time.monotonic()
                 log.warning("pool above its watermark but nothing is evictable (pinned or open files only)")
-                return 0
-            result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims})
-            done = set(result["evicted"])
-            self.capacity.note_freed({w: n for w, n in per_worker.items()} if done else {})
-            self.evicted_files += len(done)
-            self.evicted_bytes += result["bytes"]
-            log.info("evicted %d files (%d bytes logical, %d on workers) to stay under the watermark",
-                     len(done), result["bytes"], total)
-            return len(done)
+            return 0
+        result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims})
+        done = set(result["evicted"])
+        self.capacity.note_freed({w: n for w, n in per_worker.items()} if done else {})
+        self.evicted_files += len(done)
+        self.evicted_bytes += result["bytes"]
+        log.info("evicted %d files (%d bytes logical, %d on workers) to stay under the watermark",
+                 len(done), result["bytes"], total)
+        return len(done)
 
     def _candidates(self) -> Any:
         """Complete, unleased regular files, least recently used first."""

@@ -324,6 +324,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         if request.HasField("report"):
             self._apply_report(request.worker_id, request.report)
             self.capacity.note_added(request.worker_id, sum(b.length for b in request.report.added))
+        self.evictor.on_heartbeat()   # fresh usage: this worker's deletes may leave in this reply
         return pb.HeartbeatReply(delete_blocks=self.registry.take_deletes(request.worker_id),
                                  ring_epoch=self.placement.ring().epoch,
                                  replicate=self.replicator.take(request.worker_id))
