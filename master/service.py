@@ -354,11 +354,16 @@ class MasterService(pb_grpc.MasterServiceServicer):
             # Pending first: a commit on another thread moves a block from pending_blocks to
             # blocks, never back; read in the other order, a block committed between the two
             # reads was in neither and its fresh replica was deleted as stale.
-            pending = {r[0] for r in conn.execute(
-                f"SELECT block_id FROM pending_blocks WHERE block_id IN ({marks})", ids)}
-            known = {r[0]: (r[1], r[2]) for r in conn.execute(
-                f"SELECT b.block_id, b.length, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
-                f"WHERE b.block_id IN ({marks})", ids)}
+            # (One read transaction also makes both reads one snapshot.)
+            conn.execute("BEGIN")
+            try:
+                pending = {r[0] for r in conn.execute(
+                    f"SELECT block_id FROM pending_blocks WHERE block_id IN ({marks})", ids)}
+                known = {r[0]: (r[1], r[2]) for r in conn.execute(
+                    f"SELECT b.block_id, b.length, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
+                    f"WHERE b.block_id IN ({marks})", ids)}
+            finally:
+                conn.execute("COMMIT")
             for b in chunk:
                 k = known.get(b.block_id)
                 if b.block_id in pending or (k is not None and b.length >= k[0]
