@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -110,6 +111,7 @@ def main() -> int:
         out["short_circuit_median_vs_local"] = out["short_circuit_median_GBps"] / out["local_dir_median_GBps"]
     finally:
         cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)   # ~200 MB of blocks, maybe in RAM (/dev/shm)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
