@@ -245,7 +245,27 @@ class Evictor:
         """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC."""
         def again() -> list[int]:
             return self.capacity.place(block_id, replicas, block_size, exclude, tier)
+        if self.cfg.evict:
+            self.hold_back()
         return again() or self.make_room(block_size, self.wait_s, again)
+
+    def hold_back(self) -> None:
+        """Back-pressure: while the workers' *reported* usage is past the high watermark,
+        a new allocation waits (at most wait_s) for eviction to take effect on the disks,
+        instead of piling more blocks on.  This bounds usage at the watermark plus what
+        writers already hold, however far the heartbeats lag; with only pinned or open
+        files left there is nothing to wait for and the allocation goes on."""
+        deadline = time.monotonic() + self.wait_s
+        while self._reported_over_high() and time.monotonic() < deadline:
+            if not self.evict() and not self.capacity.frees_pending():
+                return
+            time.sleep(min(0.05, self.capacity.heartbeat_s / 4))
+
+    def _reported_over_high(self) -> bool:
+        live = self.registry.live_workers()
+        cap, used = sum(w.capacity for w in live), sum(w.used for w in live)
+        return (cap > 0 and used > self.high * cap) or any(w.capacity and w.used > self.high * w.capacity
+                                                            for w in live)
 
     @property
     def wait_s(self) -> float:

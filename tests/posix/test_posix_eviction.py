@@ -103,6 +103,7 @@ def test_kvcache_far_past_capacity(mounted: typing.Any) -> None:
                 assert read_chunk(kv, h) == expected(h)
         peak = max(peak, used_and_capacity(root)[0])
     bound = 0.9 * capacity + 2 * (CHUNK + HEADER)   # the watermark plus one file (two replicas)
+    print(f"peak usage {peak / MiB:.1f} MiB of {capacity / MiB:.0f} MiB (bound {bound / MiB:.1f} MiB)")
     assert peak <= bound, (peak / MiB, bound / MiB)
     survivors = [i for i in range(n) if (kv / f"m@1@0@{i:05d}@bf16.data").exists()]
     assert set(hot) <= set(survivors), survivors
