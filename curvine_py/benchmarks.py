@@ -206,12 +206,7 @@ def _write_all(f: io.RawIOBase, data: memoryview) -> None:
 def _read_whole(f: io.RawIOBase, view: memoryview) -> int:
     """4 KiB, then the rest in one call (more calls only on a short read); bytes read."""
     got = f.readinto(view[:FIRST_READ]) or 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
+    return got + _read_full(f, view[got:]) if got else 0
 
 
 def kv_read(directory: Path, plan: Plan) -> dict[str, float]:
