@@ -33,7 +33,6 @@ STORAGE_ID_FILE = "storage_id"
 WORKER_ID_FILE = "worker_id"       # last id the master gave; used until it answers again
 REPORT_BATCH = 50_000
 RPC_TIMEOUT_S = 10.0
-SECRET_METADATA_KEY = "curvine-secret"
 
 
 def _read_small(path: str) -> str | None:
@@ -104,9 +103,9 @@ class Heartbeat:
         self.worker_id = 0
         self.interval_s = 1.0
         self.registered = threading.Event()
-        self._metadata = ((SECRET_METADATA_KEY, secret),) if secret else None
         self._stop = threading.Event()
-        self._channel = rpc.channel(cfg.master)   # reconnects to a restarted master within a second
+        # sends the cluster secret on every call; reconnects to a restarted master within a second
+        self._channel = rpc.channel(cfg.master, secret)
         self._stub = curvine_pb2_grpc.MasterServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._last_warning = 0.0
@@ -161,7 +160,7 @@ class Heartbeat:
         req = curvine_pb2.RegisterRequest(host=host_identity(self.cfg.host), ip=self.cfg.ip,
                                           rpc_port=self.rpc_port, data_port=self.data_port,
                                           dirs=data_dirs(self.store), storage_id=self.storage_id)
-        reply = self._stub.RegisterWorker(req, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+        reply = self._stub.RegisterWorker(req, timeout=RPC_TIMEOUT_S)
         self.worker_id = reply.worker_id
         if reply.heartbeat_ms:
             self.interval_s = reply.heartbeat_ms / 1000.0
@@ -178,7 +177,7 @@ class Heartbeat:
             for i, batch in enumerate(_batches(entries, self.report_batch)):
                 report = curvine_pb2.BlockReport(worker_id=self.worker_id, full=(i == 0),
                                                  added=block_infos(batch))
-                self._stub.ReportBlocks(report, timeout=RPC_TIMEOUT_S * 3, metadata=self._metadata)
+                self._stub.ReportBlocks(report, timeout=RPC_TIMEOUT_S * 3)
         except BaseException:
             self.store.requeue_changes(entries, [])  # the next attempt re-snapshots anyway
             raise
@@ -194,7 +193,7 @@ class Heartbeat:
         req = curvine_pb2.HeartbeatRequest(worker_id=self.worker_id, dirs=data_dirs(self.store),
                                            report=report)
         try:
-            reply = self._stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+            reply = self._stub.Heartbeat(req, timeout=RPC_TIMEOUT_S)
         except BaseException:
             self.store.requeue_changes(added, removed)
             raise

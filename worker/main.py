@@ -28,9 +28,8 @@ from curvine_py.common.signals import StopSignals
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore
-from curvine_py.worker.dataserver import DataServer
+from curvine_py.worker.dataserver import DataServer, chain_targets
 from curvine_py.worker.replication import CopyQueue
-from curvine_py.pb import data_pb2
 from curvine_py.worker.uring import Uring
 
 log = logging.getLogger("curvine_py.worker")
@@ -92,7 +91,7 @@ class Worker:
     def _replicate(self, cmd: "hb.curvine_pb2.ReplicateCommand") -> None:
         """A re-replication order from the master: push a local block to its new holders."""
         assert self.copies is not None
-        targets = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in cmd.targets]
+        targets = chain_targets([(t.ip, t.data_port, t.worker_id) for t in cmd.targets])
         self.copies.submit(cmd.block_id, targets, cmd.token)
 
     def _start_rpc(self) -> None:
