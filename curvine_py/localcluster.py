@@ -170,14 +170,20 @@ def query_report(address: str, timeout: float = 1.0, secret: str = "") -> curvin
 # ---------------------------------------------------------------- the cluster
 
 
-def ensure_secret(path: Path) -> str:
-    """The cluster secret of the config file at path, created (and written there) if absent.
+def daemon_secret(config_path: str | Path) -> str:
+    """The cluster secret the daemons started with config_path use: the file, then the
+    environment (CURVINE_CLUSTER_SECRET wins), as they load it."""
+    return cfgmod.load(path=str(config_path)).cluster.secret
+
+
+def ensure_secret(path: Path) -> None:
+    """Write a new random cluster secret into the config file at path if it has none.
 
     Only the secret line is touched: users may have edited the rest of the file."""
     cfg = cfgmod.Config()
     cfgmod.load_file(cfg, path)
     if cfg.cluster.secret:
-        return cfg.cluster.secret
+        return
     secret = secrets.token_hex(16)
     text = path.read_text()
     line = f'secret = "{secret}"'
@@ -191,7 +197,6 @@ def ensure_secret(path: Path) -> str:
     tmp.write_text(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
-    return secret
 
 
 class LocalCluster:
@@ -331,8 +336,7 @@ class LocalCluster:
             tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
             os.replace(tmp, self.config_path)
         ensure_secret(self.config_path)
-        # The daemons load the file then the environment (CURVINE_CLUSTER_SECRET wins): so do we.
-        self.secret = cfgmod.load(path=str(self.config_path)).cluster.secret
+        self.secret = daemon_secret(self.config_path)
 
     # ------------------------------------------------------------ spawning
 

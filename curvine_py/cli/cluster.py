@@ -32,10 +32,9 @@ def fail_cluster(e: lc.ClusterError) -> int:
 
 
 def _secret_of(config_path: str | None) -> str:
-    """The cluster secret the daemons use: their config file, then the environment
-    ("" when unreadable: status still works, without the report)."""
+    """The cluster's secret ("" when unreadable: status still works, without the report)."""
     try:
-        return cfgmod.load(path=config_path).cluster.secret if config_path else ""
+        return lc.daemon_secret(config_path) if config_path else ""
     except (OSError, cfgmod.ConfigError):
         return ""
 
