@@ -90,7 +90,8 @@ class Replicator:
                 del self._orders[b]
             self._suspects.update(expired)
             batch = [self._suspects.pop() for _ in range(min(BATCH, len(self._suspects)))]
-        keep = [b for b in batch if not self._examine_safely(conn, b)]
+            busy = self._busy()   # counted once per tick; _examine keeps it current
+        keep = [b for b in batch if not self._examine_safely(conn, b, busy)]
         if keep:
             with self._lock:
                 self._suspects.update(keep)
@@ -103,15 +104,16 @@ class Replicator:
                 out.append(bid)
         return out
 
-    def _examine_safely(self, conn: sqlite3.Connection, bid: int) -> bool:
+    def _examine_safely(self, conn: sqlite3.Connection, bid: int, busy: dict[tuple[str, int], int]) -> bool:
         try:
-            return self._examine(conn, bid)
+            return self._examine(conn, bid, busy)
         except Exception:   # one bad row must not stop the others; it is looked at again later
             log.exception("re-replication of block %d failed", bid)
             return False
 
-    def _examine(self, conn: sqlite3.Connection, bid: int) -> bool:
-        """Order a copy of bid if it needs one; False = look again later."""
+    def _examine(self, conn: sqlite3.Connection, bid: int, busy: dict[tuple[str, int], int]) -> bool:
+        """Order a copy of bid if it needs one; False = look again later.  busy: outstanding
+        orders per ("s", source) and ("t", target) worker."""
         row = conn.execute("SELECT b.length, b.checksum, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
                            "WHERE b.block_id = ?", (bid,)).fetchone()
         if row is None:
@@ -128,13 +130,14 @@ class Replicator:
         with self._lock:
             if bid in self._orders:
                 return True                  # an order is outstanding (its expiry re-suspects)
-            busy = self._busy()
         source = min((h for h in holders if busy.get(("s", h), 0) < PER_SOURCE),
                      key=lambda h: busy.get(("s", h), 0), default=None)
         target = self._target(bid, holders, length, busy)
         if source is None or target is None:
             return False
         self._order(bid, length, checksum, source, target)
+        busy[("s", source)] = busy.get(("s", source), 0) + 1
+        busy[("t", target)] = busy.get(("t", target), 0) + 1
         return True
 
     def _trim(self, bid: int, holders: list[int], want: int) -> None:

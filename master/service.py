@@ -314,12 +314,10 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
-        before = self.registry.get(request.worker_id)
-        was_lost = before is not None and not before.live
-        w = self.registry.heartbeat(request.worker_id, list(request.dirs))
+        w, revived = self.registry.heartbeat(request.worker_id, list(request.dirs))
         if w is None:
             return pb.HeartbeatReply(reregister=True)
-        if was_lost:   # its copies count again: blocks copied meanwhile now have one too many
+        if revived:   # its copies count again: blocks copied meanwhile now have one too many
             self.replicator.suspect(set(w.blocks))
         if request.HasField("report"):
             self._apply_report(request.worker_id, request.report)

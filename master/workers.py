@@ -66,18 +66,20 @@ class Registry:
             self.membership_version += 1
         log.info("worker %d registered: host %s data %s:%d", wid, req.host, req.ip, req.data_port)
 
-    def heartbeat(self, wid: int, dirs: list[pb.DataDir]) -> Worker | None:
+    def heartbeat(self, wid: int, dirs: list[pb.DataDir]) -> tuple[Worker | None, bool]:
+        """(the worker, None if unknown; whether it was lost until this heartbeat)."""
         with self.lock:
             w = self.workers.get(wid)
             if w is None:
-                return None
+                return None, False
             w.dirs = list(dirs) or w.dirs
             w.last_heartbeat = time.monotonic()
-            if not w.live:
+            revived = not w.live
+            if revived:
                 w.live = True
                 self.membership_version += 1
                 log.info("worker %d is live again", wid)
-            return w
+            return w, revived
 
     def check_liveness(self) -> list[int]:
         """Mark workers silent past the timeout as lost; returns their ids."""
