@@ -128,7 +128,10 @@ class Evictor:
         return 2.5 * self.capacity.heartbeat_s + self.cfg.evict_interval_s
 
     def over_high(self) -> bool:
-        usage = self.capacity.usage(self.lag_s, 1 - self.low)
+        return self._past_high(self.capacity.usage(self.lag_s, 1 - self.low))
+
+    def _past_high(self, usage: dict[int, tuple[int, int]]) -> bool:
+        """Is the pool, or one worker, past the high watermark?  usage: worker -> (capacity, used)."""
         cap = sum(c for c, _ in usage.values())
         used = sum(u for _, u in usage.values())
         return (cap > 0 and used > self.high * cap) or any(c and u > self.high * c for c, u in usage.values())
@@ -262,10 +265,7 @@ class Evictor:
             time.sleep(min(0.05, self.capacity.heartbeat_s / 4))
 
     def _reported_over_high(self) -> bool:
-        live = self.registry.live_workers()
-        cap, used = sum(w.capacity for w in live), sum(w.used for w in live)
-        return (cap > 0 and used > self.high * cap) or any(w.capacity and w.used > self.high * w.capacity
-                                                            for w in live)
+        return self._past_high({w.worker_id: (w.capacity, w.used) for w in self.registry.live_workers()})
 
     @property
     def wait_s(self) -> float:
