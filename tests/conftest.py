@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import typing
 from pathlib import Path
 
@@ -40,6 +41,23 @@ def _isolated_environment() -> None:
         del os.environ[name]
     os.environ["CURVINE_CONF"] = os.devnull
     os.environ["CURVINE_CLUSTER_SECRET"] = TEST_SECRET
+
+
+def wait_until(what: str, check: typing.Callable[[], object], timeout: float = 60.0,
+               retry_errors: bool = False) -> float:
+    """Poll check until it is true; returns the seconds it took, AssertionError after timeout.
+    retry_errors: an exception from check (a master restarting) counts as not yet."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - t0
+        except Exception:
+            if not retry_errors:
+                raise
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
 
 
 def start_cluster(directory: Path, workers: int = 2, **kwargs: typing.Any) -> LocalCluster:

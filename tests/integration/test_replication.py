@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 import typing
 
 import grpc
@@ -17,7 +16,7 @@ import pytest
 from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
-from tests.conftest import FAST_MASTER_FLAGS, client_config
+from tests.conftest import FAST_MASTER_FLAGS, client_config, wait_until
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -35,15 +34,6 @@ def connect(c: LocalCluster) -> "Client":
 
 def payload(i: int, size: int) -> bytes:
     return (i.to_bytes(4, "little") + os.urandom(12)) * (size // 16) + b"x" * (size % 16)
-
-
-def wait_until(what: str, check: typing.Callable[[], bool], timeout: float = 60.0) -> float:
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-    return time.monotonic() - t0
 
 
 def worker_ids(c: LocalCluster) -> dict[str, int]:

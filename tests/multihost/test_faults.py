@@ -23,6 +23,7 @@ import pytest
 
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from curvine_py.testhosts import NetCluster
+from tests import conftest
 from tests.multihost.faulttable import Row, record
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(300)]
@@ -46,17 +47,9 @@ def write_file(path: Path, data: bytes, piece: int = 4 * MiB) -> None:
             f.write(view[off:off + piece])
 
 
-def wait_until(what: str, check: typing.Callable[[], bool], timeout: float = 60.0) -> float:
-    t0 = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - t0
-        except Exception:   # the master may be restarting: ask again
-            pass
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
+def wait_until(what: str, check: typing.Callable[[], object], timeout: float = 60.0) -> float:
+    """tests/conftest.py's, asking again while the master restarts."""
+    return conftest.wait_until(what, check, timeout, retry_errors=True)
 
 
 def under_replicated(c: NetCluster) -> int:
