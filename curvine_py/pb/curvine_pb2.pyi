@@ -515,16 +515,18 @@ class RingNode(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class RingReply(_message.Message):
-    __slots__ = ("epoch", "vnodes", "nodes", "workers")
+    __slots__ = ("epoch", "vnodes", "nodes", "workers", "frame_port")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     VNODES_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     vnodes: int
     nodes: _containers.RepeatedCompositeFieldContainer[RingNode]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
-    def __init__(self, epoch: _Optional[int] = ..., vnodes: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[RingNode, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+    frame_port: int
+    def __init__(self, epoch: _Optional[int] = ..., vnodes: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[RingNode, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., frame_port: _Optional[int] = ...) -> None: ...
 
 class ReportReply(_message.Message):
     __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version", "evicted_files", "evicted_bytes", "expired_files")
