@@ -146,8 +146,9 @@ class BlockStore:
 
     def __init__(self, dir_specs: Iterable[str], uring: Uring, reserve: int = 256 << 20,
                  reuse_files: bool = True, max_free_files: int = MAX_FREE_FILES,
-                 read_buffers: int = 256) -> None:
+                 read_buffers: int = 256, read_io: str = "pread") -> None:
         self.uring = uring
+        self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
         self.reuse_files = reuse_files
         self.max_free_files = max_free_files
         self.read_pool = BufferPool(CHUNK, max_buffers=read_buffers)

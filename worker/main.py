@@ -43,6 +43,8 @@ def validate(cfg: config.Config) -> None:
             raise ConfigError(f"worker.{name} must be a port number (0 = any)")
     if w.uring_entries < 2 or w.uring_entries > 32768:
         raise ConfigError("worker.uring_entries must be between 2 and 32768")
+    if w.read_io not in ("pread", "uring"):
+        raise ConfigError(f"worker.read_io must be \"pread\" or \"uring\", not {w.read_io!r}")
     if w.buffer_size < 4096 or w.buffer_size > 64 << 20:
         raise ConfigError("worker.buffer_size must be between 4KiB and 64MiB")
     if w.rpc_threads < 1:
@@ -71,7 +73,7 @@ class Worker:
         w = self.cfg.worker
         self.uring = Uring(w.uring_entries)
         try:
-            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve)
+            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve, read_io=w.read_io)
         except OSError as e:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
         first_dir = self.store.dirs[0].path

@@ -67,6 +67,7 @@ class WorkerConfig:
     reserve: int = 256 * MiB      # free space left untouched on each data dir's disk
     uring_entries: int = 128
     buffer_size: int = 1 * MiB    # piece size of the data channel
+    read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
     rpc_threads: int = 8
 
 

@@ -64,8 +64,9 @@ def test_meta_roundtrip_and_self_check():
 
 @pytest.mark.parametrize("size,piece", [(0, MiB), (1, MiB), (4 * MiB, MiB), (3 * MiB + 777, 300_000),
                                         (2 * MiB, 4 * MiB)])
-def test_write_commit_read_back(ring, tmp_path, size, piece):
-    store = make(ring, f"[SSD]{tmp_path}/d")
+@pytest.mark.parametrize("read_io", ["pread", "uring"])
+def test_write_commit_read_back(ring, tmp_path, size, piece, read_io):
+    store = make(ring, f"[SSD]{tmp_path}/d", read_io=read_io)
     data = os.urandom(size)
     entry = put(store, 7, data, piece)
     assert (entry.length, entry.checksum) == (size, xxhash.xxh3_64_intdigest(data))
@@ -108,8 +109,9 @@ def test_checksum_mismatch_on_commit_discards(ring, tmp_path):
     assert store.dir_usage()[0][3] == 0   # reservations released
 
 
-def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+@pytest.mark.parametrize("read_io", ["pread", "uring"])
+def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path, read_io):
+    store = make(ring, str(tmp_path / "d"), read_io=read_io)
     data = os.urandom(3 * MiB)
     entry = put(store, 5, data)
     store.drain_changes()
@@ -127,8 +129,9 @@ def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path):
     assert not os.path.exists(entry.path)
 
 
-def test_truncated_file_is_corrupt(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+@pytest.mark.parametrize("read_io", ["pread", "uring"])
+def test_truncated_file_is_corrupt(ring, tmp_path, read_io):
+    store = make(ring, str(tmp_path / "d"), read_io=read_io)
     entry = put(store, 5, os.urandom(2 * MiB))
     os.truncate(entry.path, MiB + 1)
     with pytest.raises(CurvineError) as e:
