@@ -28,6 +28,7 @@ import mmap
 import os
 import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -158,6 +159,10 @@ class BlockStore:
         self._added: dict[int, BlockEntry] = {}
         self._removed: set[int] = set()
         self._seq = itertools.count(1)
+        # Free files outlive the process (a restart adopts them), so their names carry
+        # this process's start token: a counter alone restarts at 1 and would rename a
+        # newly freed file over an adopted one still on the free list.
+        self._boot = uuid.uuid4().hex[:8]
         specs = list(dir_specs)
         if not specs:
             raise ConfigError("worker.dirs is empty")
@@ -262,7 +267,7 @@ class BlockStore:
     def _recycle_or_unlink(self, ddir: DataDir, path: str, size: int) -> None:
         """Keep a no-longer-needed block file for reuse, or delete it."""
         if self.reuse_files and len(ddir.free_files) < self.max_free_files and size > 0:
-            dest = os.path.join(ddir.free_dir, f"f{next(self._seq)}")
+            dest = os.path.join(ddir.free_dir, f"f{self._boot}-{next(self._seq)}")
             try:
                 os.rename(path, dest)
                 ddir.free_files.append((dest, size))

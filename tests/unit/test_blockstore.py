@@ -235,6 +235,30 @@ def test_delete_recycles_files(ring, tmp_path):
     assert again.read_range(2) == small
 
 
+def test_recycled_files_survive_a_restart(ring, tmp_path):
+    """A restarted worker adopts the free files its predecessor kept; the files it
+    recycles itself must not take (and overwrite) their names, or two free-list entries
+    would share one file and the second block created on it fails with ENOENT."""
+    first = make(ring, str(tmp_path / "d"))
+    for i in range(1, 11):
+        put(first, i, os.urandom(1000))
+    for i in range(1, 6):
+        first.delete(i)
+    second = make(ring, str(tmp_path / "d"))     # adopts 5 free files
+    for i in range(6, 11):
+        second.delete(i)                         # recycles 5 more
+    for i in range(11, 16):                      # churn: the newest free files are reused...
+        put(second, i, os.urandom(1000))
+    for i in range(11, 16):                      # ...and freed again under new names
+        second.delete(i)
+    free = second.dirs[0].free_files
+    assert len({path for path, _ in free}) == len(free) == 10
+    for i in range(11, 31):          # takes every free file, then new ones
+        data = os.urandom(2000)
+        put(second, i, data)
+        assert second.read_range(i) == data
+
+
 def test_rewrite_same_block_id(ring, tmp_path):
     store = make(ring, str(tmp_path / "d"))
     put(store, 1, b"first" * 100)
