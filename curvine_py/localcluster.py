@@ -231,6 +231,7 @@ class LocalCluster:
         # Explicit ports follow the documented scheme; master_port=None means "any free
         # ports" for every daemon (tests run many clusters side by side).
         self._ports: list[int] | None = None
+        picked_master = master_port is None
         if master_port is None:
             picked = free_ports(1 + 2 * workers, self.bind)
             master_port = picked[0]
@@ -238,6 +239,11 @@ class LocalCluster:
                 self._ports = picked[1:]
         self.master_port = master_port
         self.base_port = base_port if base_port is not None else master_port + 2
+        # The framed metadata port: master port + 1 in the documented scheme; an ephemeral
+        # one (clients learn it from the master) when ports are picked or would collide.
+        self.frame_port = master_port + 1
+        if picked_master or self.base_port <= self.frame_port < self.base_port + 2 * workers:
+            self.frame_port = 0
         self.processes: list[ProcessRecord] = []
         self.launcher_pid: int | None = None  # set by a --foreground launcher
         self._channel: grpc.Channel | None = None
@@ -277,6 +283,7 @@ class LocalCluster:
         cfg = cfgmod.Config()
         cfg.master.bind = self.bind
         cfg.master.port = self.master_port
+        cfg.master.frame_port = self.frame_port
         cfg.master.meta_dir = str(self.dir / "master")
         cfg.worker.master = self.master_address
         cfg.worker.bind = self.bind
@@ -295,6 +302,7 @@ class LocalCluster:
         if role == "master":
             return argv + ["--config", str(self.config_path),
                            "--master-port", str(self.master_port), "--master-bind", self.bind,
+                           "--master-frame-port", str(self.frame_port),
                            "--master-meta-dir", str(self.dir / "master"), *self.extra_master_flags]
         if role == "worker":
             rpc, data = self.worker_ports(i)
@@ -358,6 +366,8 @@ class LocalCluster:
 
     def _check_ports(self) -> None:
         wanted = [(self.master_port, "master")]
+        if self.frame_port:
+            wanted.append((self.frame_port, "master frames"))
         for i in range(self.n_workers):
             rpc, data = self.worker_ports(i)
             wanted += [(rpc, f"worker{i} rpc"), (data, f"worker{i} data")]

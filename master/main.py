@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 
@@ -16,18 +17,53 @@ from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
 from curvine_py.common.rpc import server_options
 from curvine_py.common.security import SecretCheck
+from curvine_py.master.framed import FrameServer
 from curvine_py.master.service import MasterService
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("curvine.master")
 
 
-def build_server(cfg: config.Config) -> tuple[grpc.Server, MasterService, int]:
-    """Create the store, the service and a started gRPC server; returns the bound port."""
+@dataclass
+class Servers:
+    """The running master: its service and the two servers that serve it."""
+    service: MasterService
+    grpc: grpc.Server
+    port: int
+    frames: FrameServer | None   # None when master.frame_port = -1
+
+    def stop(self, grace: float = 2.0) -> None:
+        if self.frames is not None:
+            self.frames.stop()
+        self.grpc.stop(grace=grace).wait()
+        self.service.evictor.stop()
+        self.service.journal.stop()
+
+
+def start_frames(cfg: config.Config, service: MasterService) -> FrameServer | None:
+    """The framed metadata server (docs/wire.md) on master.frame_port; None if disabled."""
+    if cfg.master.frame_port < 0:
+        return None
+    frames = FrameServer(service, cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port)
+    try:
+        service.frame_port = frames.start()
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.frame_port} "
+                          f"(master.frame_port; port in use?): {e.strerror}") from None
+    return frames
+
+
+def build_server(cfg: config.Config) -> Servers:
+    """Create the store, the service and the started servers.
+
+    Frames start before gRPC: a client learns the frame port over gRPC, so whenever
+    gRPC answers the frame port answers too, and a client that cannot connect to it
+    while gRPC works can conclude that frames are blocked (it then stays on gRPC)."""
     os.makedirs(cfg.master.meta_dir, exist_ok=True)
     service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
     service.journal.start()
     service.evictor.start()
+    frames = start_frames(cfg, service)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.master.rpc_threads,
                                                     thread_name_prefix="rpc"),
                          options=server_options(),
@@ -38,9 +74,11 @@ def build_server(cfg: config.Config) -> tuple[grpc.Server, MasterService, int]:
     except RuntimeError:
         port = 0
     if port == 0:
+        if frames is not None:
+            frames.stop()
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
     server.start()
-    return server, service, port
+    return Servers(service, server, port, frames)
 
 
 def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
@@ -60,19 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
     try:
         cfg = config.load(args)
-        server, service, port = build_server(cfg)
+        servers = build_server(cfg)
     except (ConfigError, OSError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    threading.Thread(target=_housekeeping_loop, args=(service, stop), name="housekeeping", daemon=True).start()
-    print(f"master listening on {cfg.master.bind}:{port} meta {cfg.master.meta_dir}", flush=True)
+    threading.Thread(target=_housekeeping_loop, args=(servers.service, stop), name="housekeeping",
+                     daemon=True).start()
+    print(f"master listening on {cfg.master.bind}:{servers.port} frames {servers.service.frame_port or 'off'} "
+          f"meta {cfg.master.meta_dir}", flush=True)
     sig = signals.wait()
     stop.set()
     log.info("signal %s: shutting down", sig)
-    server.stop(grace=2).wait()
-    service.evictor.stop()
-    service.journal.stop()
+    servers.stop(grace=2)
     return 0
 
 

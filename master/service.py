@@ -76,6 +76,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit)
         self.tokens = BlockTokens(cfg.cluster.secret)
         self.started = time.monotonic()
+        self.frame_port = 0   # the framed metadata server's port once main.py started it (0 = none)
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
 
@@ -378,7 +379,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         ring = self.placement.ring()
         nodes = [pb.RingNode(worker_id=n.worker_id, host=n.host) for n in ring.nodes.values()]
         return pb.RingReply(epoch=ring.epoch, vnodes=ring.vnodes, nodes=nodes,
-                            workers=self._addresses(ring.nodes))
+                            workers=self._addresses(ring.nodes), frame_port=self.frame_port)
 
     @rpc_method
     def Report(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.ReportReply:

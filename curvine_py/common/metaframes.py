@@ -1,0 +1,152 @@
+"""The framed metadata channel: MasterService calls over a plain TCP socket.
+
+A Python gRPC unary round trip costs 0.4-0.6 ms here while the master's handler costs
+~12 us (docs/performance.md); a length-prefixed request/reply on a socket costs a small
+fraction of that.  The payloads are the same protobuf messages as the gRPC service's
+(proto/curvine.proto stays the contract); only the envelope differs.  Shared by the
+master's server (``master/framed.py``) and the client (``client/framedclient.py``).
+(``common/frames.py`` is the block data channel, a different protocol.)
+
+Wire (little-endian), docs/wire.md:
+
+- hello, server -> client on connect: ``"CVMF" | u16 version | 16-byte nonce``;
+  client -> server: HMAC-SHA256(secret, nonce), 32 bytes.  The secret never crosses the
+  wire.  A wrong MAC gets one UNAUTHENTICATED reply (call id 0) and the connection closes.
+- request: ``u32 length of what follows | u32 call id | u16 method id | request bytes``
+- reply:   ``u32 length of what follows | u32 call id | i32 status | payload``;
+  status 0 = OK (payload = the reply message), > 0 = an errno (payload = UTF-8 message),
+  -1 = UNAVAILABLE (retry), -2 = UNAUTHENTICATED.
+
+Method id = index of the method in the proto's ``MasterService``: new methods must be
+appended at the end of the service (or VERSION bumped), never inserted.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import typing
+from dataclasses import dataclass
+
+from google.protobuf import message_factory
+
+from curvine_py.common.rpc import MAX_MESSAGE
+from curvine_py.pb import curvine_pb2
+
+MAGIC = b"CVMF"
+VERSION = 1
+NONCE_LEN = 16
+MAC_LEN = 32
+HELLO = struct.Struct("<4sH16s")
+REQUEST = struct.Struct("<IIH")     # length, call id, method id
+REPLY = struct.Struct("<IIi")       # length, call id, status
+LENGTH = struct.Struct("<I")
+REQUEST_REST = REQUEST.size - LENGTH.size   # bytes of a request header after its length
+REPLY_REST = REPLY.size - LENGTH.size
+MAX_FRAME = MAX_MESSAGE             # largest "length" accepted, as gRPC's message cap
+DEFAULT_BUFFER = 64 * 1024          # a connection's receive buffer
+SHRINK_ABOVE = 1 << 20              # a buffer grown past this is dropped once empty
+
+OK = 0
+UNAVAILABLE = -1
+UNAUTHENTICATED = -2
+
+
+def refusal(service: str = "master") -> str:
+    """The message of a refused secret: the same words as common/security.SecretCheck."""
+    return (f"{service} refused the call: missing or wrong cluster secret "
+            "(set [cluster] secret in the config file, as on the servers)")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One MasterService method: its id on the wire and its message classes."""
+    id: int
+    name: str
+    request: typing.Any
+    reply: typing.Any
+
+
+def _methods() -> tuple[Method, ...]:
+    service = curvine_pb2.DESCRIPTOR.services_by_name["MasterService"]
+    return tuple(Method(i, m.name, message_factory.GetMessageClass(m.input_type),
+                        message_factory.GetMessageClass(m.output_type))
+                 for i, m in enumerate(service.methods))
+
+
+METHODS: tuple[Method, ...] = _methods()
+BY_NAME: dict[str, Method] = {m.name: m for m in METHODS}
+
+
+def mac(secret: str, nonce: bytes) -> bytes:
+    """The client's answer to a hello: proves it knows the secret without sending it."""
+    return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
+
+
+def hello(nonce: bytes) -> bytes:
+    return HELLO.pack(MAGIC, VERSION, nonce)
+
+
+def request_frame(call_id: int, method_id: int, payload: bytes) -> bytes:
+    """Header and payload in one bytes object (metadata requests are small: one send)."""
+    return REQUEST.pack(REQUEST_REST + len(payload), call_id, method_id) + payload
+
+
+def reply_header(call_id: int, status: int, payload_len: int) -> bytes:
+    return REPLY.pack(REPLY_REST + payload_len, call_id, status)
+
+
+class Closed(ConnectionError):
+    """The peer closed the connection (or sent a frame that cannot be parsed)."""
+
+
+class FrameReader:
+    """Reads frames from one socket into a reused buffer with recv_into.
+
+    One recv usually brings a whole small frame (a request or a reply of a few hundred
+    bytes), so a frame costs one syscall, not one for its length and one for its body;
+    bytes past the frame are kept for the next one.  Views handed out stay valid until
+    the next fill().
+    """
+
+    __slots__ = ("sock", "data", "view", "start", "end")
+
+    def __init__(self, sock: typing.Any) -> None:
+        self.sock = sock
+        self.data = bytearray(DEFAULT_BUFFER)
+        self.view = memoryview(self.data)
+        self.start = 0
+        self.end = 0
+
+    def fill(self, n: int) -> memoryview:
+        """The next n unread bytes (read from the socket as needed); raises Closed at EOF."""
+        if self.end - self.start < n:
+            self._make_room(n)
+            while self.end - self.start < n:
+                k = self.sock.recv_into(self.view[self.end:])
+                if k == 0:
+                    raise Closed(f"connection closed with {self.end - self.start} of {n} bytes read")
+                self.end += k
+        return self.view[self.start:self.start + n]
+
+    def consume(self, n: int) -> None:
+        """Done with the next n bytes (views of them are no longer used)."""
+        self.start += n
+        if self.start >= self.end:
+            self.start = self.end = 0
+            if len(self.data) > SHRINK_ABOVE:   # one huge ReadDir must not pin MiBs per idle connection
+                self.data = bytearray(DEFAULT_BUFFER)
+                self.view = memoryview(self.data)
+
+    def _make_room(self, n: int) -> None:
+        """Room for n bytes from start: move the unread tail to the front, or grow."""
+        have = self.end - self.start
+        if n > len(self.data):
+            data = bytearray(max(n, 2 * len(self.data)))
+            data[:have] = self.view[self.start:self.end]
+            self.data, self.view = data, memoryview(data)
+        elif self.start + n > len(self.data):
+            self.view[:have] = self.view[self.start:self.end]
+        else:
+            return
+        self.start, self.end = 0, have
