@@ -1,10 +1,17 @@
 """The master client: every metadata call, with the caller's identity and retries.
 
-A call that could not reach the master (UNAVAILABLE, DEADLINE_EXCEEDED) is retried
-with the same request id until ``client.retry_s`` runs out, so a master restart is a
-pause, not an error, and a mutation that did land before the connection broke is not
-applied twice (the master's retry cache answers the retry).  Any other failure is
-raised at once as the CurvineError the master sent.
+A call that could not reach the master (UNAVAILABLE, DEADLINE_EXCEEDED, a broken or
+timed-out socket) is retried with the same request id until ``client.retry_s`` runs
+out, so a master restart is a pause, not an error, and a mutation that did land before
+the connection broke is not applied twice (the master's retry cache answers the retry).
+Any other failure is raised at once as the CurvineError the master sent.
+
+Transport: the framed metadata channel (``framedclient.py``, ~10x cheaper per call than
+Python gRPC) when the master serves one, else gRPC.  The first call asks the master for
+its frame port over gRPC (``GetRing``); the port is asked again whenever connecting to
+it fails after it worked (a master restarted on a new ephemeral port) and after gRPC
+found the master unreachable.  A port that cannot be connected to right after the
+master named it (a firewall, say) leaves this client on gRPC, with one warning.
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import errno
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Any, Callable, TypeVar
@@ -19,6 +27,8 @@ from typing import Any, Callable, TypeVar
 import grpc
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from curvine_py.client.framedclient import FrameConnectError, FramedClient, FrameUnreachable
+from curvine_py.common import metaframes
 from curvine_py.common.config import ClientConfig
 from curvine_py.common.errors import RETRYABLE, CurvineError, from_rpc_error
 from curvine_py.common.rpc import channel
@@ -34,9 +44,15 @@ READ_ONLY = frozenset({"Lookup", "GetAttr", "ResolvePath", "ReadDir", "Readlink"
 
 
 class _Unreachable(Exception):
-    def __init__(self, e: grpc.RpcError) -> None:
-        super().__init__(str(e))
-        self.rpc_error = e
+    """This attempt did not reach the master; code is raised when the retries run out."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+_UNKNOWN = object()   # route not learned yet: ask the master for its frame port
 
 
 def _is_unreachable(e: BaseException) -> bool:
@@ -57,19 +73,28 @@ class Identity:
 
 
 class MasterClient:
-    """Thread-safe; one per process is enough (gRPC multiplexes calls on one channel)."""
+    """Thread-safe; one per process is enough (a frame connection per calling thread, and
+    gRPC multiplexes calls on one channel)."""
 
     def __init__(self, address: str, cfg: ClientConfig, secret: str = "") -> None:
         self.address = address
         self.cfg = cfg
         self.client_id = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self._secret = secret
         self._channel = channel(address, secret)
         self.stub = pb_grpc.MasterServiceStub(self._channel)
+        # FramedClient (frames), None (gRPC) or _UNKNOWN; replaced whole, so reads need no lock
+        self._route: object = _UNKNOWN
+        self._route_lock = threading.Lock()
+        self._warned = False
         self.identity = Identity.current()
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
 
     def close(self) -> None:
+        route = self._route
+        if isinstance(route, FramedClient):
+            route.close()
         self._channel.close()
 
     def saw_dirs(self, reply: Any) -> Any:
@@ -84,27 +109,90 @@ class MasterClient:
 
     def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """Invoke a MasterService method with retries; raises CurvineError."""
-        fn: Callable[..., Any] = getattr(self.stub, method)
         timeout = timeout or self.cfg.rpc_timeout_s
-
-        def attempt() -> Any:
-            try:
-                return fn(request, timeout=timeout)
-            except grpc.RpcError as e:
-                if e.code() in RETRYABLE and not _has_errno(e):
-                    raise _Unreachable(e) from None
-                raise from_rpc_error(e) from None
-
         retrying = Retrying(retry=retry_if_exception(_is_unreachable), stop=stop_after_delay(self.cfg.retry_s),
                             wait=wait_exponential(multiplier=0.05, max=2.0), reraise=True,
                             before_sleep=lambda rs: log.info("master %s unreachable; retrying %s", self.address,
                                                              method))
         try:
-            return retrying(attempt)
+            return retrying(self._attempt, method, request, timeout)
         except _Unreachable as e:
-            raise CurvineError(errno.EHOSTDOWN if e.rpc_error.code() == grpc.StatusCode.UNAVAILABLE
-                               else errno.ETIMEDOUT,
-                               f"master {self.address} unreachable: {e.rpc_error.details()}") from None
+            raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
+
+    @property
+    def transport(self) -> str:
+        """"frames", "grpc" or "unknown" (not learned yet): for tests, benchmarks, reports."""
+        route = self._route
+        return "frames" if isinstance(route, FramedClient) else "grpc" if route is None else "unknown"
+
+    # ------------------------------------------------------------------ transports
+    def _attempt(self, method: str, request: Any, timeout: float) -> Any:
+        """One try over the current route; _Unreachable if the master was not reached."""
+        for _ in range(2):   # at most: a stale port, then the port the master names now
+            frames = self._frames(timeout)
+            if frames is None:
+                break
+            try:
+                return frames.call(metaframes.BY_NAME[method], request, timeout)
+            except FrameConnectError as e:
+                self._connect_failed(frames, e)
+            except FrameUnreachable as e:
+                raise _Unreachable(e.code, str(e)) from None
+        return self._grpc_attempt(method, request, timeout)
+
+    def _grpc_attempt(self, method: str, request: Any, timeout: float) -> Any:
+        fn: Callable[..., Any] = getattr(self.stub, method)
+        try:
+            return fn(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._grpc_failure(e) from None
+
+    def _grpc_failure(self, e: grpc.RpcError) -> Exception:
+        if e.code() in RETRYABLE and not _has_errno(e):
+            if self._route is None:
+                self._route = _UNKNOWN   # the master may come back with frames: ask again
+            return _Unreachable(errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT,
+                                e.details() or str(e.code()))
+        return from_rpc_error(e)
+
+    def _frames(self, timeout: float) -> FramedClient | None:
+        """The frame client to use, learning the master's frame port first if needed."""
+        route = self._route
+        if route is _UNKNOWN:
+            with self._route_lock:
+                if self._route is _UNKNOWN:
+                    self._learn_route(timeout)
+                route = self._route
+        return route if isinstance(route, FramedClient) else None
+
+    def _learn_route(self, timeout: float) -> None:
+        """Ask the master (gRPC) for its frame port; called with _route_lock held."""
+        try:
+            ring = self.stub.GetRing(pb.Empty(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._grpc_failure(e) from None
+        if ring.frame_port == 0:
+            self._use_grpc("the master serves no frame port (master.frame_port = -1)")
+        else:
+            self._route = FramedClient(_host_of(self.address), ring.frame_port, self._secret)
+
+    def _connect_failed(self, frames: FramedClient, e: FrameConnectError) -> None:
+        """A port that worked before: ask again (the master may have moved); one that
+        never worked although the master just named it: stay on gRPC."""
+        with self._route_lock:
+            if self._route is not frames:
+                return   # another thread already acted on this
+            if frames.verified:
+                log.info("frame port of master %s: %s; asking the master again", self.address, e)
+                self._route = _UNKNOWN
+            else:
+                self._use_grpc(str(e))
+
+    def _use_grpc(self, why: str) -> None:
+        self._route = None
+        if not self._warned:
+            self._warned = True
+            log.warning("master %s: metadata calls use gRPC: %s", self.address, why)
 
     # ------------------------------------------------------------------ conveniences
     def resolve(self, path: str, follow: bool = True, ident: Identity | None = None) -> pb.Attr:
@@ -171,6 +259,12 @@ class MasterClient:
 
     def renew(self, lease_ids: list[int]) -> list[int]:
         return list(self.call("RenewLeases", pb.LeaseRequest(caller=self.caller(), lease_ids=lease_ids)).expired)
+
+
+def _host_of(address: str) -> str:
+    """The host part of "host:port" or "[v6]:port"."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
 
 
 def _has_errno(e: grpc.RpcError) -> bool:

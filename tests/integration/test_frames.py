@@ -1,0 +1,369 @@
+"""The framed metadata channel: same answers as gRPC, refusals, garbage, restarts.
+
+Most tests run a master in this process (``master.main.build_server``: the real
+service, journal and both servers on real sockets) so they can stop it, start it again
+on the same or other ports, or change what it advertises; the kill test uses a master
+process (SIGKILL, then a restart on its metadata).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import socket
+import struct
+import threading
+import time
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.client.framedclient import FramedClient
+from curvine_py.client.metaclient import MasterClient
+from curvine_py.common import metaframes as mf
+from curvine_py.common.config import Config
+from curvine_py.common.errors import CurvineError
+from curvine_py.localcluster import LocalCluster
+from curvine_py.master.framed import FrameServer
+from curvine_py.master.main import Servers, build_server
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.processes import free_ports
+from tests.conftest import client_config
+
+SECRET = "frames-test-secret"
+HOST = "127.0.0.1"
+
+
+def master_config(meta_dir: Path, port: int = 0, frame_port: int = 0) -> Config:
+    cfg = Config()
+    cfg.cluster.secret = SECRET
+    cfg.master.bind = HOST
+    cfg.master.port = port
+    cfg.master.frame_port = frame_port
+    cfg.master.meta_dir = str(meta_dir)
+    cfg.client.retry_s = 20.0
+    return cfg
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> typing.Iterator[tuple[Servers, Config]]:
+    cfg = master_config(tmp_path / "meta")
+    servers = build_server(cfg)
+    try:
+        yield servers, cfg
+    finally:
+        servers.stop(grace=0)
+
+
+def client_of(servers: Servers, cfg: Config, secret: str = SECRET) -> MasterClient:
+    return MasterClient(f"{HOST}:{servers.port}", cfg.client, secret)
+
+
+def caller(mutation: bool = False) -> pb.Caller:
+    return pb.Caller(uid=0, gid=0, client_id="frames-test", request_id=str(time.monotonic_ns()) if mutation else "")
+
+
+def grpc_call(m: MasterClient, method: str, request: typing.Any) -> typing.Any:
+    return getattr(m.stub, method)(request, timeout=10)
+
+
+# ---------------------------------------------------------------- same answers
+def test_frames_answer_as_grpc_does(master: tuple[Servers, Config]) -> None:
+    servers, cfg = master
+    m = client_of(servers, cfg)
+    try:
+        root = m.call("GetAttr", pb.InodeRequest(caller=caller(), ino=1))
+        assert m.transport == "frames"
+        assert root == grpc_call(m, "GetAttr", pb.InodeRequest(caller=caller(), ino=1))
+        made = m.call("Create", pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644,
+                                                open_flags=0o1))
+        assert made.lease_id and made.attr.ino > 1 and made.dirs
+        m.call("Commit", pb.CommitRequest(caller=caller(True), ino=made.attr.ino, lease_id=made.lease_id,
+                                          size=0, release=True))
+        m.call("Mknod", pb.MknodRequest(caller=caller(True), parent=1, name="d", mode=0o040755))
+        for method, request in [
+            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="f")),
+            ("GetAttr", pb.InodeRequest(caller=caller(), ino=made.attr.ino)),
+            ("ResolvePath", pb.PathRequest(caller=caller(), path="/d", follow_symlinks=True)),
+            ("ReadDir", pb.ReadDirRequest(caller=caller(), ino=1, limit=100, plus=True)),
+            ("StatFs", pb.Empty()),
+            ("GetBlockLocations", pb.BlockLocationsRequest(caller=caller(), ino=made.attr.ino)),
+        ]:
+            assert m.call(method, request) == grpc_call(m, method, request), method
+        ring = m.call("GetRing", pb.Empty())
+        assert ring.frame_port == servers.service.frame_port != 0
+        # errors: the same errno and message on both transports
+        for method, request, code in [
+            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="missing"), errno.ENOENT),
+            ("Mknod", pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644), errno.EEXIST),
+            ("Rmdir", pb.UnlinkRequest(caller=caller(True), parent=1, name="f"), errno.ENOTDIR),
+            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="a/b"), errno.EINVAL),
+        ]:
+            with pytest.raises(CurvineError) as framed:
+                m.call(method, request)
+            with pytest.raises(CurvineError) as viagrpc:
+                m._grpc_attempt(method, request, 10)
+            assert framed.value.errno == viagrpc.value.errno == code, method
+            assert framed.value.strerror == viagrpc.value.strerror, method
+        m.unlink(1, "f")
+        with pytest.raises(FileNotFoundError):
+            m.lookup(1, "f")
+    finally:
+        m.close()
+
+
+def test_threads_each_get_their_own_answers(master: tuple[Servers, Config]) -> None:
+    servers, cfg = master
+    m = client_of(servers, cfg)
+    for i in range(4):
+        m.mknod(1, f"t{i}", 0o100644)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            ino = m.lookup(1, f"t{i}").ino
+            for _ in range(200):
+                assert m.getattr(ino).ino == ino
+                assert m.lookup(1, f"t{i}").ino == ino
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and m.transport == "frames"
+    m.close()
+
+
+# ---------------------------------------------------------------- the secret
+def test_a_wrong_secret_is_refused_with_eacces(master: tuple[Servers, Config]) -> None:
+    servers, cfg = master
+    message = ("master refused the call: missing or wrong cluster secret "
+               "(set [cluster] secret in the config file, as on the servers)")
+    framed = FramedClient(HOST, servers.service.frame_port, "not-the-secret")
+    with pytest.raises(CurvineError) as e:
+        framed.call(mf.BY_NAME["GetAttr"], pb.InodeRequest(caller=caller(), ino=1), 5)
+    assert e.value.errno == errno.EACCES and e.value.strerror == message
+    wrong = client_of(servers, cfg, "not-the-secret")
+    with pytest.raises(PermissionError) as e2:
+        wrong.getattr(1)
+    assert e2.value.strerror == message
+    wrong.close()
+    # the secret itself never crosses the wire: the client only sends HMAC(secret, nonce)
+    sock, nonce = handshake(servers, mac=False)
+    sock.sendall(SECRET.encode().ljust(mf.MAC_LEN, b"\0"))
+    status, text = read_reply(sock)[1:]
+    assert status == mf.UNAUTHENTICATED and text == message
+    sock.close()
+    assert FramedClient(HOST, servers.service.frame_port, SECRET).call(
+        mf.BY_NAME["GetAttr"], pb.InodeRequest(caller=caller(), ino=1), 5).attr.ino == 1
+
+
+def test_an_open_cluster_still_shakes_hands(tmp_path: Path) -> None:
+    cfg = master_config(tmp_path / "meta")
+    cfg.cluster.secret = ""
+    servers = build_server(cfg)
+    try:
+        m = client_of(servers, cfg, "")
+        assert m.getattr(1).ino == 1 and m.transport == "frames"
+        m.close()
+    finally:
+        servers.stop(grace=0)
+
+
+# ---------------------------------------------------------------- garbage
+def handshake(servers: Servers, mac: bool = True) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection((HOST, servers.service.frame_port), timeout=10)
+    hello = recv_exact(sock, mf.HELLO.size)
+    magic, version, nonce = mf.HELLO.unpack(hello)
+    assert magic == b"CVMF" and version == 1 and len(nonce) == 16
+    if mac:
+        sock.sendall(mf.mac(SECRET, nonce))
+    return sock, nonce
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+def read_reply(sock: socket.socket) -> tuple[int, int, str | bytes]:
+    length, call_id, status = struct.unpack("<IIi", recv_exact(sock, 12))
+    payload = recv_exact(sock, length - 8)
+    return call_id, status, payload.decode() if status != 0 else payload
+
+
+def good_call(sock: socket.socket, call_id: int = 7) -> None:
+    body = pb.InodeRequest(caller=caller(), ino=1).SerializeToString()
+    sock.sendall(struct.pack("<IIH", 6 + len(body), call_id, mf.BY_NAME["GetAttr"].id) + body)
+    got_id, status, payload = read_reply(sock)
+    assert (got_id, status) == (call_id, 0)
+    assert pb.AttrReply.FromString(payload).attr.ino == 1
+
+
+def closed(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_garbage_gets_einval_or_a_closed_connection(master: tuple[Servers, Config]) -> None:
+    servers, cfg = master
+    sock, _ = handshake(servers)
+    good_call(sock, 1)
+    # an unknown method id: EINVAL, and the connection stays usable
+    sock.sendall(struct.pack("<IIH", 6 + 3, 2, 999) + b"abc")
+    call_id, status, text = read_reply(sock)
+    assert (call_id, status) == (2, errno.EINVAL) and "unknown method" in str(text)
+    good_call(sock, 3)
+    # undecodable protobuf: EINVAL, usable
+    sock.sendall(struct.pack("<IIH", 6 + 4, 4, mf.BY_NAME["GetAttr"].id) + b"\xff\xff\xff\xff")
+    call_id, status, text = read_reply(sock)
+    assert (call_id, status) == (4, errno.EINVAL) and "undecodable" in str(text)
+    good_call(sock, 5)
+    # a length past the 64 MiB cap: EINVAL for that call id, then the connection closes
+    sock.sendall(struct.pack("<IIH", (64 << 20) + 1, 6, mf.BY_NAME["GetAttr"].id))
+    call_id, status, text = read_reply(sock)
+    assert (call_id, status) == (6, errno.EINVAL) and "exceeds" in str(text)
+    assert closed(sock)
+    sock.close()
+    # a length too short for its own header cannot be parsed: closed
+    sock, _ = handshake(servers)
+    sock.sendall(struct.pack("<I", 3) + b"xyz" + b"\0" * 3)
+    assert closed(sock)
+    sock.close()
+    # random bytes instead of a MAC: refused
+    sock, _ = handshake(servers, mac=False)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 8)
+    assert read_reply(sock)[1] == mf.UNAUTHENTICATED
+    sock.close()
+    # a client that connects and leaves
+    socket.create_connection((HOST, servers.service.frame_port)).close()
+    # the server still answers a good client
+    sock, _ = handshake(servers)
+    good_call(sock, 9)
+    sock.close()
+    m = client_of(servers, cfg)
+    assert m.getattr(1).ino == 1 and m.transport == "frames"
+    m.close()
+
+
+# ---------------------------------------------------------------- restarts and fallbacks
+def test_a_restart_on_the_same_ports_reconnects_at_once(tmp_path: Path) -> None:
+    port, frame_port = free_ports(2, HOST)
+    cfg = master_config(tmp_path / "meta", port, frame_port)
+    servers = build_server(cfg)
+    m = client_of(servers, cfg)
+    try:
+        m.mknod(1, "before", 0o100644)
+        route = m._route
+        servers.stop(grace=0)
+        servers = build_server(cfg)
+        t0 = time.monotonic()
+        assert m.lookup(1, "before").ino > 1
+        took = time.monotonic() - t0
+        assert m._route is route, "the client asked for the frame port again although it did not change"
+        assert took < 1.0, f"the first call after the restart took {took:.2f} s"
+    finally:
+        m.close()
+        servers.stop(grace=0)
+
+
+def test_a_moved_frame_port_is_learned_again(master: tuple[Servers, Config]) -> None:
+    servers, cfg = master
+    m = client_of(servers, cfg)
+    m.mknod(1, "x", 0o100644)
+    old = servers.service.frame_port
+    assert servers.frames is not None
+    servers.frames.stop()
+    servers.frames = FrameServer(servers.service, SECRET, HOST, 0)
+    servers.service.frame_port = servers.frames.start()
+    assert m.lookup(1, "x").ino > 1
+    assert m.transport == "frames" and typing.cast(FramedClient, m._route).port == servers.service.frame_port != old
+    m.close()
+
+
+def test_an_unconnectable_frame_port_leaves_the_client_on_grpc(master: tuple[Servers, Config],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    servers, cfg = master
+    servers.service.frame_port = free_ports(1, HOST)[0]   # named by the master, nothing listens
+    m = client_of(servers, cfg)
+    with caplog.at_level(logging.WARNING):
+        assert m.getattr(1).ino == 1
+        assert m.getattr(1).ino == 1
+    assert m.transport == "grpc"
+    assert sum("use gRPC" in r.getMessage() for r in caplog.records) == 1
+    m.close()
+
+
+def test_frame_port_minus_one_means_grpc(tmp_path: Path) -> None:
+    cfg = master_config(tmp_path / "meta", frame_port=-1)
+    servers = build_server(cfg)
+    try:
+        assert servers.frames is None and servers.service.frame_port == 0
+        m = client_of(servers, cfg)
+        assert m.mknod(1, "g", 0o100644).ino > 1
+        assert m.lookup(1, "g").ino > 1 and m.transport == "grpc"
+        m.close()
+    finally:
+        servers.stop(grace=0)
+
+
+def test_sdk_without_frames(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    """A cluster whose master has frames off: the SDK's whole surface on gRPC."""
+    from curvine_py.sdk import Client
+    c = cluster_factory(workers=1, extra_master_flags=("--master-heartbeat-ms", "200",
+                                                       "--master-frame-port", "-1"))
+    cfg = client_config(c)
+    cfg.master.replicas = 1
+    with Client(master=c.master_address, config=cfg) as sdk:
+        data = b"grpc only" * 1000
+        sdk.put_bytes("/g", data)
+        sdk.rename("/g", "/h")
+        assert sdk.get_bytes("/h") == data and sdk.stat("/h").size == len(data)
+        assert sdk.core.meta.transport == "grpc"
+        sdk.remove("/h")
+
+
+def test_a_killed_master_comes_back_on_frames(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    """SIGKILL, restart on the same metadata (tests give the master an ephemeral frame
+    port, so it comes back on another one): the client's next call retries until the
+    master answers, then goes on over frames."""
+    from curvine_py.sdk import Client
+    c = cluster_factory(workers=1)
+    cfg = client_config(c)
+    with Client(master=c.master_address, config=cfg) as sdk:
+        sdk.put_bytes("/k", b"kept")
+        meta = sdk.core.meta
+        assert meta.transport == "frames"
+        port = typing.cast(FramedClient, meta._route).port
+        c.kill_master(signal.SIGKILL)
+        # the call is issued while the master is down (and retried); the restart runs in
+        # this thread because a daemon started with die_with_parent dies with its thread
+        failed: list[BaseException] = []
+        call = threading.Thread(target=lambda: _catch(failed, lambda: sdk.mkdir("/after-restart")))
+        call.start()
+        time.sleep(1.0)
+        c.restart_master()
+        call.join()
+        assert failed == []
+        assert sdk.get_bytes("/k") == b"kept" and sdk.stat("/after-restart").is_dir
+        assert meta.transport == "frames"
+        assert typing.cast(FramedClient, meta._route).port != port
+
+
+def _catch(into: list[BaseException], fn: typing.Callable[[], object]) -> None:
+    try:
+        fn()
+    except BaseException as e:
+        into.append(e)
