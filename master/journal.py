@@ -24,6 +24,16 @@ from curvine_py.master.namespace import Namespace
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256
+# The `request_id != ''` term lets SQLite use the partial index oplog_req: with
+# `request_id=?` alone it cannot prove the bound value is not '' and scans the whole
+# oplog instead, ~8 ms per mutation at 30k rows (10 minutes of a busy client), which
+# made every create, rename and unlink through the mount cost 3 ms.
+RETRY_LOOKUP = "SELECT result FROM oplog WHERE request_id=? AND request_id != ''"
+# Rows are appended in time order, so the expired ones are a prefix in seq order: find
+# the first row to keep by walking from the oldest (O(expired), not a scan of the log).
+PRUNE = ("DELETE FROM oplog WHERE seq < COALESCE("
+         "(SELECT seq FROM oplog WHERE ts_ms >= ? ORDER BY seq LIMIT 1),"
+         " (SELECT COALESCE(MAX(seq), 0) + 1 FROM oplog))")
 _STOP = object()
 
 
@@ -101,7 +111,7 @@ class Journal:
         """Apply one record in a savepoint; returns its result or its CurvineError."""
         rid = rec.get("request_id") or ""
         if rid:
-            row = self.conn.execute("SELECT result FROM oplog WHERE request_id=?", (rid,)).fetchone()
+            row = self.conn.execute(RETRY_LOOKUP, (rid,)).fetchone()
             if row is not None:
                 return _decode_result(row[0])
         self.conn.execute("SAVEPOINT op")
@@ -131,8 +141,11 @@ class Journal:
         if now - self._last_prune < 10:
             return
         self._last_prune = now
-        cutoff = int(time.time() * 1000 - self.retry_cache_s * 1000)
-        self.conn.execute("DELETE FROM oplog WHERE ts_ms < ?", (cutoff,))
+        self.prune(int(time.time() * 1000 - self.retry_cache_s * 1000))
+
+    def prune(self, cutoff_ms: int) -> None:
+        """Delete the oplog rows written before cutoff_ms."""
+        self.conn.execute(PRUNE, (cutoff_ms,))
 
 
 def _bytes_hex(o: Any) -> Any:

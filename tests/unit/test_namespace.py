@@ -185,6 +185,31 @@ def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
                                   release=True)) == errno.EINVAL
 
 
+def test_retry_cache_lookup_uses_the_request_index(ns: NS) -> None:
+    """The retry-cache lookup runs before every mutation: it must be an index search,
+    not a scan of the whole oplog (which made each mutation cost milliseconds)."""
+    from curvine_py.master.journal import RETRY_LOOKUP
+    plan = " ".join(str(row[-1]) for row in ns.ns.conn.execute("EXPLAIN QUERY PLAN " + RETRY_LOOKUP, ("r",)))
+    assert "USING INDEX oplog_req" in plan, plan
+
+
+def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
+    for i in range(5):
+        ns.do("mknod", request_id=f"old-{i}", parent=ROOT_INO, name=f"old{i}", mode=stat.S_IFDIR | 0o755,
+              now_ns=1_000_000_000 * (i + 1))
+    ns.do("mknod", request_id="new-1", parent=ROOT_INO, name="new1", mode=stat.S_IFDIR | 0o755)
+    conn = ns.ns.conn
+    count = lambda: conn.execute("SELECT count(*) FROM oplog").fetchone()[0]  # noqa: E731
+    assert count() == 6
+    ns.journal.prune(3_000)           # rows of t = 1 s and 2 s expire
+    assert [r[0] for r in conn.execute("SELECT request_id FROM oplog ORDER BY seq")] == \
+        ["old-2", "old-3", "old-4", "new-1"]
+    ns.journal.prune(1 << 62)         # everything expired
+    assert count() == 0
+    ns.journal.prune(1 << 62)         # an empty log stays empty
+    assert count() == 0
+
+
 def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:
     first = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
     again = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
