@@ -284,7 +284,8 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def flush(self, fh: int) -> None:
-        await self._run(self.vfs.flush, fh)
+        if not self.vfs.flush_nowait(fh):   # a read-only descriptor: nothing to do, no hop
+            await self._run(self.vfs.flush, fh)
 
     @_fs_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -292,7 +293,8 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def release(self, fh: int) -> None:
-        await self._run(self.vfs.release, fh)
+        if not self.vfs.release_nowait(fh):   # cannot block: done on the loop, no hop
+            await self._run(self.vfs.release, fh)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # the client keeps no per-inode lookup state

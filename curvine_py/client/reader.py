@@ -325,6 +325,11 @@ class FileReader:
             f.result()
         return self.size
 
+    def idle(self) -> bool:
+        """No block fetch of this reader is still running (close() would not wait)."""
+        with self._lock:
+            return all(entry.future.done() for entry in self._cache.values())
+
     def close(self) -> None:
         with self._lock:
             entries = list(self._cache.values())

@@ -366,11 +366,36 @@ class VFS:
             st.version += 1
         self._seen_generation.pop(h.ino, None)
 
+    def flush_nowait(self, fh: int) -> bool:
+        """True if flush(fh) has nothing to do (a read-only descriptor, a writer already
+        closed): the mount answers such a FLUSH without a thread hop."""
+        h = self._handles.get(fh)
+        if h is None:
+            return False   # flush raises EBADF; let it
+        w = h.state.writer
+        return w is None or w.closed or not h.writes
+
     def fsync(self, fh: int) -> None:
         h = self.handle(fh)
         w = h.state.writer
         if w is not None and not w.closed and h.writes and w.flush() is not None:
             h.state.version += 1
+
+    def release_nowait(self, fh: int) -> bool:
+        """Release fh here and now if that cannot block (no writer to close, no hidden
+        name to remove, no block fetch still running); False = call release() in a thread."""
+        with self._lock:
+            h = self._handles.get(fh)
+            if h is not None:
+                st = h.state
+                if h.writes and st.writers == 1 and st.writer is not None and not st.writer.closed:
+                    return False
+                if st.handles == 1 and st.hidden is not None:
+                    return False
+                if h.reader is not None and not h.reader.idle():
+                    return False
+        self.release(fh)
+        return True
 
     def release(self, fh: int) -> None:
         """The last reference to a descriptor went away; the last writer gives up the lease."""
