@@ -32,8 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
-import xxhash
-
+from curvine_py.common.blockmeta import block_file
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
@@ -98,8 +97,7 @@ class DataDir:
         return os.path.join(self.path, "free")
 
     def block_path(self, block_id: int) -> str:
-        sub = xxhash.xxh3_64_intdigest(block_id.to_bytes(8, "little")) & 0xFF
-        return os.path.join(self.blocks_dir, f"{sub:02x}", str(block_id))
+        return block_file(self.path, block_id)
 
     def _disk_room(self) -> int:
         st = os.statvfs(self.path)

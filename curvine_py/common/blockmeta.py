@@ -6,6 +6,7 @@ per 1 MiB chunk, and an xxh3_64 of everything before it (the file checks itself)
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -18,6 +19,14 @@ META_MAGIC = b"CVBM"
 META_VERSION = 1
 _META_HEAD = struct.Struct("<4sHHQIIQ")   # magic, version, flags, length, chunk, nchunks, xxh3
 _U64 = struct.Struct("<Q")
+
+
+def block_file(data_dir: str, block_id: int) -> str:
+    """Where a committed block's file lives under a worker data dir (its sidecar is
+    this + ".meta"): ``blocks/<xx>/<id>``, xx = the low byte of xxh3(id, 8 bytes LE)
+    in hex.  The worker writes there and the short-circuit client looks there first."""
+    sub = xxhash.xxh3_64_intdigest(block_id.to_bytes(8, "little")) & 0xFF
+    return os.path.join(data_dir, "blocks", f"{sub:02x}", str(block_id))
 
 
 @dataclass(frozen=True)

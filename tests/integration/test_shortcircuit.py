@@ -145,3 +145,48 @@ def test_partial_ranges_of_a_block(local_client: "Client", remote_dir: str) -> N
         assert sc.read(w0, block, off, memoryview(into)) == n
         assert bytes(into) == data[base + off:base + off + n], (off, n)
     assert sc.stats()["fallbacks"] == 0
+
+
+class _NoStatBlock:
+    """A worker stub whose StatBlock must not be called."""
+
+    def StatBlock(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("StatBlock called although the layout names the block's file")
+
+
+def test_block_files_are_found_by_the_layout_without_a_call(local_client: "Client", remote_dir: str) -> None:
+    """After one Info per worker, local blocks are found under its data dirs by the
+    documented layout (blockmeta.block_file): no StatBlock round trip per block."""
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    local_client.put_bytes(f"{remote_dir}/warm", payload(6))
+    assert local_client.get_bytes(f"{remote_dir}/warm")          # learns the data dirs (Info)
+    data = payload(7)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    real_stub, sc._stub = sc._stub, lambda addr: _NoStatBlock()  # type: ignore[method-assign]
+    try:
+        before = sc.stats()
+        assert local_client.get_bytes(f"{remote_dir}/f") == data
+        after = sc.stats()
+    finally:
+        sc._stub = real_stub  # type: ignore[method-assign]
+    assert after["reads"] - before["reads"] == 3 and after["fallbacks"] == before["fallbacks"]
+
+
+def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client", remote_dir: str) -> None:
+    """Data dirs where the layout does not find a block (here: a wrong list) cost one
+    StatBlock per block; the read stays local and verified."""
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    local_client.put_bytes(f"{remote_dir}/warm", payload(8))
+    assert local_client.get_bytes(f"{remote_dir}/warm")          # learns the data dirs (Info)
+    with sc._lock:
+        assert sc._dirs
+        for where in sc._dirs:
+            sc._dirs[where] = ["/nonexistent/curvine-data"]
+    data = payload(9)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    before = sc.stats()
+    assert local_client.get_bytes(f"{remote_dir}/f") == data
+    after = sc.stats()
+    assert after["reads"] - before["reads"] == 3 and after["fallbacks"] == before["fallbacks"]
