@@ -113,6 +113,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     import pyfuse3
     import trio
 
+    from curvine_py.client.asyncmeta import AsyncMeta
     from curvine_py.client.core import ClientCore
     from curvine_py.client.vfs import VFS
     from curvine_py.fuse.ops import CurvineOps
@@ -132,7 +133,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         return 1
     real = os.path.realpath(mountpoint)   # resolve now: after init the path is served by us
     vfs = VFS(core)
-    ops = CurvineOps(vfs, cfg.fuse)
+    ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta.frame_route))
     options = set(pyfuse3.default_options)
     options |= {"fsname=curvine", "subtype=curvine", "allow_other"}
     try:

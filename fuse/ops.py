@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import pyfuse3
 import trio
 
+from curvine_py.client.asyncmeta import AsyncMeta, FastPathUnavailable
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS
 from curvine_py.common.config import FuseConfig
@@ -59,10 +60,12 @@ class CurvineOps(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, vfs: VFS, cfg: FuseConfig) -> None:
+    def __init__(self, vfs: VFS, cfg: FuseConfig, fast: AsyncMeta | None = None) -> None:
+        """fast: lookups and getattrs on the trio loop (client/asyncmeta.py); None = threads."""
         super().__init__()
         self.vfs = vfs
         self.cfg = cfg
+        self.fast = fast
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._limiter = trio.CapacityLimiter(64)
         self._dirs: dict[int, tuple[int, Identity]] = {}
@@ -107,10 +110,21 @@ class CurvineOps(pyfuse3.Operations):
         return e
 
     # ------------------------------------------------------------------ metadata
+    async def _read_meta(self, fast_fn: Callable[..., Any], slow_fn: Callable[..., T], *args: Any) -> T:
+        """A read-only master call: on the loop (no thread hop) when the fast path can make
+        it, else in a worker thread with the client's full retry policy."""
+        if self.fast is not None:
+            try:
+                return await fast_fn(self.fast, *args)  # type: ignore[no-any-return]
+            except FastPathUnavailable:
+                pass
+        return await self._run(slow_fn, *args)
+
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         try:
-            return self._entry(await self._run(self.vfs.lookup, parent_inode, os.fsdecode(name), self._ident(ctx)))
+            return self._entry(await self._read_meta(self.vfs.lookup_async, self.vfs.lookup, parent_inode,
+                                                     os.fsdecode(name), self._ident(ctx)))
         except CurvineError as e:
             if e.errno == errno.ENOENT and self.cfg.negative_timeout_s > 0:
                 neg = pyfuse3.EntryAttributes()
@@ -123,7 +137,7 @@ class CurvineOps(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         attr = self.vfs.cached_dir_attr(inode)   # known without a call: no thread hop
         if attr is None:
-            attr = await self._run(self.vfs.getattr, inode, self._ident(ctx))
+            attr = await self._read_meta(self.vfs.getattr_async, self.vfs.getattr, inode, self._ident(ctx))
         return self._entry(attr)
 
     @_fs_errors

@@ -139,6 +139,14 @@ class MasterClient:
         route = self._route
         return "frames" if isinstance(route, FramedClient) else "grpc" if route is None else "unknown"
 
+    def frame_route(self) -> tuple[str, int, str] | None:
+        """(host, frame port, secret) while calls go over frames, else None: the mount's
+        loop-side client (client/asyncmeta.py) follows this client's route."""
+        route = self._route
+        if isinstance(route, FramedClient):
+            return route.host, route.port, self._secret
+        return None
+
     # ------------------------------------------------------------------ transports
     def _attempt(self, method: str, request: Any, timeout: float) -> Any:
         """One try over the current route; _Unreachable if the master was not reached."""

@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
@@ -26,6 +26,9 @@ from curvine_py.client.writer import FileWriter
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
+
+if TYPE_CHECKING:
+    from curvine_py.client.asyncmeta import AsyncMeta
 
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
@@ -107,6 +110,19 @@ class VFS:
 
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
         return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
+
+    # The same two reads awaited on the mount's trio loop (client/asyncmeta.py): one
+    # attempt, FastPathUnavailable when the caller must use the methods above instead.
+    async def lookup_async(self, fast: AsyncMeta, parent: int, name: str, ident: Identity) -> pb.Attr:
+        req = pb.LookupRequest(caller=self.meta.caller(ident), parent=parent, name=name)
+        return self.overlay((await fast.call("Lookup", req, self.core.cfg.client.rpc_timeout_s)).attr)
+
+    async def getattr_async(self, fast: AsyncMeta, ino: int, ident: Identity) -> pb.Attr:
+        cached = self.cached_dir_attr(ino)
+        if cached is not None:
+            return cached
+        req = pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)
+        return self.overlay((await fast.call("GetAttr", req, self.core.cfg.client.rpc_timeout_s)).attr)
 
     def cached_dir_attr(self, ino: int) -> pb.Attr | None:
         """A directory's attributes from this client's own recent change of it (no call)."""

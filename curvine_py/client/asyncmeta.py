@@ -1,0 +1,168 @@
+"""Read-only master calls awaited on the mount's trio loop, with no thread hop.
+
+The mount runs every request that needs the master in a worker thread
+(``trio.to_thread``): on two busy cores that hop costs ~0.3 ms, three to four times a
+framed ``Lookup``.  Lookups and attribute reads are the mount's most frequent requests
+(LMCache stats every chunk of a prompt before reading any), so they are made here, on
+the loop itself, over trio sockets speaking the same frames as the threads' client
+(``common/metaframes.py``; the master cannot tell them apart).
+
+One attempt only, never a retry: any transport trouble -- no frame port known yet, a
+refused or dropped connection, the master's UNAVAILABLE, a timeout -- raises
+``FastPathUnavailable`` and the caller takes the thread path, whose ``MasterClient``
+retries with the full policy (same errors, same waits as before).  The master's own
+answers (an errno, EACCES for a wrong secret) are final and raised as ``CurvineError``.
+"""
+from __future__ import annotations
+
+import errno
+import typing
+
+import trio
+from google.protobuf.message import DecodeError
+
+from curvine_py.common import metaframes as mf
+from curvine_py.common.errors import CurvineError
+
+CONNECT_TIMEOUT_S = 2.0
+MAX_IDLE = 8            # connections kept open between calls (concurrent calls open more)
+
+
+class FastPathUnavailable(Exception):
+    """This call could not be made on the loop; make it through the thread path."""
+
+
+class _AsyncReader(mf.FrameReader):
+    """FrameReader over a trio socket: the same buffer logic, awaited reads."""
+
+    __slots__ = ()
+
+    async def afill(self, n: int) -> memoryview:
+        if self.end - self.start < n:
+            self._make_room(n)
+            while self.end - self.start < n:
+                k = await self.sock.recv_into(self.view[self.end:])
+                if k == 0:
+                    raise mf.Closed(f"connection closed with {self.end - self.start} of {n} bytes read")
+                self.end += k
+        return self.view[self.start:self.start + n]
+
+
+class _Conn:
+    __slots__ = ("sock", "reader", "next_id")
+
+    def __init__(self, sock: typing.Any) -> None:
+        self.sock = sock
+        self.reader = _AsyncReader(sock)
+        self.next_id = 1
+
+    def call_id(self) -> int:
+        cid = self.next_id
+        self.next_id = cid + 1 if cid < 0xFFFFFFFF else 1
+        return cid
+
+
+class AsyncMeta:
+    """Framed calls to the master from one trio loop (not thread-safe: the loop's only)."""
+
+    def __init__(self, route: typing.Callable[[], tuple[str, int, str] | None]) -> None:
+        """route() -> (host, frame port, secret) of the master's frame server, or None
+        while the threads' client has not learned one (or uses gRPC)."""
+        self._route = route
+        self._where: tuple[str, int, str] | None = None
+        self._idle: list[_Conn] = []
+
+    async def call(self, method: str, request: typing.Any, timeout: float) -> typing.Any:
+        """The reply to one call; FastPathUnavailable or the master's CurvineError."""
+        m = mf.BY_NAME[method]
+        payload = request.SerializeToString()
+        conn = await self._take(timeout)
+        reusable = False   # the exchange completed: the connection is in a clean state
+        try:
+            with trio.move_on_after(timeout):
+                reply = await self._exchange(conn, m, payload)
+                reusable = True
+                return reply
+            raise FastPathUnavailable(f"{method} took longer than {timeout:g} s")
+        except CurvineError as e:
+            reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
+            raise
+        except (OSError, mf.Closed) as e:
+            raise FastPathUnavailable(f"{method}: {e}") from None
+        finally:
+            if reusable and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.sock.close()
+
+    def close(self) -> None:
+        """Close the idle connections (on the loop: trio sockets belong to it)."""
+        for conn in self._idle:
+            conn.sock.close()
+        self._idle.clear()
+
+    # ------------------------------------------------------------------ connections
+    async def _take(self, timeout: float) -> _Conn:
+        where = self._route()
+        if where is None:
+            raise FastPathUnavailable("no frame route to the master (yet)")
+        if where != self._where:          # the master moved (restart on a new port): start over
+            self.close()
+            self._where = where
+        if self._idle:
+            return self._idle.pop()
+        return await self._connect(where, min(timeout, CONNECT_TIMEOUT_S))
+
+    async def _connect(self, where: tuple[str, int, str], timeout: float) -> _Conn:
+        host, port, secret = where
+        sock = trio.socket.socket(trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET,
+                                  trio.socket.SOCK_STREAM)
+        conn = _Conn(sock)
+        try:
+            with trio.fail_after(timeout):
+                await sock.connect((host, port))
+                sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+                magic, version, nonce = mf.HELLO.unpack(await conn.reader.afill(mf.HELLO.size))
+                if magic != mf.MAGIC or version != mf.VERSION:
+                    raise mf.Closed(f"{host}:{port} is not a curvine frame server")
+                conn.reader.consume(mf.HELLO.size)
+                await _send_all(sock, mf.mac(secret, bytes(nonce)))
+        except (OSError, mf.Closed, trio.TooSlowError) as e:
+            sock.close()
+            raise FastPathUnavailable(f"cannot connect to {host}:{port}: {e}") from None
+        return conn
+
+    # ------------------------------------------------------------------ one exchange
+    async def _exchange(self, conn: _Conn, m: mf.Method, payload: bytes) -> typing.Any:
+        cid = conn.call_id()
+        await _send_all(conn.sock, mf.request_frame(cid, m.id, payload))
+        length, got_id, status = mf.REPLY.unpack(await conn.reader.afill(mf.REPLY.size))
+        if not mf.REPLY_REST <= length <= mf.MAX_FRAME:
+            raise mf.Closed(f"bad reply frame length {length}")
+        body = (await conn.reader.afill(mf.LENGTH.size + length))[mf.REPLY.size:]
+        try:
+            return _result(m, cid, got_id, status, body)
+        finally:
+            conn.reader.consume(mf.LENGTH.size + length)
+
+
+def _result(m: mf.Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
+    if status == mf.UNAUTHENTICATED:
+        raise CurvineError(errno.EACCES, bytes(body).decode("utf-8", "replace"))
+    if got_id != cid:
+        raise mf.Closed(f"{m.name}: reply to call {got_id}, expected {cid}")
+    if status == mf.OK:
+        try:
+            return m.reply.FromString(body)
+        except DecodeError:
+            raise CurvineError(errno.EIO, f"{m.name}: undecodable reply from the master") from None
+    if status > 0:
+        raise CurvineError(status, bytes(body).decode("utf-8", "replace"))
+    raise mf.Closed(f"{m.name}: status {status}")   # UNAVAILABLE or unknown: the thread path retries
+
+
+async def _send_all(sock: typing.Any, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        sent = await sock.send(view)
+        view = view[sent:]
