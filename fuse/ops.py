@@ -317,7 +317,8 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         try:
-            return await self._run(self.vfs.getxattr, inode, os.fsdecode(name), self._ident(ctx))
+            return await self._read_meta(self.vfs.getxattr_async, self.vfs.getxattr, inode, os.fsdecode(name),
+                                         self._ident(ctx))
         except CurvineError as e:
             if e.errno == errno.ENODATA:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None

@@ -234,6 +234,13 @@ class VFS:
         req = pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name)
         return self.meta.call("GetXattr", req).value
 
+    async def getxattr_async(self, fast: AsyncMeta, ino: int, name: str, ident: Identity) -> bytes:
+        """getxattr() on the loop: the kernel asks for security.capability before every
+        write(2) to a file, so this is a per-write request."""
+        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name)
+        reply = await fast.call("GetXattr", req, self.core.cfg.client.rpc_timeout_s)
+        return bytes(reply.value)
+
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> None:
         req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name, value=value, flags=flags)
         self.meta.call("SetXattr", req)
