@@ -194,7 +194,7 @@ class MasterClient:
         except grpc.RpcError as e:
             raise self._grpc_failure(e) from None
         if ring.frame_port == 0:
-            self._use_grpc("the master serves no frame port (master.frame_port = -1)")
+            self._use_grpc("the master serves no frame port (master.frame_port = -1)", logging.INFO)
         else:
             self._route = FramedClient(_host_of(self.address), ring.frame_port, self._secret)
 
@@ -210,11 +210,12 @@ class MasterClient:
             else:
                 self._use_grpc(str(e))
 
-    def _use_grpc(self, why: str) -> None:
+    def _use_grpc(self, why: str, level: int = logging.WARNING) -> None:
+        """Stay on gRPC; said once per client (a warning unless the master chose it)."""
         self._route = None
         if not self._warned:
             self._warned = True
-            log.warning("master %s: metadata calls use gRPC: %s", self.address, why)
+            log.log(level, "master %s: metadata calls use gRPC: %s", self.address, why)
 
     # ------------------------------------------------------------------ conveniences
     def resolve(self, path: str, follow: bool = True, ident: Identity | None = None) -> pb.Attr:
