@@ -61,14 +61,26 @@ COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lea
             "next_worker": 1, "schema_version": SCHEMA_VERSION}
 
 
-def open_db(path: str, sync: str = "normal") -> sqlite3.Connection:
-    """Open (and create if new) the store; WAL so readers never block the writer."""
+WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation
+READER_CACHE_KIB = 4096           # each serving thread's read connection (see open_db)
+READER_MMAP_BYTES = 1 << 30
+
+
+def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Connection:
+    """Open (and create if new) the store; WAL so readers never block the writer.
+
+    Every thread serving calls (gRPC pool, one per frame connection) has its own read
+    connection.  Each keeps a small private page cache and reads the file through a
+    shared memory map instead, so a hundred client connections cost the master the OS
+    page cache once, not a private 64 MiB cache each."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys=OFF")
-    conn.execute("PRAGMA cache_size=-65536")
+    conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB if reader else WRITER_CACHE_KIB}")
+    if reader:
+        conn.execute(f"PRAGMA mmap_size={READER_MMAP_BYTES}")
     return conn
 
 

@@ -86,7 +86,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         """This thread's read connection."""
         ns = getattr(self._local, "ns", None)
         if ns is None:
-            ns = Namespace(schema.open_db(self.db_path, self.cfg.master.sync), self.cfg.master.block_size,
+            ns = Namespace(schema.open_db(self.db_path, self.cfg.master.sync, reader=True), self.cfg.master.block_size,
                            self.cfg.master.replicas)
             self._local.ns = ns
         return ns
