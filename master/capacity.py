@@ -9,7 +9,12 @@ repeated for the same bytes.  Blocks placed but not yet reported are not added: 
 allocate block ids in growing batches and leave the unused ones, so counting placements
 overestimated usage by tens of MiB per file and evicted far below the low watermark;
 new writes show in the next heartbeat (a worker that is really full refuses the block,
-and the writer retries while eviction makes room).
+and the writer retries while eviction makes room).  Blocks *committed* since a worker's
+last heartbeat are added for the allocation back-pressure (``on_disk``; the evictor's
+look-ahead has the write rate for them, and placement leaves a really full worker to
+refuse the block): they are on the disk already (a writer ships a block before it commits it), and
+a mount writing a few hundred MB/s commits many files between two heartbeats (usage
+reached 126 MiB of a 128 MiB pool, past the 90% watermark, once metadata calls got fast).
 
 Because eviction takes effect a heartbeat or two after the decision, the evictor looks
 ahead: each worker's write rate (bytes/s of new blocks in its heartbeats' block reports
@@ -44,6 +49,7 @@ class Capacity:
         self.rate_window_s = max(MIN_RATE_WINDOW_S, 2 * heartbeat_s)
         self._lock = threading.Lock()
         self._freed: deque[tuple[float, int, int]] = deque()      # (time, worker, bytes)
+        self._committed: deque[tuple[float, int, int]] = deque()  # (time, worker, bytes)
         self._added: dict[int, deque[tuple[float, int]]] = {}       # worker -> (time, bytes reported new)
 
     # ------------------------------------------------------------------ corrections
@@ -51,6 +57,22 @@ class Capacity:
         now = time.monotonic()
         with self._lock:
             self._freed.extend((now, w, n) for w, n in per_worker.items() if n)
+
+    def note_committed(self, per_worker: dict[int, int]) -> None:
+        """Blocks of these sizes were committed on these workers (on disk, not yet reported)."""
+        now = time.monotonic()
+        with self._lock:
+            self._committed.extend((now, w, n) for w, n in per_worker.items() if n)
+
+    def _unreported(self) -> dict[int, int]:
+        """Committed bytes per worker that no heartbeat has reported yet: kept until one
+        arrives a whole interval after the commit (surely sent after the block was on
+        disk, even on a loaded machine; counting a file twice for a heartbeat only makes
+        the back-pressure wait a little longer)."""
+        now = time.monotonic()
+        with self._lock:
+            self._committed = self._pending(self._committed, now, self.heartbeat_s)
+            return self._sum(self._committed)
 
     def frees_pending(self) -> bool:
         """Are evicted bytes still on their way out of some worker?"""
@@ -102,6 +124,12 @@ class Capacity:
             used = w.used - freed.get(w.worker_id, 0) + int(ahead)
             out[w.worker_id] = (w.capacity, max(0, used))
         return out
+
+    def on_disk(self) -> dict[int, tuple[int, int]]:
+        """worker id -> (capacity, used) as the disks hold it now: reported plus committed
+        since, evicted bytes still counted until a heartbeat shows them gone."""
+        fresh = self._unreported()
+        return {w.worker_id: (w.capacity, w.used + fresh.get(w.worker_id, 0)) for w in self.registry.live_workers()}
 
     def pool(self) -> tuple[int, int]:
         u = self.usage().values()

@@ -253,19 +253,20 @@ class Evictor:
         return again() or self.make_room(block_size, self.wait_s, again)
 
     def hold_back(self) -> None:
-        """Back-pressure: while the workers' *reported* usage is past the high watermark,
+        """Back-pressure: while the disks' usage (reported, plus files committed since the
+        last heartbeats; evicted bytes count until reported gone) is past the high watermark,
         a new allocation waits (at most wait_s) for eviction to take effect on the disks,
         instead of piling more blocks on.  This bounds usage at the watermark plus what
         writers already hold, however far the heartbeats lag; with only pinned or open
         files left there is nothing to wait for and the allocation goes on."""
         deadline = time.monotonic() + self.wait_s
-        while self._reported_over_high() and time.monotonic() < deadline:
+        while self._disks_over_high() and time.monotonic() < deadline:
             if not self.evict() and not self.capacity.frees_pending():
                 return
             time.sleep(min(0.05, self.capacity.heartbeat_s / 4))
 
-    def _reported_over_high(self) -> bool:
-        return self._past_high({w.worker_id: (w.capacity, w.used) for w in self.registry.live_workers()})
+    def _disks_over_high(self) -> bool:
+        return self._past_high(self.capacity.on_disk())
 
     @property
     def wait_s(self) -> float:

@@ -273,9 +273,12 @@ class MasterService(pb_grpc.MasterServiceServicer):
         rec = caller_rec(request.caller, "commit", ino=request.ino, lease_id=request.lease_id, size=request.size,
                          blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
         result = self.submit(rec)
+        on_disk: dict[int, int] = {}
         for b in request.blocks:
             for wid in b.workers:
                 self.registry.add_replica(b.block_id, wid)
+                on_disk[wid] = on_disk.get(wid, 0) + b.length
+        self.capacity.note_committed(on_disk)
         return pb.AttrReply(attr=to_attr(result["attr"]))
 
     @rpc_method
