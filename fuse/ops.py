@@ -110,21 +110,22 @@ class CurvineOps(pyfuse3.Operations):
         return e
 
     # ------------------------------------------------------------------ metadata
-    async def _read_meta(self, fast_fn: Callable[..., Any], slow_fn: Callable[..., T], *args: Any) -> T:
-        """A read-only master call: on the loop (no thread hop) when the fast path can make
-        it, else in a worker thread with the client's full retry policy."""
+    async def _master(self, method: str, request: Any) -> Any:
+        """One master call for the VFS's awaited methods: on the loop over the framed
+        channel (client/asyncmeta.py, no thread hop) when it can be made there, else the
+        same request in a worker thread with the client's full retry policy."""
         if self.fast is not None:
             try:
-                return await fast_fn(self.fast, *args)  # type: ignore[no-any-return]
+                return await self.fast.call(method, request, self.vfs.core.cfg.client.rpc_timeout_s)
             except FastPathUnavailable:
                 pass
-        return await self._run(slow_fn, *args)
+        return await self._run(self.vfs.meta.call, method, request)
 
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         try:
-            return self._entry(await self._read_meta(self.vfs.lookup_async, self.vfs.lookup, parent_inode,
-                                                     os.fsdecode(name), self._ident(ctx)))
+            return self._entry(await self.vfs.lookup_async(self._master, parent_inode, os.fsdecode(name),
+                                                           self._ident(ctx)))
         except CurvineError as e:
             if e.errno == errno.ENOENT and self.cfg.negative_timeout_s > 0:
                 neg = pyfuse3.EntryAttributes()
@@ -137,7 +138,7 @@ class CurvineOps(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         attr = self.vfs.cached_dir_attr(inode)   # known without a call: no thread hop
         if attr is None:
-            attr = await self._read_meta(self.vfs.getattr_async, self.vfs.getattr, inode, self._ident(ctx))
+            attr = await self.vfs.getattr_async(self._master, inode, self._ident(ctx))
         return self._entry(attr)
 
     @_fs_errors
@@ -190,8 +191,8 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._run(self.vfs.mkdir, parent_inode, os.fsdecode(name), mode, ctx.umask,
-                                           self._ident(ctx)))
+        return self._entry(await self.vfs.mkdir_async(self._master, parent_inode, os.fsdecode(name), mode, ctx.umask,
+                                                      self._ident(ctx)))
 
     @_fs_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
@@ -207,7 +208,9 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        await self._run(self.vfs.unlink, parent_inode, os.fsdecode(name), self._ident(ctx))
+        ident = self._ident(ctx)
+        if not await self.vfs.unlink_async(self._master, parent_inode, os.fsdecode(name), ident):
+            await self._run(self.vfs.unlink, parent_inode, os.fsdecode(name), ident)
 
     @_fs_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -216,8 +219,10 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
-        await self._run(self.vfs.rename, parent_inode_old, os.fsdecode(name_old), parent_inode_new,
-                        os.fsdecode(name_new), flags, self._ident(ctx))
+        args = (parent_inode_old, os.fsdecode(name_old), parent_inode_new, os.fsdecode(name_new), flags,
+                self._ident(ctx))
+        if not await self.vfs.rename_async(self._master, *args):
+            await self._run(self.vfs.rename, *args)
 
     # ------------------------------------------------------------------ directories
     @_fs_errors
@@ -270,8 +275,8 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        opened = await self._run(self.vfs.create, parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
-                                 self._ident(ctx))
+        opened = await self.vfs.create_async(self._master, parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
+                                             self._ident(ctx))
         return self._file_info(opened), self._entry(opened.attr)
 
     @_fs_errors
@@ -317,8 +322,7 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         try:
-            return await self._read_meta(self.vfs.getxattr_async, self.vfs.getxattr, inode, os.fsdecode(name),
-                                         self._ident(ctx))
+            return await self.vfs.getxattr_async(self._master, inode, os.fsdecode(name), self._ident(ctx))
         except CurvineError as e:
             if e.errno == errno.ENODATA:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None

@@ -17,7 +17,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Awaitable, Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
@@ -27,8 +27,7 @@ from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 
-if TYPE_CHECKING:
-    from curvine_py.client.asyncmeta import AsyncMeta
+MasterCall = Callable[[str, Any], Awaitable[Any]]   # (method, request) -> reply
 
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
@@ -111,18 +110,58 @@ class VFS:
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
         return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
 
-    # The same two reads awaited on the mount's trio loop (client/asyncmeta.py): one
-    # attempt, FastPathUnavailable when the caller must use the methods above instead.
-    async def lookup_async(self, fast: AsyncMeta, parent: int, name: str, ident: Identity) -> pb.Attr:
+    # ------------------------------------------------------------------ awaited forms
+    # The mount awaits these on its trio loop instead of running the methods above in a
+    # worker thread.  `call(method, request)` is the mount's master call: over the loop's
+    # framed connections, or (on any transport trouble) the same request through
+    # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
+    # master's retry cache answers a repeat.  None of them blocks.
+    async def lookup_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> pb.Attr:
         req = pb.LookupRequest(caller=self.meta.caller(ident), parent=parent, name=name)
-        return self.overlay((await fast.call("Lookup", req, self.core.cfg.client.rpc_timeout_s)).attr)
+        return self.overlay((await call("Lookup", req)).attr)
 
-    async def getattr_async(self, fast: AsyncMeta, ino: int, ident: Identity) -> pb.Attr:
+    async def getattr_async(self, call: MasterCall, ino: int, ident: Identity) -> pb.Attr:
         cached = self.cached_dir_attr(ino)
         if cached is not None:
             return cached
-        req = pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)
-        return self.overlay((await fast.call("GetAttr", req, self.core.cfg.client.rpc_timeout_s)).attr)
+        return self.overlay((await call("GetAttr", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino))).attr)
+
+    async def getxattr_async(self, call: MasterCall, ino: int, name: str, ident: Identity) -> bytes:
+        """The kernel asks for security.capability before every write(2) to a file."""
+        reply = await call("GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name))
+        return bytes(reply.value)
+
+    async def mkdir_async(self, call: MasterCall, parent: int, name: str, mode: int, umask: int,
+                          ident: Identity) -> pb.Attr:
+        req = pb.MknodRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
+                              mode=stat.S_IFDIR | (mode & 0o7777), umask=umask)
+        return self.meta.saw_dirs(await call("Mknod", req)).attr  # type: ignore[no-any-return]
+
+    async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
+                           ident: Identity) -> Opened:
+        req = pb.MknodRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
+                              mode=stat.S_IFREG | (mode & 0o7777), umask=umask, exclusive=bool(flags & os.O_EXCL),
+                              open_flags=flags)
+        return self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
+
+    async def unlink_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> bool:
+        """False (nothing done): a file is open here, unlink() may have to hide it."""
+        if self._inodes:
+            return False
+        req = pb.UnlinkRequest(caller=self.meta.caller(ident, True), parent=parent, name=name)
+        self.meta.saw_dirs(await call("Unlink", req))
+        return True
+
+    async def rename_async(self, call: MasterCall, parent: int, name: str, new_parent: int, new_name: str,
+                           flags: int, ident: Identity) -> bool:
+        """False (nothing done): a replaced file may be open here, rename() may have to hide it."""
+        if self._inodes and not flags:
+            return False
+        self._dir_attrs.clear()
+        req = pb.RenameRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
+                               new_parent=new_parent, new_name=new_name, flags=flags)
+        self.meta.saw_dirs(await call("Rename", req))
+        return True
 
     def cached_dir_attr(self, ino: int) -> pb.Attr | None:
         """A directory's attributes from this client's own recent change of it (no call)."""
@@ -155,9 +194,6 @@ class VFS:
     # ------------------------------------------------------------------ namespace
     def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity) -> pb.Attr:
         return self.meta.mknod(parent, name, mode, umask=umask, rdev=rdev, ident=ident)
-
-    def mkdir(self, parent: int, name: str, mode: int, umask: int, ident: Identity) -> pb.Attr:
-        return self.meta.mknod(parent, name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
 
     def symlink(self, parent: int, name: str, target: str, ident: Identity) -> pb.Attr:
         return self.meta.mknod(parent, name, stat.S_IFLNK | 0o777, target=target, ident=ident)
@@ -230,17 +266,6 @@ class VFS:
     def statfs(self) -> pb.StatFsReply:
         return self.meta.call("StatFs", pb.Empty())
 
-    def getxattr(self, ino: int, name: str, ident: Identity) -> bytes:
-        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name)
-        return self.meta.call("GetXattr", req).value
-
-    async def getxattr_async(self, fast: AsyncMeta, ino: int, name: str, ident: Identity) -> bytes:
-        """getxattr() on the loop: the kernel asks for security.capability before every
-        write(2) to a file, so this is a per-write request."""
-        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name)
-        reply = await fast.call("GetXattr", req, self.core.cfg.client.rpc_timeout_s)
-        return bytes(reply.value)
-
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> None:
         req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name, value=value, flags=flags)
         self.meta.call("SetXattr", req)
@@ -253,11 +278,6 @@ class VFS:
         self.meta.call("RemoveXattr", req)
 
     # ------------------------------------------------------------------ open files
-    def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity) -> Opened:
-        reply = self.meta.create(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
-                                 exclusive=bool(flags & os.O_EXCL), ident=ident)
-        return self._open_writer(reply, flags, ident)
-
     def open(self, ino: int, flags: int, ident: Identity) -> Opened:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)  # O_RDONLY|O_TRUNC truncates
         with self._lock:
