@@ -364,8 +364,17 @@ class FileWriter:
         self._slots.acquire()
         try:
             target = self._next_block()
-        except BaseException:
+        except BaseException as e:
             self._slots.release()
+            # No block for these bytes (the master's ENOSPC, say): they are gone, so this
+            # writer may no longer commit -- a commit would present the file, at its new
+            # size, with a hole of zeros where they were.  Its close fails and the file
+            # keeps its last committed contents (abort).
+            self._error = self._error or e
+            data.release()
+            if owned is not None:
+                owned.view.release()
+                self.pool.release(owned.raw)  # type: ignore[arg-type]
             raise
         fut = self.core.executor.submit(self._send, idx, data, target, owned)
         self.shipped.append(fut)

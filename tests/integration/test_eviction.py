@@ -127,6 +127,30 @@ def test_pinned_files_survive_and_full_pinned_pool_is_enospc(small: tuple[LocalC
     assert client.get_bytes("/kv/after") == payload(7)
 
 
+def test_a_write_out_of_space_never_commits_a_hole(small: tuple[LocalCluster, Client]) -> None:
+    """Bytes the master found no block for (ENOSPC) must not turn into zeros of a file
+    whose close succeeded: the close fails and the file keeps what it had (here: empty).
+    The writes come in half blocks, as through the mount (blocks shipped as they fill)."""
+    _, client = small
+    client.mkdir("/pinned")
+    client.pin("/pinned")
+    with pytest.raises(CurvineError) as e:
+        for i in range(40):
+            client.put_bytes(f"/pinned/{i}", payload(100 + i))
+    assert e.value.errno == errno.ENOSPC
+    data = payload(300)
+    f = client.open("/pinned/holey", "wb")
+    with pytest.raises(CurvineError) as e:
+        try:
+            for off in range(0, len(data), MiB // 2):
+                f.write(data[off:off + MiB // 2])
+        finally:
+            f.close()
+    assert e.value.errno == errno.ENOSPC, e.value
+    size = client.stat("/pinned/holey").size
+    assert size == 0 or client.get_bytes("/pinned/holey") == data[:size], size
+
+
 def test_ttl_sweep_removes_expired_files(small: tuple[LocalCluster, Client]) -> None:
     _, client = small
     client.mkdir("/ttl/sub", parents=True)
