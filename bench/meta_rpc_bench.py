@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from curvine_py.client.metaclient import MasterClient  # noqa: E402
 from curvine_py.common.config import Config  # noqa: E402
-from curvine_py.pb import curvine_pb2 as pb  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -94,7 +94,7 @@ class Pattern:
     def digest(self, prefix: bytes, index: int, length: int) -> int:
         """xxh3 of prefix + the first `length` bytes of the rotated base."""
         h = xxhash.xxh3_64(prefix)
-        r, n = self.offset(index), len(self.base)
+        r = self.offset(index)
         first = self.view[r:r + length]
         h.update(first)
         if len(first) < length:
