@@ -10,7 +10,6 @@ to a raw Python TCP socket moving the same bytes between two processes in this r
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -19,6 +18,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable
+
+from curvine_py.cli import output
 
 KV_BYTES = 103_000_000          # KV cache of a 1,925-token Qwen2-7B prompt (BRIEF.md)
 SEQ_BYTES = 1 << 30
@@ -203,12 +204,7 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"{'metric':28} {'value':>10}")
-        for k, v in out.items():
-            print(f"{k:28} {v:10.2f}")
+    output.print_figures(out, args.json)
     return 0
 
 

@@ -16,7 +16,6 @@ sees it right after another replica wrote it):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable
+
+from curvine_py.cli import output
 
 KV_BYTES = 103_000_000
 
@@ -112,12 +113,7 @@ def main() -> int:
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)   # ~200 MB of blocks, maybe in RAM (/dev/shm)
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"{'metric':32} {'value':>10}")
-        for k, v in out.items():
-            print(f"{k:32} {v:10.2f}")
+    output.print_figures(out, args.json)
     return 0
 
 

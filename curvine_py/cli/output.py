@@ -119,3 +119,11 @@ def print_json(obj: object, out: typing.TextIO | None = None) -> None:
     """Write obj as JSON plus a newline to stdout (or out)."""
     stream = out if out is not None else sys.stdout
     stream.write(to_json(obj) + "\n")
+
+
+def print_figures(figures: typing.Mapping[str, float], as_json: bool) -> None:
+    """A benchmark script's named figures: JSON, or a metric/value table (2 decimals)."""
+    if as_json:
+        print_json(dict(figures))
+    else:
+        print(table([(k, f"{v:.2f}") for k, v in figures.items()], headers=("metric", "value"), right={1}))
