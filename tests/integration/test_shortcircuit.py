@@ -58,23 +58,33 @@ def local_block_files(client: "Client", cluster: LocalCluster, path: str) -> lis
     return [s.path for s in stats]
 
 
+def counted_read(client: "Client", path: str) -> tuple[bytes, dict[str, int]]:
+    """get_bytes(path) and how the client's short-circuit counters moved during it."""
+    sc = client.core.shortcircuit
+    assert sc is not None
+    before = sc.stats()
+    got = client.get_bytes(path)
+    after = sc.stats()
+    return got, {k: after[k] - before[k] for k in after}
+
+
 def test_same_host_reads_use_the_block_file(local_client: "Client", remote_dir: str) -> None:
     data = payload(1)
     local_client.put_bytes(f"{remote_dir}/f", data)
+    got, moved = counted_read(local_client, f"{remote_dir}/f")
+    assert got == data
+    assert moved["reads"] == 3
+    assert moved["bytes"] == len(data)
+    assert moved["fallbacks"] == 0
     sc = local_client.core.shortcircuit
     assert sc is not None
-    before = sc.stats()
-    assert local_client.get_bytes(f"{remote_dir}/f") == data
-    after = sc.stats()
-    assert after["reads"] - before["reads"] == 3
-    assert after["bytes"] - before["bytes"] == len(data)
-    assert after["fallbacks"] == before["fallbacks"]
+    fallbacks = sc.stats()["fallbacks"]
     # unaligned ranges (partial chunks at both ends, across a block boundary)
     with local_client.open(f"{remote_dir}/f") as f:
         for off, n in ((1, 100), (MiB - 7, 2 * MiB + 9), (4 * MiB - 3, 5 * MiB), (SIZE - 10, 50)):
             f.seek(off)
             assert f.read(n) == data[off:off + n]
-    assert sc.stats()["fallbacks"] == before["fallbacks"]
+    assert sc.stats()["fallbacks"] == fallbacks
 
 
 def test_other_hosts_read_over_the_network(shared_cluster: LocalCluster, client: "Client",
@@ -102,13 +112,10 @@ def test_flipped_byte_falls_back_to_the_other_replica(shared_cluster: LocalClust
         byte = f.read(1)
         f.seek(MiB + 17)
         f.write(bytes([byte[0] ^ 0x40]))
-    sc = local_client.core.shortcircuit
-    assert sc is not None
-    before = sc.stats()
-    assert local_client.get_bytes(f"{remote_dir}/f") == data
-    after = sc.stats()
-    assert after["fallbacks"] - before["fallbacks"] == 1
-    assert after["reads"] - before["reads"] == 2   # blocks 0 and 2 still came from the files
+    got, moved = counted_read(local_client, f"{remote_dir}/f")
+    assert got == data
+    assert moved["fallbacks"] == 1
+    assert moved["reads"] == 2   # blocks 0 and 2 still came from the files
 
 
 def test_deleted_block_file_falls_back(shared_cluster: LocalCluster, local_client: "Client",
@@ -118,13 +125,10 @@ def test_deleted_block_file_falls_back(shared_cluster: LocalCluster, local_clien
     assert local_client.get_bytes(f"{remote_dir}/f") == data   # paths now cached by the client
     paths = local_block_files(local_client, shared_cluster, f"{remote_dir}/f")
     os.unlink(paths[0])
-    sc = local_client.core.shortcircuit
-    assert sc is not None
-    before = sc.stats()
-    assert local_client.get_bytes(f"{remote_dir}/f") == data
-    after = sc.stats()
-    assert after["fallbacks"] - before["fallbacks"] == 1
-    assert after["reads"] - before["reads"] == 2
+    got, moved = counted_read(local_client, f"{remote_dir}/f")
+    assert got == data
+    assert moved["fallbacks"] == 1
+    assert moved["reads"] == 2
 
 
 def test_partial_ranges_of_a_block(local_client: "Client", remote_dir: str) -> None:
@@ -165,12 +169,11 @@ def test_block_files_are_found_by_the_layout_without_a_call(local_client: "Clien
     local_client.put_bytes(f"{remote_dir}/f", data)
     real_stub, sc._stub = sc._stub, lambda addr: _NoStatBlock()  # type: ignore[method-assign]
     try:
-        before = sc.stats()
-        assert local_client.get_bytes(f"{remote_dir}/f") == data
-        after = sc.stats()
+        got, moved = counted_read(local_client, f"{remote_dir}/f")
     finally:
         sc._stub = real_stub  # type: ignore[method-assign]
-    assert after["reads"] - before["reads"] == 3 and after["fallbacks"] == before["fallbacks"]
+    assert got == data
+    assert moved["reads"] == 3 and moved["fallbacks"] == 0
 
 
 def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client", remote_dir: str) -> None:
@@ -186,7 +189,6 @@ def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client"
             sc._dirs[where] = ["/nonexistent/curvine-data"]
     data = payload(9)
     local_client.put_bytes(f"{remote_dir}/f", data)
-    before = sc.stats()
-    assert local_client.get_bytes(f"{remote_dir}/f") == data
-    after = sc.stats()
-    assert after["reads"] - before["reads"] == 3 and after["fallbacks"] == before["fallbacks"]
+    got, moved = counted_read(local_client, f"{remote_dir}/f")
+    assert got == data
+    assert moved["reads"] == 3 and moved["fallbacks"] == 0
