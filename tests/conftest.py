@@ -20,6 +20,7 @@ from curvine_py.localcluster import LocalCluster, log_tail
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
+    from curvine_py.testhosts import NetCluster
 
 # Heartbeats every 200 ms: workers register and are reported live within a fraction of
 # a second, which keeps fixture start-up and liveness assertions fast.
@@ -73,10 +74,19 @@ def start_cluster(directory: Path, workers: int = 2, **kwargs: typing.Any) -> Lo
     return cluster
 
 
-def dump_logs(cluster: LocalCluster) -> None:
+def dump_logs(cluster: LocalCluster | NetCluster) -> None:
     for p in cluster.processes:
-        print(f"---- {p.name} (pid {p.pid}, alive={p.is_alive()}) {p.log}")
+        where = f" on {p.host}" if p.host else ""
+        print(f"---- {p.name}{where} (pid {p.pid}, alive={p.is_alive()}) {p.log}")
         print(log_tail(p.log, 40))
+
+
+def stop_clusters(clusters: typing.Iterable[LocalCluster | NetCluster], request: pytest.FixtureRequest) -> None:
+    """A fixture's teardown: stop every cluster, after printing its logs if the test failed."""
+    for c in clusters:
+        if _failed(request):
+            dump_logs(c)
+        c.stop()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -100,9 +110,7 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> typing.Iterator[L
     try:
         yield c
     finally:
-        if _failed(request):
-            dump_logs(c)
-        c.stop()
+        stop_clusters([c], request)
 
 
 @pytest.fixture
@@ -119,10 +127,7 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest
     try:
         yield make
     finally:
-        for c in started:
-            if _failed(request):
-                dump_logs(c)
-            c.stop()
+        stop_clusters(started, request)
 
 
 @pytest.fixture(scope="module")

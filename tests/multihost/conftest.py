@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import log_tail
 from curvine_py.testhosts import Hosts, NetCluster, unavailable_reason
+from tests.conftest import FAST_MASTER_FLAGS, stop_clusters
 
 HOSTS = 4
-# Heartbeats every 200 ms: workers are reported live within a fraction of a second.
-FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
 
 _reason: list[str | None] = []
 
@@ -29,17 +27,6 @@ def _skip_reason() -> str | None:
     if not _reason:
         _reason.append(unavailable_reason())
     return _reason[0]
-
-
-def _failed(request: pytest.FixtureRequest) -> bool:
-    rep = getattr(request.node, "rep_call", None)   # set by tests/conftest.py's report hook
-    return rep is not None and rep.failed
-
-
-def dump_logs(cluster: NetCluster) -> None:
-    for p in cluster.processes:
-        print(f"---- {p.name} on {p.host or '?'} (pid {p.pid}, alive={p.is_alive()}) {p.log}")
-        print(log_tail(p.log, 40))
 
 
 @pytest.fixture
@@ -67,10 +54,7 @@ def net_cluster_factory(hosts: Hosts, tmp_path: Path, request: pytest.FixtureReq
     try:
         yield make
     finally:
-        for c in started:
-            if _failed(request):
-                dump_logs(c)
-            c.stop()
+        stop_clusters(started, request)
 
 
 @pytest.fixture
