@@ -61,15 +61,17 @@ def wait_until(what: str, check: typing.Callable[[], object], timeout: float = 6
         time.sleep(0.2)
 
 
-def start_cluster(directory: Path, workers: int = 2, **kwargs: typing.Any) -> LocalCluster:
-    """A started LocalCluster with test settings (free ports, fast heartbeats).
+def start_cluster(directory: Path, workers: int = 2, cls: type[LocalCluster] = LocalCluster,
+                  **kwargs: typing.Any) -> LocalCluster:
+    """A started LocalCluster (or subclass: other data dirs) with test settings (free
+    ports, fast heartbeats).
 
     start() stops whatever it started when it fails, so a caller only has to stop a
     cluster this returns.
     """
     kwargs.setdefault("extra_master_flags", FAST_MASTER_FLAGS)
     kwargs.setdefault("die_with_parent", True)
-    cluster = LocalCluster(directory, workers=workers, **kwargs)
+    cluster = cls(directory, workers=workers, **kwargs)
     cluster.start(timeout=START_TIMEOUT_S)
     return cluster
 
@@ -116,7 +118,8 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> typing.Iterator[L
 @pytest.fixture
 def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest
                     ) -> typing.Iterator[typing.Callable[..., LocalCluster]]:
-    """Start clusters with custom settings: ``cluster_factory(workers=3, capacity="64MiB")``."""
+    """Start clusters with custom settings: ``cluster_factory(workers=3, capacity="64MiB")``,
+    ``cluster_factory(cls=SomeLocalClusterSubclass)``; stopped (logs shown on failure) after the test."""
     started: list[LocalCluster] = []
 
     def make(**kwargs: typing.Any) -> LocalCluster:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import time
 import typing
-from pathlib import Path
 
 import pytest
 
@@ -201,10 +200,8 @@ def dir_used(client: Client, tier: str) -> int:
     return sum(d.used for w in rep.workers for d in w.dirs if d.tier == tier)
 
 
-def test_tier_preference_and_fallback(tmp_path: Path) -> None:
-    c = TieredCluster(tmp_path / "tiered", workers=2, extra_master_flags=EVICT_FLAGS, die_with_parent=True)
-    c.start()
-    client = connect(c)
+def test_tier_preference_and_fallback(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    client = connect(cluster_factory(cls=TieredCluster, extra_master_flags=EVICT_FLAGS))
     try:
         client.mkdir("/hot")
         client.mkdir("/cold")
@@ -225,7 +222,6 @@ def test_tier_preference_and_fallback(tmp_path: Path) -> None:
         assert e.value.errno == errno.EINVAL
     finally:
         client.close()
-        c.stop()
 
 
 def test_cli_policy_commands(small: tuple[LocalCluster, Client]) -> None:
@@ -259,12 +255,11 @@ class UnevenCluster(LocalCluster):
         return f"[SSD:{'12MiB' if i == 0 else '64MiB'}]{self.dir / f'worker{i}' / 'data'}"
 
 
-def test_full_worker_gets_no_new_blocks_and_full_pool_is_enospc(tmp_path: Path) -> None:
+def test_full_worker_gets_no_new_blocks_and_full_pool_is_enospc(
+        cluster_factory: typing.Callable[..., LocalCluster]) -> None:
     """Eviction off: a full worker is skipped by placement; a full pool is ENOSPC."""
-    c = UnevenCluster(tmp_path / "uneven", workers=3, die_with_parent=True,
-                      extra_master_flags=(*EVICT_FLAGS, "--master-evict", "false"))
-    c.start()
-    client = connect(c)
+    client = connect(cluster_factory(cls=UnevenCluster, workers=3,
+                                     extra_master_flags=(*EVICT_FLAGS, "--master-evict", "false")))
     try:
         client.mkdir("/d")
         for i in range(12):                        # 96 MiB of replicas: far more than worker 0 holds
@@ -282,7 +277,6 @@ def test_full_worker_gets_no_new_blocks_and_full_pool_is_enospc(tmp_path: Path) 
         assert client.get_bytes("/d/0") == payload(0)
     finally:
         client.close()
-        c.stop()
 
 
 def test_files_open_for_writing_are_never_evicted(small: tuple[LocalCluster, Client]) -> None:
