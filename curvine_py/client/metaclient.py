@@ -217,27 +217,52 @@ class MasterClient:
             self._warned = True
             log.log(level, "master %s: metadata calls use gRPC: %s", self.address, why)
 
+    # ------------------------------------------------------------------ requests
+    # The conveniences below send these; the mount's loop-side calls (VFS.*_async) send
+    # the same requests over its own connections.  Mutations carry a fresh request id.
+    def lookup_request(self, parent: int, name: str, ident: Identity | None = None) -> pb.LookupRequest:
+        return pb.LookupRequest(caller=self.caller(ident), parent=parent, name=name)
+
+    def getattr_request(self, ino: int, ident: Identity | None = None) -> pb.InodeRequest:
+        return pb.InodeRequest(caller=self.caller(ident), ino=ino)
+
+    def mknod_request(self, parent: int, name: str, mode: int, umask: int = 0, rdev: int = 0, target: str = "",
+                      block_size: int = 0, ident: Identity | None = None) -> pb.MknodRequest:
+        return pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
+                               rdev=rdev, symlink_target=target, block_size=block_size)
+
+    def create_request(self, parent: int, name: str, mode: int, flags: int, umask: int = 0, exclusive: bool = False,
+                       block_size: int = 0, ident: Identity | None = None) -> pb.MknodRequest:
+        return pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
+                               exclusive=exclusive, block_size=block_size, open_flags=flags)
+
+    def unlink_request(self, parent: int, name: str, ident: Identity | None = None) -> pb.UnlinkRequest:
+        return pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)
+
+    def rename_request(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0,
+                       ident: Identity | None = None) -> pb.RenameRequest:
+        return pb.RenameRequest(caller=self.caller(ident, True), parent=parent, name=name, new_parent=new_parent,
+                                new_name=new_name, flags=flags)
+
     # ------------------------------------------------------------------ conveniences
     def resolve(self, path: str, follow: bool = True, ident: Identity | None = None) -> pb.Attr:
         return self.call("ResolvePath", pb.PathRequest(caller=self.caller(ident), path=path,
                                                        follow_symlinks=follow)).attr
 
     def lookup(self, parent: int, name: str, ident: Identity | None = None) -> pb.Attr:
-        return self.call("Lookup", pb.LookupRequest(caller=self.caller(ident), parent=parent, name=name)).attr
+        return self.call("Lookup", self.lookup_request(parent, name, ident)).attr
 
     def getattr(self, ino: int, ident: Identity | None = None) -> pb.Attr:
-        return self.call("GetAttr", pb.InodeRequest(caller=self.caller(ident), ino=ino)).attr
+        return self.call("GetAttr", self.getattr_request(ino, ident)).attr
 
     def mknod(self, parent: int, name: str, mode: int, umask: int = 0, rdev: int = 0, target: str = "",
               block_size: int = 0, ident: Identity | None = None) -> pb.Attr:
-        req = pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
-                              rdev=rdev, symlink_target=target, block_size=block_size)
+        req = self.mknod_request(parent, name, mode, umask, rdev, target, block_size, ident)
         return self.saw_dirs(self.call("Mknod", req)).attr
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int = 0, exclusive: bool = False,
                block_size: int = 0, ident: Identity | None = None) -> pb.OpenReply:
-        req = pb.MknodRequest(caller=self.caller(ident, True), parent=parent, name=name, mode=mode, umask=umask,
-                              exclusive=exclusive, block_size=block_size, open_flags=flags)
+        req = self.create_request(parent, name, mode, flags, umask, exclusive, block_size, ident)
         return self.saw_dirs(self.call("Create", req))
 
     def open(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenReply:
@@ -257,15 +282,14 @@ class MasterClient:
         return self.call("Commit", req).attr
 
     def unlink(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Unlink", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)))
+        self.saw_dirs(self.call("Unlink", self.unlink_request(parent, name, ident)))
 
     def rmdir(self, parent: int, name: str, ident: Identity | None = None) -> None:
         self.saw_dirs(self.call("Rmdir", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0,
                ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Rename", pb.RenameRequest(caller=self.caller(ident, True), parent=parent, name=name,
-                                                       new_parent=new_parent, new_name=new_name, flags=flags)))
+        self.saw_dirs(self.call("Rename", self.rename_request(parent, name, new_parent, new_name, flags, ident)))
 
     def readdir(self, ino: int, offset: int = 0, limit: int = 1000, plus: bool = False,
                 ident: Identity | None = None) -> pb.ReadDirReply:

@@ -117,14 +117,13 @@ class VFS:
     # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
     # master's retry cache answers a repeat.  None of them blocks.
     async def lookup_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> pb.Attr:
-        req = pb.LookupRequest(caller=self.meta.caller(ident), parent=parent, name=name)
-        return self.overlay((await call("Lookup", req)).attr)
+        return self.overlay((await call("Lookup", self.meta.lookup_request(parent, name, ident))).attr)
 
     async def getattr_async(self, call: MasterCall, ino: int, ident: Identity) -> pb.Attr:
         cached = self.cached_dir_attr(ino)
         if cached is not None:
             return cached
-        return self.overlay((await call("GetAttr", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino))).attr)
+        return self.overlay((await call("GetAttr", self.meta.getattr_request(ino, ident))).attr)
 
     async def getxattr_async(self, call: MasterCall, ino: int, name: str, ident: Identity) -> bytes:
         """The kernel asks for security.capability before every write(2) to a file."""
@@ -133,23 +132,20 @@ class VFS:
 
     async def mkdir_async(self, call: MasterCall, parent: int, name: str, mode: int, umask: int,
                           ident: Identity) -> pb.Attr:
-        req = pb.MknodRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
-                              mode=stat.S_IFDIR | (mode & 0o7777), umask=umask)
+        req = self.meta.mknod_request(parent, name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
         return self.meta.saw_dirs(await call("Mknod", req)).attr  # type: ignore[no-any-return]
 
     async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
                            ident: Identity) -> Opened:
-        req = pb.MknodRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
-                              mode=stat.S_IFREG | (mode & 0o7777), umask=umask, exclusive=bool(flags & os.O_EXCL),
-                              open_flags=flags)
+        req = self.meta.create_request(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
+                                       exclusive=bool(flags & os.O_EXCL), ident=ident)
         return self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
 
     async def unlink_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> bool:
         """False (nothing done): a file is open here, unlink() may have to hide it."""
         if self._inodes:
             return False
-        req = pb.UnlinkRequest(caller=self.meta.caller(ident, True), parent=parent, name=name)
-        self.meta.saw_dirs(await call("Unlink", req))
+        self.meta.saw_dirs(await call("Unlink", self.meta.unlink_request(parent, name, ident)))
         return True
 
     async def rename_async(self, call: MasterCall, parent: int, name: str, new_parent: int, new_name: str,
@@ -158,8 +154,7 @@ class VFS:
         if self._inodes and not flags:
             return False
         self._dir_attrs.clear()
-        req = pb.RenameRequest(caller=self.meta.caller(ident, True), parent=parent, name=name,
-                               new_parent=new_parent, new_name=new_name, flags=flags)
+        req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
         self.meta.saw_dirs(await call("Rename", req))
         return True
 
