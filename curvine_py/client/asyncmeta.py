@@ -19,7 +19,6 @@ import errno
 import typing
 
 import trio
-from google.protobuf.message import DecodeError
 
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
@@ -87,7 +86,7 @@ class AsyncMeta:
         except CurvineError as e:
             reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
             raise
-        except (OSError, mf.Closed) as e:
+        except (OSError, mf.Closed, mf.Unavailable) as e:
             raise FastPathUnavailable(f"{method}: {e}") from None
         finally:
             if reusable and len(self._idle) < MAX_IDLE:
@@ -141,24 +140,9 @@ class AsyncMeta:
             raise mf.Closed(f"bad reply frame length {length}")
         body = (await conn.reader.afill(mf.LENGTH.size + length))[mf.REPLY.size:]
         try:
-            return _result(m, cid, got_id, status, body)
+            return mf.reply_of(m, cid, got_id, status, body)   # UNAVAILABLE: the thread path retries
         finally:
             conn.reader.consume(mf.LENGTH.size + length)
-
-
-def _result(m: mf.Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
-    if status == mf.UNAUTHENTICATED:
-        raise CurvineError(errno.EACCES, bytes(body).decode("utf-8", "replace"))
-    if got_id != cid:
-        raise mf.Closed(f"{m.name}: reply to call {got_id}, expected {cid}")
-    if status == mf.OK:
-        try:
-            return m.reply.FromString(body)
-        except DecodeError:
-            raise CurvineError(errno.EIO, f"{m.name}: undecodable reply from the master") from None
-    if status > 0:
-        raise CurvineError(status, bytes(body).decode("utf-8", "replace"))
-    raise mf.Closed(f"{m.name}: status {status}")   # UNAVAILABLE or unknown: the thread path retries
 
 
 async def _send_all(sock: typing.Any, data: bytes) -> None:

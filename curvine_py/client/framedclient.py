@@ -21,10 +21,7 @@ import threading
 import typing
 import weakref
 
-from google.protobuf.message import DecodeError
-
 from curvine_py.common import metaframes as mf
-from curvine_py.common.errors import CurvineError
 
 CONNECT_TIMEOUT_S = 5.0
 # Like the gRPC channel's keepalive (10 s + 5 s): a master cut off the network fails a call in ~15 s.
@@ -199,23 +196,15 @@ class FramedClient:
 
     def _result(self, conn: _Conn, method: mf.Method, cid: int, got_id: int, status: int,
                 body: memoryview) -> typing.Any:
-        """The reply message, or the error the status stands for."""
+        """The reply message, or the error the status stands for (metaframes.reply_of)."""
         if status == mf.UNAUTHENTICATED:
             self._drop(conn)   # the server closes it after the refusal
-            raise CurvineError(errno.EACCES, bytes(body).decode("utf-8", "replace"))
-        if got_id != cid:
-            raise _Broken(f"{method.name}: reply to call {got_id}, expected {cid}")
-        if status == mf.OK:
-            try:
-                return method.reply.FromString(body)
-            except DecodeError:
-                raise CurvineError(errno.EIO, f"{method.name}: undecodable reply from the master") from None
-        message = bytes(body).decode("utf-8", "replace")
-        if status == mf.UNAVAILABLE:
-            raise FrameUnreachable(errno.EHOSTDOWN, message)
-        if status > 0:
-            raise CurvineError(status, message)
-        raise _Broken(f"{method.name}: unknown reply status {status}")
+        try:
+            return mf.reply_of(method, cid, got_id, status, body)
+        except mf.Unavailable as e:
+            raise FrameUnreachable(errno.EHOSTDOWN, str(e)) from None
+        except mf.Closed as e:
+            raise _Broken(str(e)) from None
 
 
 def _tune(sock: socket.socket) -> None:

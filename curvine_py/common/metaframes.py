@@ -22,6 +22,7 @@ appended at the end of the service (or VERSION bumped), never inserted.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import struct
@@ -29,7 +30,9 @@ import typing
 from dataclasses import dataclass
 
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
+from curvine_py.common.errors import CurvineError
 from curvine_py.common.rpc import MAX_MESSAGE
 from curvine_py.pb import curvine_pb2
 
@@ -98,6 +101,31 @@ def reply_header(call_id: int, status: int, payload_len: int) -> bytes:
 
 class Closed(ConnectionError):
     """The peer closed the connection (or sent a frame that cannot be parsed)."""
+
+
+class Unavailable(Exception):
+    """The master answered UNAVAILABLE (it cannot answer yet): retry the call."""
+
+
+def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
+    """The reply message a frame carries, or the error its status stands for: the
+    master's answer as CurvineError (an errno; EACCES for a refused secret), Unavailable,
+    or Closed for a frame that does not fit this call (the connection is unusable)."""
+    if status == UNAUTHENTICATED:
+        raise CurvineError(errno.EACCES, bytes(body).decode("utf-8", "replace"))
+    if got_id != cid:
+        raise Closed(f"{method.name}: reply to call {got_id}, expected {cid}")
+    if status == OK:
+        try:
+            return method.reply.FromString(body)
+        except DecodeError:
+            raise CurvineError(errno.EIO, f"{method.name}: undecodable reply from the master") from None
+    message = bytes(body).decode("utf-8", "replace")
+    if status == UNAVAILABLE:
+        raise Unavailable(message)
+    if status > 0:
+        raise CurvineError(status, message)
+    raise Closed(f"{method.name}: unknown reply status {status}")
 
 
 class FrameReader:
