@@ -43,10 +43,9 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except CurvineError as e:
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except OSError as e:
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except OSError as e:   # CurvineError included
+            code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+            raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None

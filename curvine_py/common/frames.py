@@ -29,6 +29,11 @@ DataHeader = data_pb2.DataHeader
 class ChannelClosed(CurvineError):
     """The peer closed the connection (or sent garbage); the stream is unusable."""
 
+    def __new__(cls, message: str = "data connection closed by peer") -> "ChannelClosed":
+        # OSError takes errno from __new__'s arguments: without this the message became
+        # the errno, and a handler that passed it on (the mount's FUSEError) crashed.
+        return super().__new__(cls, errno.ECONNRESET, message)
+
     def __init__(self, message: str = "data connection closed by peer") -> None:
         super().__init__(errno.ECONNRESET, message)
 
