@@ -37,7 +37,8 @@ from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, BlockMeta, BlockReader, BlockWriter,
-                                         PendingWrite, io_error, remove_tree, unlink)
+                                         PendingWrite, io_error, remove_tree, supports_direct,
+                                         unlink)
 from curvine_py.worker.uring import Uring
 
 __all__ = ["CHUNK", "DEFAULT_BLOCK", "MAX_FREE_FILES", "TIERS", "TIER_INDEX", "BlockEntry", "BlockMeta",
@@ -83,6 +84,7 @@ class DataDir:
     used: int = 0                 # bytes of committed blocks
     reserved: int = 0             # bytes promised to blocks being written
     free_files: list[tuple[str, int]] = field(default_factory=list)   # (path, size)
+    direct: bool = False          # block files are written with O_DIRECT (worker.direct_io, probed)
 
     @property
     def blocks_dir(self) -> str:
@@ -120,7 +122,7 @@ class DataDir:
 
 class BlockEntry:
     """A committed block in the index."""
-    __slots__ = ("block_id", "dir", "length", "checksum", "chunk_sums", "chunk_size", "readers")
+    __slots__ = ("block_id", "dir", "length", "checksum", "chunk_sums", "chunk_size", "readers", "cached")
 
     def __init__(self, block_id: int, ddir: DataDir, meta: BlockMeta) -> None:
         self.block_id = block_id
@@ -130,6 +132,9 @@ class BlockEntry:
         self.chunk_sums = meta.chunk_sums
         self.chunk_size = meta.chunk_size
         self.readers = 0          # open BlockReaders: their file must not be recycled
+        # Written through the page cache (reads try it first); a block written with
+        # O_DIRECT is read with O_DIRECT, which neither fills the cache nor reads ahead.
+        self.cached = not ddir.direct
 
     @property
     def path(self) -> str:
@@ -145,7 +150,7 @@ class BlockStore:
 
     def __init__(self, dir_specs: Iterable[str], uring: Uring, reserve: int = 256 << 20,
                  reuse_files: bool = True, max_free_files: int = MAX_FREE_FILES,
-                 read_buffers: int = 256, read_io: str = "pread") -> None:
+                 read_buffers: int = 256, read_io: str = "pread", direct_io: bool = False) -> None:
         self.uring = uring
         self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
         self.reuse_files = reuse_files
@@ -168,6 +173,10 @@ class BlockStore:
                      for i, (tier, cap, p) in enumerate(map(parse_dir_spec, specs))]
         for d in self.dirs:
             self._scan(d)
+            d.direct = direct_io and supports_direct(d.staging_dir)
+            if direct_io and not d.direct:
+                log.info("data dir %s: its filesystem takes no O_DIRECT writes; writing through "
+                         "the page cache", d.path)
         log.info("block store: %d blocks in %d dirs", len(self._index), len(self.dirs))
 
     # ------------------------------------------------------------ queries
@@ -227,13 +236,14 @@ class BlockStore:
         try:
             if recycled is not None:
                 os.rename(recycled[0], staging)
-            fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_DIRECT if ddir.direct else 0),
+                         0o644)
         except OSError as e:
             with self._lock:
                 ddir.reserved -= size_hint
             raise io_error(e, f"create block {block_id}") from None
         return BlockWriter(self, block_id, ddir, staging, fd, size_hint,
-                           recycled[1] if recycled else 0)
+                           recycled[1] if recycled else 0, direct=ddir.direct)
 
     def _choose_dir(self, tier: int, size: int) -> DataDir:
         """Preferred tier if it has room, else the dir with the most room."""
@@ -278,6 +288,7 @@ class BlockStore:
         """Move a finished block into place and index it (the commit point is the meta rename)."""
         ddir, bid = writer.dir, writer.block_id
         entry = BlockEntry(bid, ddir, meta)
+        entry.cached = not writer.direct
         final = ddir.block_path(bid)
         with self._lock:
             old = self._index.pop(bid, None)
@@ -322,7 +333,17 @@ class BlockStore:
             raise io_error(e, f"open block {block_id}") from None
         avail = entry.length - offset
         n = avail if length is None else min(length, avail)
-        return BlockReader(self, entry, fd, offset, n)
+        return BlockReader(self, entry, fd, offset, n, self._open_direct(entry))
+
+    def _open_direct(self, entry: BlockEntry) -> int:
+        """The block file opened O_DIRECT when the block was written past the page cache;
+        -1 when not (reads stay buffered)."""
+        if entry.cached or self.read_io != "pread":
+            return -1
+        try:
+            return os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+        except OSError:
+            return -1
 
     def read_range(self, block_id: int, offset: int = 0, length: int | None = None) -> bytes:
         """The verified bytes of a range (a convenience for small reads and tests)."""

@@ -73,7 +73,8 @@ class Worker:
         w = self.cfg.worker
         self.uring = Uring(w.uring_entries)
         try:
-            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve, read_io=w.read_io)
+            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve, read_io=w.read_io,
+                                    direct_io=w.direct_io)
         except OSError as e:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
         first_dir = self.store.dirs[0].path

@@ -81,25 +81,27 @@ class Uring:
 
     # ------------------------------------------------------------ async ops
 
-    def read_into(self, fd: int, view: Buffer, offset: int) -> Future[int]:
-        """Read up to len(view) bytes at offset into view; the Future gives the count."""
+    def read_into(self, fd: int, view: Buffer, offset: int, punt: bool = True) -> Future[int]:
+        """Read up to len(view) bytes at offset into view; the Future gives the count.
+        punt=False lets the kernel issue the read at submit (O_DIRECT reads do not block
+        there), instead of handing it to an io-wq thread."""
         mv = memoryview(view)
         if mv.readonly:
             raise TypeError("read_into needs a writable buffer")
-        return self.readv_into(fd, [mv], offset)
+        return self.readv_into(fd, [mv], offset, punt)
 
     def write_from(self, fd: int, view: Buffer, offset: int) -> Future[int]:
         """Write view at offset; the Future gives the count (may be short)."""
         return self.writev_from(fd, [view], offset)
 
-    def readv_into(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
+    def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
         """Scatter-read into several buffers with one op."""
         mvs = [memoryview(v).cast("B") for v in views]
         if any(v.readonly for v in mvs):
             raise TypeError("readv_into needs writable buffers")
         iov = L.Iovec(mvs)
         return self._submit(lambda sqe: L.io_uring_prep_readv(sqe, fd, iov, offset),
-                            (iov, mvs), L.IOSQE_ASYNC)
+                            (iov, mvs), L.IOSQE_ASYNC if punt else 0)
 
     def writev_from(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
         """Gather-write several buffers with one op."""

@@ -69,6 +69,7 @@ class WorkerConfig:
     uring_entries: int = 128
     buffer_size: int = 1 * MiB    # piece size of the data channel
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
+    direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
     rpc_threads: int = 8
 
 

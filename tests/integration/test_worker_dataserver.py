@@ -88,7 +88,7 @@ def ring():
 
 class Node:
     def __init__(self, ring: Uring, root, name: str, worker_id: int, spec: str = "") -> None:
-        self.store = BlockStore([spec or str(root / name)], ring, reserve=0)
+        self.store = BlockStore([spec or str(root / name)], ring, reserve=0, direct_io=True)   # as worker.direct_io
         self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id).start()
         self.target = chain_targets([("127.0.0.1", self.server.port, worker_id)])
 

@@ -1,7 +1,9 @@
 """Block files: commit, checksums, restart scan, capacity, tiers, recycling."""
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
 
 import pytest
@@ -292,3 +294,83 @@ def test_early_closed_readers_return_buffers(ring, tmp_path):
     with store.open_reader(1, MiB, MiB) as r:
         assert sum(len(p) for p in r) == MiB
     assert store.get(1).readers == 0
+
+
+# ---------------------------------------------------------------- O_DIRECT block files
+
+def aligned_put(store: BlockStore, block_id: int, data: bytes, piece: int = MiB):
+    """Append from page-aligned pooled-style buffers, as the data server does."""
+    w = store.create(block_id)
+    keep = []
+    for i in range(0, len(data), piece):
+        chunk = data[i:i + piece]
+        m = mmap.mmap(-1, piece)
+        m[:len(chunk)] = chunk
+        keep.append(m)
+        w.append(memoryview(m)[:len(chunk)])
+    return w.commit(len(data), xxhash.xxh3_64_intdigest(data)), w
+
+
+def cached(path: str) -> int:
+    """How many of the file's pages are in the page cache (mincore: looks without reading)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+        return sum(b & 1 for b in vec)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("size", [4 * MiB, 3 * MiB + 777, 5000, 100])
+@pytest.mark.parametrize("read_io", ["pread", "uring"])
+def test_direct_writes_skip_the_page_cache_and_read_back(ring, tmp_path, size, read_io):
+    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True, read_io=read_io)
+    assert store.dirs[0].direct            # ext4 under pytest's tmp_path takes O_DIRECT
+    data = os.urandom(size)
+    entry, w = aligned_put(store, 7, data)
+    assert w.direct                         # every piece went direct, the tail padded
+    assert os.path.getsize(entry.path) == size
+    if size >= 4096:
+        assert not cached(entry.path)
+    assert store.read_range(7) == data
+    for off, n in ((0, 10), (CHUNK - 3, 10), (1, CHUNK * 2), (size // 2, None)):
+        if off <= size:
+            want = data[off:] if n is None else data[off:off + n]
+            assert store.read_range(7, off, n) == want
+    if size >= 4096 and read_io == "pread":
+        assert not cached(entry.path)       # misses are read O_DIRECT, not into the cache
+
+
+def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(ring, tmp_path):
+    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    data = os.urandom(3 * MiB + 777)
+    entry, w = aligned_put(store, 1, data, piece=300_000)   # the first piece leaves a tail
+    assert not w.direct
+    assert store.read_range(1) == data
+    entry = put(store, 2, data, piece=MiB)                   # bytes objects: not aligned memory
+    assert store.read_range(2) == data
+
+
+def test_direct_write_into_a_longer_recycled_file(ring, tmp_path):
+    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    aligned_put(store, 1, os.urandom(4 * MiB))
+    store.delete(1)
+    assert store.dirs[0].free_files
+    small = os.urandom(5000)
+    entry, w = aligned_put(store, 2, small)
+    assert w.initial_size == 4 * MiB and w.direct
+    assert os.path.getsize(entry.path) == 5000
+    assert store.read_range(2) == small
+    store2 = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)   # a restart reads the meta back
+    assert store2.read_range(2) == small
