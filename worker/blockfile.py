@@ -153,7 +153,7 @@ class BlockWriter:
         self._hash(view)
         offset = self.length
         self.length += n
-        if self.direct and not (self._tail_len == 0 and aligned(view)):
+        if self.direct and n and not (self._tail_len == 0 and aligned(view)):
             self._to_buffered()
         if self.direct and n % ALIGN:
             cut = n - n % ALIGN
@@ -339,7 +339,7 @@ class BlockReader:
     def __init__(self, store: BlockStore, entry: BlockEntry, fd: int, offset: int, length: int,
                  dfd: int = -1) -> None:
         self.store, self.entry, self.fd = store, entry, fd
-        self.dfd = dfd            # the same file opened O_DIRECT (page-cache misses), or -1
+        self.dfd = dfd            # the same file opened O_DIRECT (a block written direct), or -1
         self.offset, self.length = offset, length
         self.checksum = entry.checksum
         self._closed = False

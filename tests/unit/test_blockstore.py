@@ -374,3 +374,15 @@ def test_direct_write_into_a_longer_recycled_file(ring, tmp_path):
     assert store.read_range(2) == small
     store2 = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)   # a restart reads the meta back
     assert store2.read_range(2) == small
+
+
+def test_an_empty_piece_keeps_a_block_direct(ring, tmp_path):
+    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    w = store.create(3)
+    w.append(b"")                         # e.g. a zero-length data frame
+    m = mmap.mmap(-1, MiB)
+    m[:] = os.urandom(MiB)
+    w.append(memoryview(m))
+    assert w.direct
+    entry = w.commit(MiB, xxhash.xxh3_64_intdigest(m))
+    assert store.read_range(3) == m[:] and entry.length == MiB
