@@ -172,11 +172,7 @@ class BlockStore:
         self.dirs = [DataDir(i, os.path.abspath(p), tier, cap, reserve)
                      for i, (tier, cap, p) in enumerate(map(parse_dir_spec, specs))]
         for d in self.dirs:
-            self._scan(d)
-            d.direct = direct_io and supports_direct(d.staging_dir)
-            if direct_io and not d.direct:
-                log.info("data dir %s: its filesystem takes no O_DIRECT writes; writing through "
-                         "the page cache", d.path)
+            self._scan(d, direct_io)
         log.info("block store: %d blocks in %d dirs", len(self._index), len(self.dirs))
 
     # ------------------------------------------------------------ queries
@@ -399,14 +395,19 @@ class BlockStore:
 
     # ------------------------------------------------------------ start-up scan
 
-    def _scan(self, ddir: DataDir) -> None:
-        """Create the layout, empty staging, adopt recycled files, load committed blocks."""
+    def _scan(self, ddir: DataDir, direct_io: bool) -> None:
+        """Create the layout, empty staging, probe O_DIRECT, adopt recycled files, load
+        committed blocks (after the probe: a block in a direct dir is read direct)."""
         for sub in (ddir.staging_dir, ddir.free_dir, ddir.blocks_dir):
             os.makedirs(sub, exist_ok=True)
         for i in range(256):
             os.makedirs(os.path.join(ddir.blocks_dir, f"{i:02x}"), exist_ok=True)
         for name in os.listdir(ddir.staging_dir):
             remove_tree(os.path.join(ddir.staging_dir, name))
+        ddir.direct = direct_io and supports_direct(ddir.staging_dir)
+        if direct_io and not ddir.direct:
+            log.info("data dir %s: its filesystem takes no O_DIRECT writes; writing through "
+                     "the page cache", ddir.path)
         self._scan_free(ddir)
         for i in range(256):
             self._scan_subdir(ddir, os.path.join(ddir.blocks_dir, f"{i:02x}"))

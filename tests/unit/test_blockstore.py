@@ -386,3 +386,14 @@ def test_an_empty_piece_keeps_a_block_direct(ring, tmp_path):
     assert w.direct
     entry = w.commit(MiB, xxhash.xxh3_64_intdigest(m))
     assert store.read_range(3) == m[:] and entry.length == MiB
+
+
+def test_a_restart_reads_direct_blocks_direct(ring, tmp_path):
+    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    data = os.urandom(2 * MiB)
+    entry, _ = aligned_put(store, 4, data)
+    again = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    adopted = again.get(4)
+    assert adopted is not None and not adopted.cached
+    assert again.read_range(4) == data
+    assert not cached(adopted.path)       # read O_DIRECT, as before the restart
