@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import typing
 import struct
 
 from curvine_py.common.errors import CurvineError
@@ -32,7 +33,7 @@ class ChannelClosed(CurvineError):
     def __new__(cls, message: str = "data connection closed by peer") -> "ChannelClosed":
         # OSError takes errno from __new__'s arguments: without this the message became
         # the errno, and a handler that passed it on (the mount's FUSEError) crashed.
-        return super().__new__(cls, errno.ECONNRESET, message)
+        return typing.cast("ChannelClosed", super().__new__(cls, errno.ECONNRESET, message))
 
     def __init__(self, message: str = "data connection closed by peer") -> None:
         super().__init__(errno.ECONNRESET, message)
