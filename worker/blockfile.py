@@ -182,19 +182,16 @@ class BlockWriter:
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             if self._tail_len:
-                assert self._tail is not None
-                with memoryview(self._tail) as tail:
-                    self.store.uring.pwrite_full(self.fd, tail[:self._tail_len], self._tail_at)
+                self._write_tail(self._tail_len)
         except OSError as e:
             raise io_error(e, f"write block {self.block_id}") from None
-        self._tail_len = 0
 
-    def _write_tail(self) -> None:
-        """Direct: the kept tail goes out as one padded aligned write; the file is then cut
-        to its length (by _finish_data)."""
+    def _write_tail(self, length: int) -> None:
+        """Write the kept tail at its offset: padded to ALIGN on a direct file (which
+        _finish_data then cuts to the block's length), as it is on a buffered one."""
         assert self._tail is not None
         with memoryview(self._tail) as tail:
-            self.store.uring.pwrite_full(self.fd, tail, self._tail_at)
+            self.store.uring.pwrite_full(self.fd, tail[:length], self._tail_at)
         self._tail_len = 0
 
     def _hash(self, view: memoryview) -> None:
@@ -273,7 +270,7 @@ class BlockWriter:
         try:
             padded = self._tail_len > 0
             if padded:
-                self._write_tail()
+                self._write_tail(ALIGN)
             if padded or self.initial_size > self.length:
                 os.ftruncate(self.fd, self.length)
             if sync:
