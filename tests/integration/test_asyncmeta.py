@@ -19,10 +19,6 @@ if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
 
 
-def lookup(client: "Client", parent: int, name: str) -> pb.LookupRequest:
-    return pb.LookupRequest(caller=client.meta.caller(), parent=parent, name=name)
-
-
 def test_answers_match_the_thread_client(client: "Client", remote_dir: str) -> None:
     client.put_bytes(f"{remote_dir}/f", b"x" * 1000)
     parent = client.stat(remote_dir).ino
@@ -33,18 +29,18 @@ def test_answers_match_the_thread_client(client: "Client", remote_dir: str) -> N
 
     async def main() -> None:
         for _ in range(3):   # the connection is reused between calls
-            got = (await fast.call("Lookup", lookup(client, parent, "f"), 5)).attr
+            got = (await fast.call("Lookup", client.meta.lookup_request(parent, "f"), 5)).attr
             assert got == client.meta.lookup(parent, "f")
         assert len(fast._idle) == 1
-        attr = (await fast.call("GetAttr", pb.InodeRequest(caller=client.meta.caller(), ino=parent), 5)).attr
+        attr = (await fast.call("GetAttr", client.meta.getattr_request(parent), 5)).attr
         assert attr.ino == parent and attr.mode == client.stat(remote_dir).mode
         with pytest.raises(CurvineError) as e:   # an answer, not a transport failure
-            await fast.call("Lookup", lookup(client, parent, "missing"), 5)
+            await fast.call("Lookup", client.meta.lookup_request(parent, "missing"), 5)
         assert e.value.errno == errno.ENOENT
         assert len(fast._idle) == 1            # and the connection is still good
 
         async def one(i: int) -> None:
-            assert (await fast.call("Lookup", lookup(client, parent, "f"), 5)).attr.size == 1000
+            assert (await fast.call("Lookup", client.meta.lookup_request(parent, "f"), 5)).attr.size == 1000
         async with trio.open_nursery() as nursery:   # concurrent calls: one connection each
             for i in range(5):
                 nursery.start_soon(one, i)
@@ -57,7 +53,7 @@ def test_no_route_or_no_server_means_the_thread_path(client: "Client") -> None:
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()                                   # nothing listens there now
-    req = pb.InodeRequest(caller=client.meta.caller(), ino=1)
+    req = client.meta.getattr_request(1)
 
     async def main() -> None:
         with pytest.raises(FastPathUnavailable):
@@ -72,7 +68,7 @@ def test_wrong_secret_is_an_error_not_a_fallback(shared_cluster: LocalCluster, c
     route = client.meta.frame_route()
     assert route is not None
     fast = AsyncMeta(lambda: (route[0], route[1], "not-the-secret"))
-    req = pb.InodeRequest(caller=client.meta.caller(), ino=1)
+    req = client.meta.getattr_request(1)
 
     async def main() -> None:
         for _ in range(2):
