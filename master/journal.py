@@ -1,12 +1,14 @@
-"""The journal: one writer thread applies op records in order, in batched transactions.
+"""The journal: every mutation of the namespace is applied in order, in batched transactions.
 
-Callers (gRPC threads) hand an op record to ``submit`` and wait.  The writer takes
-every record queued so far, applies each in its own savepoint (a failing op rolls
-back alone), appends it to the ``oplog`` table, and commits the batch once (group
-commit); only then are the callers answered, so a reply always follows durability.
-The ``oplog`` rows are the records a Raft log will later replicate; they double as
-the retry cache: a record whose request id was already applied gets the stored
-result instead of being applied twice.
+Callers (the threads serving calls) queue an op record in ``submit``; whichever caller
+holds the writer lock applies every record queued so far (flat combining), each in
+its own savepoint (a failing op rolls back alone), appends it to the ``oplog`` table,
+and commits the batch once (group commit); only then are the callers answered, so a
+reply always follows durability.  A lone caller applies its own record in its own
+thread: no hand-off to a writer thread and back (two thread wake-ups, ~30% of a
+mutation's time on two busy cores).  The ``oplog`` rows are the records a Raft log
+will later replicate; they double as the retry cache: a record whose request id was
+already applied gets the stored result instead of being applied twice.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master.namespace import Namespace
 
 log = logging.getLogger(__name__)
@@ -34,52 +36,60 @@ RETRY_LOOKUP = "SELECT result FROM oplog WHERE request_id=? AND request_id != ''
 PRUNE = ("DELETE FROM oplog WHERE seq < COALESCE("
          "(SELECT seq FROM oplog WHERE ts_ms >= ? ORDER BY seq LIMIT 1),"
          " (SELECT COALESCE(MAX(seq), 0) + 1 FROM oplog))")
-_STOP = object()
 
 
 class Journal:
-    """Serializes every mutation of the namespace through one thread."""
+    """Serializes every mutation of the namespace through one writer lock."""
 
     def __init__(self, ns: Namespace, retry_cache_s: float = 600.0) -> None:
         self.ns = ns
         self.conn: sqlite3.Connection = ns.conn
         self.retry_cache_s = retry_cache_s
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        self._q: queue.SimpleQueue[tuple[dict[str, Any], Future]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopped = False
         self._last_prune = time.monotonic()
         self.applied = 0
 
     def start(self) -> None:
-        self._thread.start()
+        """Nothing to start: callers apply records themselves (kept for the master's
+        start-up order, which opens the journal before serving)."""
+        self._stopped = False
 
     def stop(self) -> None:
-        self._q.put(_STOP)
-        self._thread.join(timeout=10)
+        """Refuse new records; one being applied finishes first (it holds the lock)."""
+        with self._lock:
+            self._stopped = True
 
     def submit(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Apply rec durably and return its result (raises the op's CurvineError)."""
         rec.setdefault("now_ns", time.time_ns())
         fut: Future[dict[str, Any]] = Future()
         self._q.put((rec, fut))
+        with self._lock:
+            while not fut.done():   # another caller's batch may have applied ours already
+                if self._stopped:
+                    self._fail_queued(Unavailable("the master is stopping"))
+                    break
+                batch = self._take_batch()
+                if not batch:   # cannot happen: ours stays queued until applied under this lock
+                    fut.set_exception(CurvineError(5, "journal lost a record"))
+                    break
+                self._apply_batch(batch)
         return fut.result()
 
-    # ------------------------------------------------------------------ writer thread
-    def _run(self) -> None:
-        while True:
-            first = self._q.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    self._q.put(_STOP)
-                    break
-                batch.append(item)
-            self._apply_batch(batch)
+    def _take_batch(self) -> list[tuple[dict[str, Any], Future]]:
+        batch = []
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _fail_queued(self, error: BaseException) -> None:
+        for _, fut in self._take_batch():
+            fut.set_exception(error)
 
     def _apply_batch(self, batch: list[tuple[dict[str, Any], Future]]) -> None:
         outcomes: list[tuple[Future, Any]] = []

@@ -4,12 +4,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_MODE, SETATTR_SIZE, SETATTR_UID
 from curvine_py.master import schema
 from curvine_py.master.journal import Journal
@@ -255,3 +256,36 @@ def test_state_survives_reopen(tmp_path: Path) -> None:
     assert b.mkdir(ROOT_INO, "next") > b.lookup(ROOT_INO, "persist")["ino"]
     b.journal.stop()
     assert os.path.exists(b.path)
+
+
+def test_concurrent_callers_share_commits_and_each_get_their_own_result(ns: NS) -> None:
+    """Callers apply each other's queued records (flat combining): every record is applied
+    exactly once and each caller gets its own result or error."""
+    d = ns.mkdir(ROOT_INO, "many")
+    ns.create(d, "taken", exclusive=True)
+    results: dict[int, Any] = {}
+
+    def one(i: int) -> None:
+        name = "taken" if i % 10 == 0 else f"f{i}"
+        try:
+            results[i] = ns.create(d, name, exclusive=True)["attr"]["ino"]
+        except CurvineError as e:
+            results[i] = e.errno
+
+    before = ns.journal.applied
+    threads = [threading.Thread(target=lambda k=k: [one(k * 50 + j) for j in range(50)]) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 400
+    assert all(results[i] == errno.EEXIST for i in range(0, 400, 10))
+    inos = [v for i, v in results.items() if i % 10]
+    assert len(set(inos)) == 360 and all(ns.lookup(d, f"f{i}")["ino"] == results[i] for i in range(400) if i % 10)
+    assert ns.journal.applied - before == 400
+
+
+def test_a_stopped_journal_refuses_records(ns: NS) -> None:
+    ns.journal.stop()
+    with pytest.raises(Unavailable):
+        ns.mkdir(ROOT_INO, "late")
