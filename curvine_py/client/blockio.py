@@ -50,9 +50,7 @@ class BlockIO:
         """
         checksum = xxhash.xxh3_64_intdigest(data)
         last: CurvineError | None = None
-        # A target that just timed out goes last (stable sort): a healthy head is not held up
-        # by it, and the chain still offers it the block.
-        targets = sorted(targets, key=lambda t: self.pool.is_suspect(t.ip, t.data_port))
+        targets = self.order(targets)
         for i, head in enumerate(targets):
             chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets[i + 1:]]
             try:
@@ -63,6 +61,11 @@ class BlockIO:
                     break
                 log.warning("write of block %d to worker %d failed: %s", block_id, head.worker_id, last)
         raise last or CurvineError(errno.EIO, "no worker to write to")
+
+    def order(self, targets: list[pb.WorkerAddress]) -> list[pb.WorkerAddress]:
+        """A target that just timed out goes last (stable sort): a healthy head is not held
+        up by it, and the chain still offers it the block."""
+        return sorted(targets, key=lambda t: self.pool.is_suspect(t.ip, t.data_port))
 
     @contextmanager
     def _conn(self, worker: pb.WorkerAddress) -> Iterator[socket.socket]:
@@ -77,22 +80,54 @@ class BlockIO:
             self.pool.mark_suspect(worker.ip, worker.data_port)
             raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
         finally:
-            if ok:
-                self.pool.put(worker.ip, worker.data_port, sock)
-            else:
-                sock.close()
+            self.done_with(worker, sock, ok)
+
+    def done_with(self, worker: pb.WorkerAddress, sock: socket.socket, ok: bool) -> None:
+        """Give a connection back to the pool after a completed exchange, else close it."""
+        if ok:
+            self.pool.put(worker.ip, worker.data_port, sock)
+        else:
+            sock.close()
 
     def _send(self, head: pb.WorkerAddress, chain: list[data_pb2.ChainTarget], block_id: int, data: memoryview,
               checksum: int, token: str, tier: str = "") -> list[int]:
         with self._conn(head) as sock:
-            frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=len(data), chain=chain,
-                                               token=token, tier_name=tier))
-            for off in range(0, len(data), PIECE):
-                frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
-            frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=len(data),
-                                               checksum=checksum))
-            reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
-            return list(reply.acked) or [head.worker_id]
+            self.send_open(sock, chain, block_id, len(data), token, tier)
+            self.send_pieces(sock, block_id, data)
+            return self.send_commit(sock, head, block_id, len(data), checksum)
+
+    # The three steps of a block write, also used one piece at a time by client/blockstream.py.
+    def open_stream(self, targets: list[pb.WorkerAddress], block_id: int, length_hint: int, token: str,
+                    tier: str) -> tuple[pb.WorkerAddress, socket.socket]:
+        """Connect to the first target and open block_id there, the others as its chain."""
+        head, *rest = self.order(targets)
+        sock = self._connect(head.ip, head.data_port)
+        try:
+            chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in rest]
+            self.send_open(sock, chain, block_id, length_hint, token, tier)
+        except BaseException:
+            sock.close()
+            raise
+        return head, sock
+
+    @staticmethod
+    def send_open(sock: socket.socket, chain: list[data_pb2.ChainTarget], block_id: int, length_hint: int,
+                  token: str, tier: str) -> None:
+        frames.send_frame(sock, DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint, chain=chain,
+                                           token=token, tier_name=tier))
+
+    @staticmethod
+    def send_pieces(sock: socket.socket, block_id: int, data: memoryview) -> None:
+        for off in range(0, len(data), PIECE):
+            frames.send_frame(sock, DataHeader(op=Op.WRITE_DATA, block_id=block_id), data[off:off + PIECE])
+
+    @staticmethod
+    def send_commit(sock: socket.socket, head: pb.WorkerAddress, block_id: int, length: int,
+                    checksum: int) -> list[int]:
+        """Commit the block at length bytes; returns the worker ids that hold it."""
+        frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=length, checksum=checksum))
+        reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
+        return list(reply.acked) or [head.worker_id]
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,
                    token: str = "") -> int:
