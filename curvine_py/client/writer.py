@@ -1,13 +1,16 @@
-"""File writer: random writes over immutable blocks, shipped whole, committed on flush.
+"""File writer: random writes over immutable blocks, streamed or shipped whole, committed on flush.
 
 Blocks on the workers never change.  A write lands in a *dirty block*: a pooled
-block-sized buffer plus the byte ranges written into it.  A dirty block that the
-writes cover completely (the sequential case) is shipped at once by an I/O thread
-while the caller goes on; the others are completed from the slot's current bytes
-(or zeros) and shipped on flush.  Shipping stores the bytes as a *new* block id on
-two workers; ``flush`` tells the master the new blocks and size (``Commit``), which is
-when other clients see them (close-to-open).  Whole aligned blocks handed over by the
-caller are sent straight from the caller's memory with no copy.
+block-sized buffer plus the byte ranges written into it.  Once a dirty block holds a
+whole 1 MiB piece written in order from its start (the sequential case), it is
+*streamed*: its block is opened on the workers and every further piece is sent as it
+arrives (client/blockstream.py), so a close waits only for the tail.  A dirty block
+the writes cover completely is then finished (or, unstreamed, shipped whole by an I/O
+thread) while the caller goes on; the others are completed from the slot's current
+bytes (or zeros) and shipped on flush.  Shipping stores the bytes as a *new* block id
+on two workers; ``flush`` tells the master the new blocks and size (``Commit``), which
+is when other clients see them (close-to-open).  Whole aligned blocks handed over by
+the caller are sent straight from the caller's memory with no copy.
 
 Reads through a file that has a writer see the writer's bytes: dirty blocks first,
 then shipped blocks, then the committed ones (``FileReader`` over ``self.current``).
@@ -21,6 +24,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from curvine_py.client.blockio import PIECE
+from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
@@ -30,6 +35,7 @@ from curvine_py.pb import curvine_pb2 as pb
 log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
+MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
 WRITE_ATTEMPTS = 3
 NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
 
@@ -50,6 +56,11 @@ def _merge(ranges: list[list[int]]) -> list[list[int]]:
     return out
 
 
+def _prefix(ranges: list[list[int]]) -> int:
+    """How many bytes from the block's start are written without a gap."""
+    return ranges[0][1] if ranges and ranges[0][0] == 0 else 0
+
+
 def _may_retry(e: CurvineError, attempt: int) -> bool:
     """Retry a block write on other workers?  A worker out of space (ENOSPC: the master's
     view of usage lags a heartbeat) is retried with backoff while eviction frees room; the
@@ -65,12 +76,13 @@ def _may_retry(e: CurvineError, attempt: int) -> bool:
 class DirtyBlock:
     """A block-sized pooled buffer and the sorted, merged ranges written into it."""
 
-    __slots__ = ("raw", "view", "ranges")
+    __slots__ = ("raw", "view", "ranges", "streamable")
 
     def __init__(self, raw: object) -> None:
         self.raw = raw
         self.view = memoryview(raw)  # type: ignore[arg-type]
         self.ranges: list[list[int]] = []
+        self.streamable = True   # False once a stream of it was dropped: rewritten in place
 
     def write(self, within: int, data: memoryview) -> None:
         end = within + len(data)
@@ -110,6 +122,8 @@ class FileWriter:
         self.current = self.reader.blocks      # slot -> newest block (committed or shipped)
         self.dirty: dict[int, DirtyBlock] = {}
         self.inflight: dict[int, Future[pb.BlockInfo]] = {}   # slot -> its newest block being shipped
+        self.streams: dict[int, BlockStream] = {}   # dirty slot -> its block already on the way
+        self._streaming = True
         self.shipped: list[Future[pb.BlockInfo]] = []         # every ship since the last commit, in order
         self.uncommitted: list[pb.BlockInfo] = []  # shipped blocks of a commit that failed: sent again
         self._slots = threading.Semaphore(IN_FLIGHT)
@@ -178,9 +192,15 @@ class FileWriter:
             for idx, within, n, raw in plan:
                 if raw is not None:
                     self.dirty[idx] = DirtyBlock(raw)
-                self.dirty[idx].write(within, mv[done:done + n])
+                self.size = max(self.size, offset + done + n)   # before a ship: it takes the size
+                self._guard(idx, within)
+                db = self.dirty[idx]
+                db.write(within, mv[done:done + n])
+                if db.covers(self.bs):
+                    self._ship_dirty(idx)   # a stream's last piece (the plan checked): no wait
+                else:
+                    self._feed(idx, nowait=True)
                 done += n
-            self.size = max(self.size, offset + len(mv))
             return len(mv)
         finally:
             self._lock.release()
@@ -192,8 +212,11 @@ class FileWriter:
         for idx, within, _, n in slots(offset, length, self.bs):
             db = self.dirty.get(idx)
             ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
-            if _covers(ranges, self.bs) or idx in self.inflight:
-                self._undo(plan)
+            stream = self.streams.get(idx)
+            completes_stream = stream is not None and within >= stream.ready
+            if ((_covers(ranges, self.bs) and not completes_stream) or idx in self.inflight
+                    or (self._wants_stream(idx, ranges) and not self._spare)):
+                self._undo(plan)   # a block to ship whole, or a stream to open: may wait
                 return None
             raw = None
             if db is None:
@@ -217,9 +240,12 @@ class FileWriter:
             if len(self.dirty) >= MAX_DIRTY:
                 self._ship_dirty(next(iter(self.dirty)))
             db = self.dirty[idx] = DirtyBlock(self.pool.acquire())
+        self._guard(idx, within)
         db.write(within, piece)
         if db.covers(self.bs):
             self._ship_dirty(idx)
+        else:
+            self._feed(idx, nowait=False)
 
     def truncate(self, size: int) -> None:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
@@ -238,6 +264,7 @@ class FileWriter:
             last = keep - 1
             if rem and size < self.size and (last in self.current or last in self.dirty or last in self.inflight):
                 db = self._materialize(last, min(self.bs, self.size - last * self.bs))
+                self._guard(last, rem)
                 db.clip(rem)
                 db.view[rem:] = bytearray(self.bs - rem)
             self.size = size
@@ -328,8 +355,10 @@ class FileWriter:
 
     def _drop_dirty(self, idx: int) -> None:
         db = self.dirty.pop(idx)
-        db.view.release()
-        self.pool.release(db.raw)  # type: ignore[arg-type]
+        stream = self.streams.pop(idx, None)
+        if stream is not None:
+            stream.abort()
+        self._free(None, db)
 
     def _materialize(self, idx: int, length: int) -> DirtyBlock:
         """Make slot idx a dirty block holding its full current bytes up to length."""
@@ -358,6 +387,14 @@ class FileWriter:
         length = max(0, min(self.bs, self.size - idx * self.bs))
         db = self._materialize(idx, length)
         del self.dirty[idx]
+        stream = self.streams.pop(idx, None)
+        if stream is not None and length >= stream.ready:
+            fut = stream.finish(length)
+            self.shipped.append(fut)
+            self.inflight[idx] = fut
+            return
+        if stream is not None:
+            stream.abort()
         self._ship(idx, db.view[:length], db)
 
     def _ship(self, idx: int, data: memoryview, owned: DirtyBlock | None) -> Future[pb.BlockInfo]:
@@ -376,12 +413,20 @@ class FileWriter:
                 owned.view.release()
                 self.pool.release(owned.raw)  # type: ignore[arg-type]
             raise
-        fut = self.core.executor.submit(self._send, idx, data, target, owned)
+        fut = self.core.executor.submit(self._send_in_slot, idx, data, target, owned)
         self.shipped.append(fut)
         self.inflight[idx] = fut
         return fut
 
+    def _send_in_slot(self, idx: int, data: memoryview, target: pb.BlockInfo,
+                      owned: DirtyBlock | None) -> pb.BlockInfo:
+        try:
+            return self._send(idx, data, target, owned)
+        finally:
+            self._slots.release()
+
     def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
+        """Store data as a block (retrying on other workers); frees data and owned."""
         try:
             for attempt in range(WRITE_ATTEMPTS + NOSPACE_RETRIES):
                 addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
@@ -400,11 +445,65 @@ class FileWriter:
             self._error = self._error or e
             raise
         finally:
+            self._free(data, owned)
+
+    def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
+        """Give a shipped (or dropped) block's memory back to the pool."""
+        if data is not None:
             data.release()
-            if owned is not None:
-                owned.view.release()
-                self.pool.release(owned.raw)  # type: ignore[arg-type]
-            self._slots.release()
+        if owned is not None:
+            owned.view.release()
+            self.pool.release(owned.raw)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ streams
+    def _wants_stream(self, idx: int, ranges: list[list[int]]) -> bool:
+        """Would these ranges of slot idx open a stream (client/blockstream.py)?  Not for a
+        slot rewritten under its stream: such a slot is written at random, shipped whole."""
+        db = self.dirty.get(idx)
+        return (self._streaming and idx not in self.streams and len(self.streams) < MAX_STREAMS
+                and self._error is None and (db is None or db.streamable) and _prefix(ranges) >= PIECE)
+
+    def _feed(self, idx: int, nowait: bool) -> None:
+        """Send the whole pieces written in order at the start of dirty slot idx; the
+        first such piece opens the slot's stream (nowait: only with a block id at hand)."""
+        db = self.dirty[idx]
+        ready = min(_prefix(db.ranges), self.bs) // PIECE * PIECE
+        stream = self.streams.get(idx)
+        if stream is None:
+            if not self._wants_stream(idx, db.ranges) or (nowait and not self._spare):
+                return
+            stream = self._open_stream(idx, db)
+            if stream is None:
+                return
+        stream.feed(ready)
+
+    def _open_stream(self, idx: int, db: DirtyBlock) -> BlockStream | None:
+        try:
+            target = self._next_block()
+        except CurvineError:
+            self._streaming = False   # no block now: slots are shipped whole later, which reports it
+            return None
+        addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
+        if not addrs:
+            self._spare.insert(0, target)
+            return None
+
+        def fallback(length: int) -> pb.BlockInfo:
+            return self._send(idx, db.view[:length], self._allocate(1)[0], db)
+
+        stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
+                             fallback, lambda length: self._free(None, db))
+        self.streams[idx] = stream
+        return stream
+
+    def _guard(self, idx: int, within: int) -> None:
+        """A write at `within` of slot idx: a stream that already took those bytes is dropped
+        (they may be on the wire), and the slot is shipped whole when it is done."""
+        stream = self.streams.get(idx)
+        if stream is not None and within < stream.ready:
+            del self.streams[idx]
+            stream.abort()
+            self.dirty[idx].streamable = False
 
     def _next_block(self) -> pb.BlockInfo:
         """Block ids come in batches (one master call per batch), growing as the file does."""

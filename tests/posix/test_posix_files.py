@@ -319,6 +319,23 @@ def test_large_file_spanning_blocks_reads_back_in_odd_chunks(d: Path) -> None:
     assert got == data
 
 
+@pytest.mark.parametrize("header, request_size", [(28, 14 * MiB), (0, 4 * MiB), (0, MiB), (4096, 3 * MiB + 1)])
+def test_sequential_writes_streamed_while_written_read_back_exactly(d: Path, header: int,
+                                                                    request_size: int) -> None:
+    """The KV-cache pattern (a small header, then the payload in one write) and plain
+    sequential writes: blocks are streamed to the workers piece by piece while the
+    kernel's 1 MiB write requests arrive, and a block's last piece ends its stream."""
+    data = pattern(header + 14 * MiB, header + request_size)
+    p = d / f"seq-{header}-{request_size}"
+    with open(p, "wb", buffering=0) as f:
+        if header:
+            f.write(data[:header])
+        for off in range(header, len(data), request_size):
+            f.write(data[off:off + request_size])
+    assert os.stat(p).st_size == len(data)
+    assert read_all(p) == data
+
+
 def test_close_then_reopen_for_write_keeps_unwritten_bytes(d: Path) -> None:
     p = d / "f"
     data = bytearray(pattern(9 * MiB, 2))

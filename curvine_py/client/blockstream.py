@@ -1,0 +1,156 @@
+"""A block sent to its workers piece by piece while the writer is still filling it.
+
+Why: a 14 MiB KV chunk written through the mount used to wait in close(2) for its last
+blocks to travel whole to both replicas (6-11 ms of a ~40 ms file), because a block was
+shipped only once complete.  A stream opens the block on its workers as soon as the
+writer has its first 1 MiB piece and sends every further piece as it arrives, so at
+close only the tail and the commit are left.
+
+Rules that keep it safe:
+* The writer owns the block's buffer until ``finish``; ``feed(ready)`` says the bytes
+  below ``ready`` were written in order.  A later write below ``ready`` calls ``abort``
+  (those bytes may already be on the wire): the workers drop the uncommitted block when
+  its connection closes, and the writer ships the block whole, as before streams.
+* Pieces are sent by *pumps* on the client's shared executor, one at a time per
+  stream.  A pump sends what is ready and returns; it never waits for the writer, so
+  streams cannot hold threads that the writer's other blocks need.
+* A stream whose connection fails is not an error: at ``finish`` the block is sent
+  again by the writer's ordinary path (``fallback``), which retries on other workers.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from concurrent.futures import Executor, Future
+from typing import Callable
+
+import xxhash
+
+from curvine_py.client.blockio import PIECE, BlockIO
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class BlockStream:
+    """One block of a file, on its way to its workers while it is written."""
+
+    def __init__(self, io: BlockIO, executor: Executor, target: pb.BlockInfo, addrs: list[pb.WorkerAddress],
+                 offset: int, view: memoryview, block_size: int,
+                 fallback: Callable[[int], pb.BlockInfo], done: Callable[[int], None]) -> None:
+        """fallback(length) ships view[:length] the ordinary way (and frees the buffer);
+        done(length) frees the buffer after a successful stream."""
+        self.io = io
+        self.executor = executor
+        self.target = target
+        self.addrs = addrs
+        self.offset = offset
+        self.view = view
+        self.block_size = block_size
+        self.fallback = fallback
+        self.done = done
+        self.future: Future[pb.BlockInfo] = Future()
+        self._lock = threading.Lock()
+        self._ready = 0                  # bytes the writer has handed over, in order
+        self._sent = 0                   # bytes on the wire (or given up after a failure)
+        self._length: int | None = None  # set by finish: the block's final length
+        self._aborted = False
+        self._pumping = False
+        self._head: pb.WorkerAddress | None = None
+        self._sock: socket.socket | None = None
+        self._failed: BaseException | None = None
+        self._hash = xxhash.xxh3_64()
+
+    @property
+    def ready(self) -> int:
+        return self._ready
+
+    # ------------------------------------------------------------------ the writer's side
+    def feed(self, ready: int) -> None:
+        """The first `ready` bytes are written; send what was not sent yet."""
+        with self._lock:
+            if ready > self._ready and self._length is None:
+                self._ready = ready
+                self._kick()
+
+    def finish(self, length: int) -> Future[pb.BlockInfo]:
+        """The block is complete at length bytes; the buffer now belongs to the stream.
+        The future gives the block's BlockInfo once it is on its workers."""
+        with self._lock:
+            self._length = self._ready = length
+            self._kick()
+        return self.future
+
+    def abort(self) -> None:
+        """Drop the stream (bytes already sent changed): the block is never committed."""
+        with self._lock:
+            self._aborted = True
+            self._kick()
+
+    def _kick(self) -> None:
+        """Start a pump unless one runs (called with the lock held)."""
+        if not self._pumping:
+            self._pumping = True
+            self.executor.submit(self._pump)
+
+    # ------------------------------------------------------------------ pumps
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                start, end, length = self._sent, self._ready, self._length
+                if self._aborted or (start >= end and length is None):
+                    self._pumping = False
+                    aborted = self._aborted
+                    break
+            if start < end:
+                self._send(start, end)
+            if length is not None and self._sent >= length:
+                self._complete(length)
+                return
+        if aborted:
+            self._close(ok=False)
+
+    def _send(self, start: int, end: int) -> None:
+        if self._failed is None:
+            try:
+                if self._sock is None:
+                    self._head, self._sock = self.io.open_stream(self.addrs, self.target.block_id, self.block_size,
+                                                                 self.target.token, self.target.tier)
+                data = self.view[start:end]
+                self.io.send_pieces(self._sock, self.target.block_id, data)
+                self._hash.update(data)
+            except (CurvineError, OSError) as e:
+                self._fail(e)
+        self._sent = end
+
+    def _complete(self, length: int) -> None:
+        """Commit the streamed block, or ship it again the ordinary way if the stream broke."""
+        try:
+            if self._failed is None and self._sock is not None and self._head is not None:
+                checksum = self._hash.intdigest()
+                try:
+                    acked = self.io.send_commit(self._sock, self._head, self.target.block_id, length, checksum)
+                except (CurvineError, OSError) as e:
+                    self._fail(e)
+                else:
+                    self._close(ok=True)
+                    self.done(length)
+                    self.future.set_result(pb.BlockInfo(block_id=self.target.block_id, offset=self.offset,
+                                                        length=length, checksum=checksum, workers=acked,
+                                                        token=self.target.token))
+                    return
+            self.future.set_result(self.fallback(length))   # an empty block, or a broken stream
+        except BaseException as e:
+            self.future.set_exception(e)
+
+    def _fail(self, e: BaseException) -> None:
+        log.info("streaming block %d failed (%s); it is sent whole at its end", self.target.block_id, e)
+        self._failed = e
+        self._close(ok=False)
+
+    def _close(self, ok: bool) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None and self._head is not None:
+            self.io.done_with(self._head, sock, ok)
