@@ -302,7 +302,9 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def flush(self, fh: int) -> None:
-        if not self.vfs.flush_nowait(fh):   # a read-only descriptor: nothing to do, no hop
+        if self.vfs.flush_nowait(fh):   # a read-only descriptor: nothing to do, no hop
+            return
+        if not await self.vfs.close_async(self._master, fh):   # the commit alone, on the loop
             await self._run(self.vfs.flush, fh)
 
     @_fs_errors

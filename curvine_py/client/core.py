@@ -57,6 +57,11 @@ class LeaseKeeper:
                 self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
                 self._thread.start()
 
+    def __contains__(self, lease_id: int) -> bool:
+        """Is lease_id still renewed (a writer holding it is open)?"""
+        with self._lock:
+            return lease_id in self._leases
+
     def remove(self, lease_id: int) -> None:
         with self._lock:
             n = self._leases.get(lease_id, 0) - 1

@@ -277,9 +277,12 @@ class MasterClient:
 
     def commit(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                mtime_ns: int = 0, ident: Identity | None = None) -> pb.Attr:
-        req = pb.CommitRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, size=size,
-                               blocks=blocks, release=release, mtime_ns=mtime_ns)
-        return self.call("Commit", req).attr
+        return self.call("Commit", self.commit_request(ino, lease_id, size, blocks, release, mtime_ns, ident)).attr
+
+    def commit_request(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
+                       mtime_ns: int = 0, ident: Identity | None = None) -> pb.CommitRequest:
+        return pb.CommitRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, size=size,
+                                blocks=blocks, release=release, mtime_ns=mtime_ns)
 
     def unlink(self, parent: int, name: str, ident: Identity | None = None) -> None:
         self.saw_dirs(self.call("Unlink", self.unlink_request(parent, name, ident)))

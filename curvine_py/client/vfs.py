@@ -404,6 +404,30 @@ class VFS:
             st.version += 1
         self._seen_generation.pop(h.ino, None)
 
+    async def close_async(self, call: MasterCall, fh: int) -> bool:
+        """flush(fh) on the loop when it is the last writing descriptor's and nothing is
+        left to ship or wait for: one Commit that also releases the lease, over `call`.
+        False: nothing done, flush() in a thread (blocks still on their way, say)."""
+        h = self._handles.get(fh)
+        w = h.state.writer if h is not None else None
+        if h is None or w is None or w.closed or not h.writes:
+            return False
+        with self._lock:
+            if h.state.writers != 1:
+                return False
+        req = w.close_request_nowait()
+        if req is None:
+            return False
+        h.state.version += 1
+        try:
+            await call("Commit", req)
+        except BaseException:
+            w.close_sent(ok=False)
+            raise
+        w.close_sent(ok=True)
+        self._seen_generation.pop(h.ino, None)
+        return True
+
     def flush_nowait(self, fh: int) -> bool:
         """True if flush(fh) has nothing to do (a read-only descriptor, a writer already
         closed): the mount answers such a FLUSH without a thread hop."""

@@ -307,12 +307,44 @@ class FileWriter:
             except BaseException:
                 self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
                 raise
-            self.uncommitted = []
-            self.committed_size = self.size
-            self.changed = False
-            if release:
-                self._finish()
+            self._committed(release)
             return attr
+
+    def _committed(self, release: bool) -> None:
+        self.uncommitted = []
+        self.committed_size = self.size
+        self.changed = False
+        if release:
+            self._finish()
+
+    def close_request_nowait(self) -> pb.CommitRequest | None:
+        """The Commit that closes this writer, when nothing is left to ship or wait for (a
+        file created and closed unwritten, or whose blocks have all landed) and no thread
+        is inside the writer; the caller sends it (the mount, from its event loop) and
+        then calls close_sent.  None: nothing done, close() instead.  The writer counts as
+        closed from here on: a later write takes a new lease, as after close()."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if (self.closed or self._error is not None or self.dirty or self.uncommitted
+                    or not all(f.done() for f in self.shipped)):
+                return None
+            self.uncommitted = self._wait_all()   # every block is done: this does not wait
+            if self._error is not None:
+                return None   # close() reports it
+            self.closed = True
+            return self.core.meta.commit_request(self.ino, self.lease_id, self.size, self.uncommitted, release=True,
+                                                 mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+        finally:
+            self._lock.release()
+
+    def close_sent(self, ok: bool) -> None:
+        """The Commit from close_request_nowait succeeded (the writer is done), or failed
+        (the writer is open again, its blocks kept for the next flush or close)."""
+        with self._lock:
+            self.closed = False
+            if ok:
+                self._committed(release=True)
 
     def close(self) -> pb.Attr | None:
         try:

@@ -168,6 +168,25 @@ def test_writer_lease_excludes_a_second_node(ab: tuple[Path, Path]) -> None:
     assert within(VISIBLE_WITHIN_S, lambda: read(a / "f"), lambda v: v == b"ab")[0] == b"ab"
 
 
+def test_a_close_with_nothing_left_to_send_still_commits_and_releases(ab: tuple[Path, Path]) -> None:
+    """A close that has only its commit left (a new file closed unwritten; a file whose
+    blocks all landed at an fsync) is answered from the mount's event loop: it must
+    still publish the size and bytes and give the write lease up at once."""
+    a, b = ab
+    os.close(os.open(a / "empty", os.O_CREAT | os.O_WRONLY, 0o644))
+    with open(b / "empty", "ab") as f:   # not EBUSY: the lease went with the close
+        f.write(b"x")
+    data = os.urandom(4 * 1024 * 1024 + 5)
+    fd = os.open(a / "synced", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, data)
+    os.fsync(fd)
+    os.close(fd)
+    with open(b / "synced", "ab") as f:
+        f.write(b"y")
+    assert within(VISIBLE_WITHIN_S, lambda: read(a / "synced"), lambda v: v == data + b"y")[0] == data + b"y"
+    assert within(VISIBLE_WITHIN_S, lambda: read(a / "empty"), lambda v: v == b"x")[0] == b"x"
+
+
 def test_open_reader_on_b_survives_an_overwrite_through_a(ab: tuple[Path, Path]) -> None:
     """Close-to-open lets B's open descriptor see old or new bytes, but never an error,
     also after the replaced blocks were deleted on the workers."""
