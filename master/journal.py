@@ -79,7 +79,7 @@ class Journal:
         return fut.result()
 
     def _take_batch(self) -> list[tuple[dict[str, Any], Future]]:
-        batch = []
+        batch: list[tuple[dict[str, Any], Future]] = []
         while len(batch) < MAX_BATCH:
             try:
                 batch.append(self._q.get_nowait())
