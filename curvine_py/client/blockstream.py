@@ -123,6 +123,10 @@ class BlockStream:
                 self._hash.update(data)
             except (CurvineError, OSError) as e:
                 self._fail(e)
+            except Exception as e:   # a bug, or the view released under an aborted stream
+                if not self._aborted:
+                    log.exception("streaming block %d", self.target.block_id)
+                self._fail(e)
         self._sent = end
 
     def _complete(self, length: int) -> None:

@@ -440,10 +440,7 @@ class FileWriter:
             # size, with a hole of zeros where they were.  Its close fails and the file
             # keeps its last committed contents (abort).
             self._error = self._error or e
-            data.release()
-            if owned is not None:
-                owned.view.release()
-                self.pool.release(owned.raw)  # type: ignore[arg-type]
+            self._free(data, owned)
             raise
         fut = self.core.executor.submit(self._send_in_slot, idx, data, target, owned)
         self.shipped.append(fut)
