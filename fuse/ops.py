@@ -60,7 +60,8 @@ class CurvineOps(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(self, vfs: VFS, cfg: FuseConfig, fast: AsyncMeta | None = None) -> None:
-        """fast: lookups and getattrs on the trio loop (client/asyncmeta.py); None = threads."""
+        """fast: master calls made on the trio loop (client/asyncmeta.py: lookups, getattrs,
+        creates, renames, commits...); None = every call in a worker thread."""
         super().__init__()
         self.vfs = vfs
         self.cfg = cfg
@@ -135,10 +136,7 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        attr = self.vfs.cached_dir_attr(inode)   # known without a call: no thread hop
-        if attr is None:
-            attr = await self.vfs.getattr_async(self._master, inode, self._ident(ctx))
-        return self._entry(attr)
+        return self._entry(await self.vfs.getattr_async(self._master, inode, self._ident(ctx)))
 
     @_fs_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
@@ -174,7 +172,7 @@ class CurvineOps(pyfuse3.Operations):
                   and (not fields.update_mtime or abs(now - attr.st_mtime_ns) < NOW_WINDOW_NS))
         if not recent or ident.uid == 0:
             return False
-        owner = (await self._run(self.vfs.getattr, inode, ident)).uid
+        owner = (await self.vfs.getattr_async(self._master, inode, ident)).uid
         return owner != ident.uid
 
     @_fs_errors
@@ -227,7 +225,7 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         ident = self._ident(ctx)
-        attr = await self._run(self.vfs.getattr, inode, ident)
+        attr = await self.vfs.getattr_async(self._master, inode, ident)
         if attr.mode & 0o170000 != 0o040000:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         fh = next(self._dir_fhs)
@@ -239,13 +237,13 @@ class CurvineOps(pyfuse3.Operations):
         """'.' and '..' at offsets 1 and 2, then the master's entries (offsets >= 16, stable)."""
         ino, ident = self._dirs[fh]
         if start_id < 1:
-            me = await self._run(self.vfs.getattr, ino, ident)
+            me = await self.vfs.getattr_async(self._master, ino, ident)
             if not pyfuse3.readdir_reply(token, b".", self._entry(me), 1):
                 return
         if start_id < 2:
             # Listing needs only r on the directory (ext4 lists '..' without x), but a
             # lookup of '..' checks x: fetch the parent's attributes as root.
-            up = await self._run(self.vfs.lookup, ino, "..", _ROOT)
+            up = await self.vfs.lookup_async(self._master, ino, "..", _ROOT)
             if not pyfuse3.readdir_reply(token, b"..", self._entry(up), 2):
                 return
         offset = max(start_id, 2)

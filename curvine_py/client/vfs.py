@@ -104,14 +104,11 @@ class VFS:
                 a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)  # type: ignore[union-attr]
         return a
 
-    def lookup(self, parent: int, name: str, ident: Identity) -> pb.Attr:
-        return self.overlay(self.meta.lookup(parent, name, ident))
-
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
         return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
 
     # ------------------------------------------------------------------ awaited forms
-    # The mount awaits these on its trio loop instead of running the methods above in a
+    # The mount awaits these on its trio loop instead of running blocking forms in a
     # worker thread.  `call(method, request)` is the mount's master call: over the loop's
     # framed connections, or (on any transport trouble) the same request through
     # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
