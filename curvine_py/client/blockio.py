@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 PIECE = 1 << 20
 
 
+def _chain(targets: list[pb.WorkerAddress]) -> list[data_pb2.ChainTarget]:
+    """The replicas a block's first worker forwards it to, in order."""
+    return [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets]
+
+
 class BlockIO:
     """Send and fetch whole or partial blocks."""
 
@@ -52,7 +57,7 @@ class BlockIO:
         last: CurvineError | None = None
         targets = self.order(targets)
         for i, head in enumerate(targets):
-            chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in targets[i + 1:]]
+            chain = _chain(targets[i + 1:])
             try:
                 return self._send(head, chain, block_id, data, checksum, token, tier), checksum
             except (CurvineError, OSError) as e:
@@ -103,8 +108,7 @@ class BlockIO:
         head, *rest = self.order(targets)
         sock = self._connect(head.ip, head.data_port)
         try:
-            chain = [data_pb2.ChainTarget(ip=t.ip, port=t.data_port, worker_id=t.worker_id) for t in rest]
-            self.send_open(sock, chain, block_id, length_hint, token, tier)
+            self.send_open(sock, _chain(rest), block_id, length_hint, token, tier)
         except BaseException:
             sock.close()
             raise

@@ -288,7 +288,7 @@ class MasterClient:
         self.saw_dirs(self.call("Unlink", self.unlink_request(parent, name, ident)))
 
     def rmdir(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Rmdir", pb.UnlinkRequest(caller=self.caller(ident, True), parent=parent, name=name)))
+        self.saw_dirs(self.call("Rmdir", self.unlink_request(parent, name, ident)))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0,
                ident: Identity | None = None) -> None:

@@ -302,13 +302,17 @@ class FileWriter:
             infos = self.uncommitted + self._wait_all()
             self._check()
             try:
-                attr = self.core.meta.commit(self.ino, self.lease_id, self.size, infos, release=release,
-                                             mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+                attr = self.core.meta.call("Commit", self._commit_request(infos, release)).attr
             except BaseException:
                 self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
                 raise
             self._committed(release)
             return attr
+
+    def _commit_request(self, infos: list[pb.BlockInfo], release: bool) -> pb.CommitRequest:
+        """The size and new blocks written since the last commit (mtime only if changed)."""
+        return self.core.meta.commit_request(self.ino, self.lease_id, self.size, infos, release=release,
+                                             mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
 
     def _committed(self, release: bool) -> None:
         self.uncommitted = []
@@ -333,8 +337,7 @@ class FileWriter:
             if self._error is not None:
                 return None   # close() reports it
             self.closed = True
-            return self.core.meta.commit_request(self.ino, self.lease_id, self.size, self.uncommitted, release=True,
-                                                 mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+            return self._commit_request(self.uncommitted, release=True)
         finally:
             self._lock.release()
 
