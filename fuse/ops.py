@@ -282,14 +282,14 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        pinned = self.vfs.view_nowait(fh, off, size)   # already fetched: no thread hop, no copy
-        if pinned is not None:
-            view, unpin = pinned
-            # pyfuse3 copies the reply to the kernel right after this returns, within the same
-            # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
-            trio.lowlevel.current_trio_token().run_sync_soon(unpin)
-            return view
-        return await self._run(self.vfs.read, fh, off, size)
+        pinned = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
+        if pinned is None:
+            pinned = await self._run(self.vfs.read_view, fh, off, size)   # waits for the bytes
+        view, unpin = pinned
+        # pyfuse3 copies the reply to the kernel right after this returns, within the same
+        # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
+        trio.lowlevel.current_trio_token().run_sync_soon(unpin)
+        return view
 
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -11,7 +11,7 @@ import errno
 import logging
 import socket
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import xxhash
 
@@ -134,9 +134,10 @@ class BlockIO:
         return list(reply.acked) or [head.worker_id]
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,
-                   token: str = "") -> int:
+                   token: str = "", progress: Callable[[int], None] | None = None) -> int:
         """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read.
-        token: the block's access token from the master (BlockInfo.token)."""
+        token: the block's access token from the master (BlockInfo.token); progress hears
+        how many bytes of `into` are filled as they arrive (see frames.recv_exact_into)."""
         with self._conn(worker) as sock:
             if self.read_timeout_s is not None:   # reads fail over fast: another replica has the bytes
                 sock.settimeout(self.read_timeout_s)
@@ -146,5 +147,5 @@ class BlockIO:
             n = reply.length
             if n > len(into):
                 raise frames.ChannelClosed(f"worker sent {n} bytes for a {len(into)}-byte read")
-            frames.recv_exact_into(sock, into[:n])
+            frames.recv_exact_into(sock, into[:n], progress)
             return n

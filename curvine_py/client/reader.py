@@ -36,11 +36,14 @@ def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int,
         done += n
 
 
-def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
+def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview,
+                progress: _Cached | None = None) -> int:
     """Read block bytes [offset, offset+len(into)) from the first replica that answers.
 
     When no replica answers, the block's locations are asked again from the master a few
     times (a restarted master learns them from block reports within a few heartbeats).
+    progress hears how many bytes of `into` have arrived (a replica tried after a failed
+    one sends the same verified bytes again: the count is only ever raised).
     """
     last: CurvineError | None = None
     for delay in (0.0, *LOCATION_RETRY_DELAYS):
@@ -54,7 +57,7 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
                 raise CurvineError(errno.ESTALE, f"block {block.block_id} was replaced by a newer version")
             block = fresh
         try:
-            return _fetch_once(core, block, offset, into)
+            return _fetch_once(core, block, offset, into, progress)
         except CurvineError as e:
             last = e
     raise last or CurvineError(errno.EIO, f"block {block.block_id} unreadable")
@@ -70,17 +73,23 @@ def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo |
     return None
 
 
-def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview) -> int:
+def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview,
+                progress: _Cached | None = None) -> int:
     want = min(len(into), max(0, block.length - offset))
     if want == 0:
         return 0
     errors = []
     sc = core.shortcircuit
+    # Bytes already announced as arrived are in use: only a network replica (whose bytes are
+    # verified before they are sent) may write over them, never a local file read unverified.
+    local_ok = progress is None or progress.got == 0
+    advance = None if progress is None else progress.advance
     for addr in core.replica_order(block):
-        if sc is not None and sc.is_local(addr) and sc.read(addr, block, offset, into[:want]) is not None:
+        if sc is not None and local_ok and sc.is_local(addr) and \
+                sc.read(addr, block, offset, into[:want]) is not None:
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
-            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token)
+            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance)
             if n != want:
                 raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
             return n
@@ -92,18 +101,57 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
 
 
-def _nothing() -> None:
+def no_unpin() -> None:
+    """The unpin of a view that pins nothing (a copy, or no bytes)."""
     return None
 
 
 class _Cached:
-    """A whole block fetched into a pooled buffer; `users` pins it while it is copied from."""
+    """A whole block fetched into a pooled buffer; `users` pins it while it is copied from.
 
-    __slots__ = ("raw", "view", "future", "users")
+    `got` counts the bytes from the block's start already in the buffer while the fetch
+    runs, so a read of the block's head is answered before its tail has arrived: a KV
+    chunk's first 4 KiB no longer waits for the whole first block (docs/performance.md).
+    """
 
-    def __init__(self, raw: object, view: memoryview, future: Future[int]) -> None:
-        self.raw, self.view, self.future = raw, view, future
+    __slots__ = ("raw", "view", "future", "users", "got", "waiting", "arrived")
+
+    def __init__(self, raw: object, view: memoryview) -> None:
+        self.raw, self.view = raw, view
+        self.future: Future[int] = Future()   # the fetch's, set by the one who starts it
         self.users = 0
+        self.got = 0
+        self.waiting = 0
+        self.arrived = threading.Condition()
+
+    def available(self) -> int:
+        """Bytes from the block's start usable now; -1 once the fetch has failed."""
+        if not self.future.done():
+            return self.got
+        return -1 if self.future.exception() is not None else self.future.result()
+
+    def advance(self, got: int) -> None:
+        """The fetch's progress (called from its thread after each receive)."""
+        self.got = max(self.got, got)
+        if self.waiting:
+            with self.arrived:
+                self.arrived.notify_all()
+
+    def fetched(self, _future: Future[int]) -> None:
+        with self.arrived:
+            self.arrived.notify_all()
+
+    def wait_for(self, need: int) -> int:
+        """Block until `need` bytes from the start have arrived or the fetch is over; returns
+        the bytes usable (the block's length once fetched); raises the fetch's error."""
+        with self.arrived:
+            self.waiting += 1
+            try:
+                while self.got < need and not self.future.done():
+                    self.arrived.wait(1.0)
+            finally:
+                self.waiting -= 1
+        return self.future.result() if self.future.done() else self.got
 
 
 class FileReader:
@@ -196,7 +244,7 @@ class FileReader:
             return bytes(buf)
         entry = self._acquire(idx, offset)
         try:
-            entry.future.result()
+            entry.wait_for(within + size)
             return bytes(entry.view[within:within + size])
         finally:
             self._unpin(entry)
@@ -211,20 +259,41 @@ class FileReader:
         one (a bytes object per 1 MiB request was a second copy, into fresh memory).
         """
         if offset >= self.size or size <= 0:
-            return memoryview(b""), _nothing
+            return memoryview(b""), no_unpin
         size = min(size, self.size - offset)
         idx, within = divmod(offset, self.bs)
         if within + size > self.bs or not self._lock.acquire(blocking=False):
             return None
         try:
             entry = self._cache.get(idx)
-            if entry is None or not entry.future.done() or entry.future.exception() is not None \
-                    or within + size > entry.future.result():
+            if entry is None or within + size > entry.available():
                 return None
             entry.users += 1   # _retire leaves the buffer alone until the caller unpins
         finally:
             self._lock.release()
         self._note(offset, idx)
+        return entry.view[within:within + size], lambda: self._unpin(entry)
+
+    def view_wait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
+        """view_nowait that waits for the bytes (in a worker thread): the view and its unpin.
+        A range not inside one fetched block (a hole, across blocks, past a short block)
+        comes back as a copy with nothing to unpin."""
+        return self._fresh(self._view_wait, offset, size)
+
+    def _view_wait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
+        if offset >= self.size or size <= 0:
+            return memoryview(b""), no_unpin
+        size = min(size, self.size - offset)
+        idx, within = divmod(offset, self.bs)
+        block = self.blocks.get(idx)
+        if block is None or within + size > min(self.bs, block.length):
+            return memoryview(self._read_bytes(offset, size)), no_unpin
+        entry = self._acquire(idx, offset)
+        try:
+            entry.wait_for(within + size)
+        except BaseException:
+            self._unpin(entry)
+            raise
         return entry.view[within:within + size], lambda: self._unpin(entry)
 
     def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
@@ -240,7 +309,7 @@ class FileReader:
             return
         entry = self._acquire(idx, offset)
         try:
-            n = entry.future.result()
+            n = entry.wait_for(within + len(out))
             have = max(0, min(len(out), n - within))
             out[:have] = entry.view[within:within + have]
         finally:
@@ -286,8 +355,10 @@ class FileReader:
         block = self.blocks[idx]
         raw = self.pool.acquire()
         view = memoryview(raw)
-        fut = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0, view[:block.length])
-        entry = _Cached(raw, view, fut)
+        entry = _Cached(raw, view)
+        entry.future = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0,
+                                                 view[:block.length], entry)
+        entry.future.add_done_callback(entry.fetched)
         self._cache[idx] = entry
         # Room for the read-ahead window beyond the kernel's own read-ahead in flight: a
         # buffered mount has up to 12 requests of 1 MiB (3 blocks) pending at once; with

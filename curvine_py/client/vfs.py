@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.reader import FileReader
+from curvine_py.client.reader import FileReader, no_unpin
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
@@ -335,6 +335,15 @@ class VFS:
             h.reader = FileReader(self.core, reply)
             h.version = st.version
         return h.reader.read_bytes(offset, size)
+
+    def read_view(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
+        """read() as a view into the block cache where it can be (waiting for the bytes, not
+        for the whole block), with the function to call once the view has been used."""
+        h = self.handle(fh)
+        if h.reader is None or h.version != h.state.version or \
+                (h.state.writer is not None and not h.state.writer.closed):
+            return memoryview(self.read(fh, offset, size)), no_unpin
+        return h.reader.view_wait(offset, size)
 
     def view_nowait(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
         """The bytes as a view into the block cache if they can be had without blocking (already

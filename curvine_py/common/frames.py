@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import socket
 import typing
+from typing import Callable
 import struct
 
 from curvine_py.common.errors import CurvineError
@@ -64,8 +65,12 @@ def send_frame(sock: socket.socket, header: DataHeader,
         sock.sendall(LEN.pack(len(raw)) + raw)
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill view completely from sock or raise ChannelClosed."""
+def recv_exact_into(sock: socket.socket, view: memoryview,
+                    progress: Callable[[int], None] | None = None) -> None:
+    """Fill view completely from sock or raise ChannelClosed.
+
+    progress, if given, hears the count of bytes in view so far after each receive, so
+    a reader can use the head of a block while its tail is still on the wire."""
     got = 0
     n = len(view)
     while got < n:
@@ -73,6 +78,8 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         if k == 0:
             raise ChannelClosed(f"connection closed after {got} of {n} bytes")
         got += k
+        if progress is not None:
+            progress(got)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
