@@ -278,7 +278,11 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        return self._file_info(await self._run(self.vfs.open, inode, flags, self._ident(ctx)))
+        ident = self._ident(ctx)
+        opened = await self.vfs.open_async(self._master, inode, flags, ident)   # a read-only open
+        if opened is None:
+            opened = await self._run(self.vfs.open, inode, flags, ident)
+        return self._file_info(opened)
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:

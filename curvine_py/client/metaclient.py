@@ -266,8 +266,10 @@ class MasterClient:
         return self.saw_dirs(self.call("Create", req))
 
     def open(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenReply:
-        req = pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
-        return self.call("Open", req)
+        return self.call("Open", self.open_request(ino, flags, write, ident))
+
+    def open_request(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenRequest:
+        return pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
 
     def allocate(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
                  ident: Identity | None = None) -> pb.AllocateBlocksReply:

@@ -138,6 +138,14 @@ class VFS:
                                        exclusive=bool(flags & os.O_EXCL), ident=ident)
         return self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
 
+    async def open_async(self, call: MasterCall, ino: int, flags: int, ident: Identity) -> Opened | None:
+        """open() of a file for reading only with no writer of it here (the KV reader's open);
+        None: open() must do it (a write open, or one that shares this mount's writer)."""
+        if (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC or self._writer_of(ino) is not None:
+            return None
+        reply = await call("Open", self.meta.open_request(ino, flags, write=False, ident=ident))
+        return self._new_handle(ino, flags, reply, False, ident)
+
     async def unlink_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> bool:
         """False (nothing done): a file is open here, unlink() may have to hide it."""
         if self._inodes:
@@ -272,17 +280,21 @@ class VFS:
     # ------------------------------------------------------------------ open files
     def open(self, ino: int, flags: int, ident: Identity) -> Opened:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)  # O_RDONLY|O_TRUNC truncates
-        with self._lock:
-            st = self._inodes.get(ino)
-            shared = st is not None and st.writer is not None and not st.writer.closed
-        if write and not shared:
+        shared = self._writer_of(ino)
+        if write and shared is None:
             return self._open_writer(self.meta.open(ino, flags, write=True, ident=ident), flags, ident)
         reply = self.meta.open(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
         if write:
             if flags & os.O_TRUNC:
-                st.writer.truncate(0)  # type: ignore[union-attr]
+                shared.truncate(0)  # type: ignore[union-attr]
             return self._new_handle(ino, flags, reply, True, ident)
         return self._new_handle(ino, flags, reply, False, ident)
+
+    def _writer_of(self, ino: int) -> FileWriter | None:
+        """The file's open writer here, if any: new opens of the file share it."""
+        with self._lock:
+            st = self._inodes.get(ino)
+            return st.writer if st is not None and st.writer is not None and not st.writer.closed else None
 
     def _open_writer(self, reply: pb.OpenReply, flags: int, ident: Identity) -> Opened:
         ino = reply.attr.ino
@@ -302,7 +314,9 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
-                h.reader.prefetch_small()
+                # In the background: it may wait for a free buffer, and the mount's
+                # awaited open runs this on its event loop.
+                self.core.executor.submit(h.reader.prefetch_small)
             st.handles += 1
             self._handles[h.fh] = h
             gen = reply.attr.generation
