@@ -114,14 +114,15 @@ class _Cached:
     chunk's first 4 KiB no longer waits for the whole first block (docs/performance.md).
     """
 
-    __slots__ = ("raw", "view", "future", "users", "got", "waiting", "arrived")
+    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived")
 
     def __init__(self, raw: object, view: memoryview) -> None:
         self.raw, self.view = raw, view
         self.future: Future[int] = Future()   # the fetch's, set by the one who starts it
         self.users = 0
         self.got = 0
-        self.waiting = 0
+        self.needs: list[int] = []   # what each waiting reader needs `got` to reach
+        self.wanted = 0              # the least of them (0: nobody waits)
         self.arrived = threading.Condition()
 
     def available(self) -> int:
@@ -131,9 +132,10 @@ class _Cached:
         return -1 if self.future.exception() is not None else self.future.result()
 
     def advance(self, got: int) -> None:
-        """The fetch's progress (called from its thread after each receive)."""
+        """The fetch's progress (called from its thread after each receive).  Waiters are
+        woken only once a need of theirs is met, not at every receive."""
         self.got = max(self.got, got)
-        if self.waiting:
+        if self.wanted and self.got >= self.wanted:
             with self.arrived:
                 self.arrived.notify_all()
 
@@ -145,12 +147,14 @@ class _Cached:
         """Block until `need` bytes from the start have arrived or the fetch is over; returns
         the bytes usable (the block's length once fetched); raises the fetch's error."""
         with self.arrived:
-            self.waiting += 1
+            self.needs.append(need)
+            self.wanted = min(self.needs)
             try:
                 while self.got < need and not self.future.done():
                     self.arrived.wait(1.0)
             finally:
-                self.waiting -= 1
+                self.needs.remove(need)
+                self.wanted = min(self.needs, default=0)
         return self.future.result() if self.future.done() else self.got
 
 
