@@ -20,7 +20,7 @@ from curvine_py.localcluster import LocalCluster, log_tail
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
-    from curvine_py.testhosts import NetCluster
+    from curvine_py.netcluster import NetCluster
 
 # Heartbeats every 200 ms: workers register and are reported live within a fraction of
 # a second, which keeps fixture start-up and liveness assertions fast.

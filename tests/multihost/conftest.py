@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.testhosts import Hosts, NetCluster, unavailable_reason
+from curvine_py.netcluster import NetCluster
+from curvine_py.testhosts import Hosts, unavailable_reason
 from tests.conftest import FAST_MASTER_FLAGS, stop_clusters
 
 HOSTS = 4

@@ -61,6 +61,10 @@ def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> N
     bad = subprocess.run([sys.executable, str(COMPARE), "--systems", "curvine,nfs"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and bad.stderr.startswith("compare: --systems"), bad.stderr
+    bad = subprocess.run([sys.executable, str(COMPARE), "--set", "FUSE_DIRECT_IO=true"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and bad.stderr.strip() == "compare: --set FUSE_DIRECT_IO=true: expected " \
+        "CURVINE_KEY=VALUE", bad.stderr
     r = subprocess.run([sys.executable, str(COMPARE), "--small", "--systems", "local",
                         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

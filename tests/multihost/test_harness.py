@@ -15,7 +15,8 @@ import pytest
 from curvine_py import testhosts
 from curvine_py.localcluster import is_mounted
 from curvine_py.processes import pid_alive
-from curvine_py.testhosts import Host, Hosts, NetCluster
+from curvine_py.netcluster import NetCluster
+from curvine_py.testhosts import Host, Hosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(120)]
 

@@ -1,0 +1,240 @@
+"""A cluster across network-namespace hosts (curvine_py/testhosts.py): the master, workers
+and mounts each run inside a Host, bound to its address.
+
+Used by ``tests/multihost`` and ``bench/compare``; ``python -m curvine_py.testhosts up
+--cluster DIR`` starts one by hand.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+import typing
+from pathlib import Path
+
+from curvine_py.common import config as cfgmod
+from curvine_py.localcluster import (
+    _BOOTSTRAP, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError, LocalCluster,
+    is_mounted, log_tail, unmount,
+)
+from curvine_py.pb import curvine_pb2
+from curvine_py.processes import ProcessRecord, terminate
+from curvine_py.testhosts import Host, Hosts
+
+if typing.TYPE_CHECKING:
+    from curvine_py.sdk import Client
+
+
+class _Daemons(LocalCluster):
+    """LocalCluster's bookkeeping (records, readiness waits, restarts, ordered stop) with
+    each daemon started inside its Host and bound to that host's address.  Every namespace
+    has its own ports, so the documented default ports are used on every host."""
+
+    def __init__(self, hosts: Hosts, dir: str | Path, master_host: Host, worker_hosts: list[Host],
+                 secret: str, **kw: typing.Any) -> None:
+        self.hosts = hosts
+        self.master_host = master_host
+        self.worker_host_list = worker_hosts
+        # The secret is passed in the environment too: it must win over a CURVINE_CLUSTER_SECRET
+        # the caller's environment may hold (the test suite sets one).
+        super().__init__(dir, workers=len(worker_hosts), master_port=DEFAULT_MASTER_PORT,
+                         bind=master_host.ip, env={"CURVINE_CLUSTER_SECRET": secret}, **kw)
+        self.secret = secret
+        self.mounts: dict[int, tuple[Host, str, tuple[str, ...]]] = {}   # fuse index -> where
+
+    def worker_host(self, i: int) -> str:
+        return self.worker_host_list[i].name
+
+    def effective_config(self) -> cfgmod.Config:
+        cfg = super().effective_config()
+        cfg.cluster.secret = self.secret
+        cfg.worker.bind = cfg.worker.ip = self.worker_host_list[0].ip
+        return cfg
+
+    def prepare(self) -> None:
+        """Write D/curvine.toml afresh (addresses differ per run), then LocalCluster's layout."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        header = ("# Written by curvine_py.testhosts for a cluster across network-namespace hosts.\n"
+                  f"# Master on {self.master_host.name}; workers on "
+                  f"{', '.join(h.name for h in self.worker_host_list)}.\n\n")
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.config_path)
+        secret = self.secret
+        super().prepare()
+        self.secret = secret
+
+    def _check_ports(self) -> None:
+        """The hosts' namespaces are fresh: nothing else can hold their ports."""
+
+    def _command(self, role: str, i: int) -> list[str]:
+        boot = _BOOTSTRAP.format(prog=f"curvine-{role}", die_with_parent=self.die_with_parent,
+                                 parent=os.getpid(), module=ROLE_MODULES[role])
+        argv = [sys.executable, "-c", boot, "--config", str(self.config_path)]
+        if role == "master":
+            return self.master_host.wrap(argv + [
+                "--master-port", str(self.master_port), "--master-bind", self.master_host.ip,
+                "--master-meta-dir", str(self.dir / "master"), *self.extra_master_flags])
+        if role == "worker":
+            h = self.worker_host_list[i]
+            rpc, data = self.worker_ports(i)
+            return h.wrap(argv + [
+                "--worker-master", self.master_address, "--worker-bind", h.ip, "--worker-ip", h.ip,
+                "--worker-host", h.name, "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
+                "--worker-dirs", self.worker_dir_spec(i), *self.extra_worker_flags])
+        host, mountpoint, extra = self.mounts[i]
+        return host.wrap(argv[:3] + [mountpoint, "--master", self.master_address, "--config",
+                                     str(self.config_path), "--client-host", host.name,
+                                     "--foreground", *extra])
+
+    def _record(self, role: str, i: int) -> ProcessRecord:
+        if role == "worker":
+            h = self.worker_host_list[i]
+            rpc, data = self.worker_ports(i)
+            return ProcessRecord(role, f"worker{i}", i, f"{h.ip}:{rpc}", str(self.dir / "logs" / f"worker{i}.log"),
+                                 data_address=f"{h.ip}:{data}", host=h.name)
+        if role == "fuse":
+            host, mountpoint, _ = self.mounts[i]
+            return ProcessRecord(role, f"fuse{i}", i, mountpoint, str(self.dir / "logs" / f"fuse{i}.log"),
+                                 host=host.name)
+        return super()._record(role, i)
+
+    def _spawn(self, rec: ProcessRecord, role: str) -> ProcessRecord:
+        rec = super()._spawn(rec, role)
+        self.hosts.track_pid(rec.pid)
+        return rec
+
+
+class NetCluster:
+    """A curvine cluster whose master, workers and mounts each run inside a Host.
+
+    Attributes not defined here (``processes``, ``workers``, ``master``, ``wait_ready``,
+    ...) are the underlying LocalCluster's.
+    """
+
+    def __init__(self, hosts: Hosts, dir: str | Path, master_host: int = 0,
+                 worker_hosts: typing.Sequence[int] = (1, 2), extra_master_flags: typing.Sequence[str] = (),
+                 extra_worker_flags: typing.Sequence[str] = (), secret: str | None = None,
+                 capacity: int | str | None = None, die_with_parent: bool = True) -> None:
+        self.hosts = hosts
+        self._d = _Daemons(hosts, dir, hosts[master_host], [hosts[i] for i in worker_hosts],
+                           secret or secrets.token_hex(16), capacity=capacity,
+                           extra_master_flags=extra_master_flags, extra_worker_flags=extra_worker_flags,
+                           die_with_parent=die_with_parent)
+        self.dir = self._d.dir
+        self.config_path = self._d.config_path
+
+    def __getattr__(self, name: str) -> typing.Any:
+        if name == "_d":   # not yet set (a failed __init__): no endless recursion
+            raise AttributeError(name)
+        return getattr(self._d, name)
+
+    @property
+    def master_address(self) -> str:
+        return self._d.master_address
+
+    @property
+    def secret(self) -> str:
+        return self._d.secret
+
+    def worker_host(self, i: int) -> Host:
+        """The Host worker i runs on."""
+        return self._d.worker_host_list[i]
+
+    def worker_data_dir(self, i: int) -> Path:
+        return self.dir / f"worker{i}" / "data"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "NetCluster":
+        """Start the master and every worker; wait until all workers are registered and live."""
+        self.hosts.track_cluster(str(self.dir))
+        self._d.start(timeout)
+        return self
+
+    def stop(self) -> None:
+        """Stop the mounts, then workers and master; idempotent."""
+        self._d.stop()
+
+    def __enter__(self) -> "NetCluster":
+        if not self._d.processes:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL) -> None:
+        self._d.kill_worker(i, sig)
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker i again (same host, ports and data dir); wait until it is live."""
+        self._d.restart_worker(i)
+
+    def kill_master(self, sig: int = signal.SIGKILL) -> None:
+        self._d.kill_master(sig)
+
+    def restart_master(self) -> None:
+        """Start the master again on its metadata; wait until every running worker re-registered."""
+        self._d.restart_master()
+
+    def report(self, timeout: float = 5.0) -> curvine_pb2.ReportReply:
+        """The master's Report; ClusterError when it does not answer within timeout."""
+        rep = self._d.report(timeout=timeout)
+        if rep is None:
+            raise ClusterError(f"the master at {self.master_address} did not answer within {timeout} s")
+        return rep
+
+    # ------------------------------------------------------------ mounts
+
+    def mount(self, host: int, mountpoint: str | Path, *extra_flags: str) -> Path:
+        """Mount the cluster at mountpoint, the mount daemon running inside hosts[host] with
+        that host's identity; returns once the mount shows in this process's mount table."""
+        mp = Path(mountpoint).absolute()
+        mp.mkdir(parents=True, exist_ok=True)
+        index = max(self._d.mounts, default=-1) + 1
+        self._d.mounts[index] = (self.hosts[host], str(mp), tuple(extra_flags))
+        self.hosts.track_mount(str(mp))
+        rec = self._d._spawn(self._d._record("fuse", index), "fuse")
+        self._d.processes.append(rec)
+        self._d.write_state()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not is_mounted(str(mp)):
+            if not rec.is_alive() or time.monotonic() >= deadline:
+                how = "exited" if not rec.is_alive() else "did not mount in time"
+                self.unmount(mp)
+                raise ClusterError(f"the mount daemon on {self.hosts[host].name} {how}; "
+                                   f"last lines of {rec.log}:", log_tail(rec.log))
+            time.sleep(0.05)
+        return mp
+
+    def unmount(self, mountpoint: str | Path) -> None:
+        """Stop the mount daemon serving mountpoint (SIGTERM unmounts) and detach what is left."""
+        mp = str(Path(mountpoint).absolute())
+        recs = [p for p in self._d.processes if p.role == "fuse" and p.address == mp]
+        terminate(recs)
+        unmount(mp)
+        self._d.processes = [p for p in self._d.processes if p not in recs]
+        self._d.write_state()
+
+    # ------------------------------------------------------------ clients
+
+    def client_config(self, host: int | None = None) -> cfgmod.Config:
+        """This cluster's client settings; host identity hosts[host].name (None: the gateway's)."""
+        cfg = cfgmod.Config()
+        cfgmod.load_file(cfg, self.config_path)
+        cfg.client.master = self.master_address
+        cfg.client.host = self.hosts[host].name if host is not None else f"{self.hosts.id}gw"
+        cfg.client.retry_s = 30.0
+        cfg.cluster.secret = self.secret
+        return cfg
+
+    def client(self, host: int | None = None) -> "Client":
+        """An SDK client in this process (the root namespace reaches every host) that
+        identifies itself as hosts[host]: it prefers that host's replicas and reads them
+        from their block files (short-circuit; the hosts share this machine's disks)."""
+        from curvine_py.sdk import Client
+        return Client(master=self.master_address, config=self.client_config(host))
