@@ -39,6 +39,7 @@ from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, BlockMeta, BlockReader, BlockWriter,
                                          PendingWrite, io_error, remove_tree, supports_direct,
                                          unlink)
+from curvine_py.worker.memtier import MemoryReader, MemoryTier
 from curvine_py.worker.uring import Uring
 
 __all__ = ["CHUNK", "DEFAULT_BLOCK", "MAX_FREE_FILES", "TIERS", "TIER_INDEX", "BlockEntry", "BlockMeta",
@@ -150,8 +151,10 @@ class BlockStore:
 
     def __init__(self, dir_specs: Iterable[str], uring: Uring, reserve: int = 256 << 20,
                  reuse_files: bool = True, max_free_files: int = MAX_FREE_FILES,
-                 read_buffers: int = 256, read_io: str = "pread", direct_io: bool = False) -> None:
+                 read_buffers: int = 256, read_io: str = "pread", direct_io: bool = False,
+                 memory_cache: int = 0) -> None:
         self.uring = uring
+        self.memory = MemoryTier(memory_cache)   # recently written blocks in RAM (worker/memtier.py)
         self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
         self.reuse_files = reuse_files
         self.max_free_files = max_free_files
@@ -289,6 +292,7 @@ class BlockStore:
         with self._lock:
             old = self._index.pop(bid, None)
             if old is not None:   # a rewrite: the old file is recycled like a deleted one
+                self.memory.drop(bid)
                 self._release_entry(old, recycle=True)
             try:
                 os.rename(writer.path, final)
@@ -309,8 +313,10 @@ class BlockStore:
 
     # ------------------------------------------------------------ reading
 
-    def open_reader(self, block_id: int, offset: int = 0, length: int | None = None) -> BlockReader:
-        """A reader of [offset, offset+length) clamped to the block end (ENOENT, EINVAL)."""
+    def open_reader(self, block_id: int, offset: int = 0,
+                    length: int | None = None) -> BlockReader | MemoryReader:
+        """A reader of [offset, offset+length) clamped to the block end (ENOENT, EINVAL):
+        from the memory tier when the block is kept there, else from its file."""
         with self._lock:
             entry = self._index.get(block_id)
             if entry is None:
@@ -318,7 +324,13 @@ class BlockStore:
             if offset > entry.length:
                 raise CurvineError(errno.EINVAL, f"offset {offset} beyond block {block_id} "
                                                  f"of length {entry.length}")
-            entry.readers += 1
+            kept = self.memory.open(block_id)
+            if kept is None:
+                entry.readers += 1
+        if kept is not None:
+            avail = entry.length - offset
+            return MemoryReader(self.memory, kept, offset, avail if length is None else min(length, avail),
+                                entry.checksum, CHUNK)
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -364,6 +376,7 @@ class BlockStore:
             entry = self._index.pop(block_id, None)
             if entry is None:
                 return False
+            self.memory.drop(block_id)
             self._release_entry(entry, recycle=True)
             self._note_removed(block_id)
         return True
@@ -374,6 +387,7 @@ class BlockStore:
             if self._index.get(entry.block_id) is not entry:
                 return
             del self._index[entry.block_id]
+            self.memory.drop(entry.block_id)
             self._release_entry(entry, recycle=False)
             self._note_removed(entry.block_id)
         log.error("block %d in %s is corrupt (%s); dropped", entry.block_id, entry.dir.path, reason)

@@ -35,6 +35,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
+from curvine_py.worker.memtier import BlockBuffer
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.worker.replication import Downstream
 
@@ -84,13 +85,17 @@ class _PieceRing:
 
 
 class _WriteState:
-    """One block write in progress: the local writer, the downstream, the first error."""
+    """One block write in progress: the local writer, the downstream, the first error, and
+    the memory tier's buffer the block is received into (if it got one)."""
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.writer: BlockWriter | None = None
         self.down: Downstream | None = None
         self.error: CurvineError | None = None
+        self.mem: BlockBuffer | None = None
+        self.mem_at = 0            # bytes received into mem so far
+        self.mem_full = False      # the block outgrew mem: the rest goes through the ring
 
     def fail(self, e: CurvineError) -> None:
         """Remember the first error and stop writing and forwarding (the rest is drained)."""
@@ -244,6 +249,7 @@ class DataServer:
         try:
             self._check_token(open_h, write=True)
             state.writer = self.store.create(open_h.block_id, tier, open_h.length or DEFAULT_BLOCK)
+            state.mem = self.store.memory.reserve(open_h.length or DEFAULT_BLOCK)
         except CurvineError as e:
             state.fail(e)
         if state.error is None and open_h.chain:
@@ -265,6 +271,8 @@ class DataServer:
         finally:
             state.abort()  # no-op after a successful commit
             ring.release()
+            if state.mem is not None:   # not kept (the commit keeps it and clears this)
+                self.store.memory.give_back(state.mem)
 
     def _acquire_ring(self) -> _PieceRing:
         with self._piece_lock:   # all-or-nothing: writers never deadlock holding part of a ring
@@ -278,12 +286,7 @@ class DataServer:
         if n == 0 and state.down is not None:
             state.down.forward(memoryview(b""), bid)
         while n:
-            try:
-                view = ring.next()
-            except CurvineError as e:       # the disk write of an earlier piece failed
-                state.fail(e)
-                view = ring.views[ring.i]
-            piece = view[:min(n, len(view))]
+            piece, in_ring = self._landing(ring, state, n)
             frames.recv_exact_into(sock, piece)
             n -= len(piece)
             if state.down is not None:
@@ -293,9 +296,30 @@ class DataServer:
                     state.down = None
             if state.writer is not None:
                 try:
-                    ring.track(state.writer.append(piece))
+                    pending = state.writer.append(piece)
+                    if in_ring:                # reused once written
+                        ring.track(pending)
                 except CurvineError as e:
                     state.fail(e)
+
+    def _landing(self, ring: _PieceRing, state: _WriteState, n: int) -> tuple[memoryview, bool]:
+        """Where the next piece (at most n bytes) is received, and whether that is a ring
+        buffer: the block's memory buffer at the piece's offset in the block, else the next
+        ring buffer (no memory buffer, or the block outgrew it)."""
+        mem = state.mem
+        if mem is not None and not state.mem_full:
+            want = min(n, self.piece_pool.size)
+            if mem.size - state.mem_at >= want:
+                at = state.mem_at
+                state.mem_at += want
+                return mem.view[at:at + want], False
+            state.mem_full = True           # longer than its length hint: not kept
+        try:
+            view = ring.next()
+        except CurvineError as e:           # the disk write of an earlier piece failed
+            state.fail(e)
+            view = ring.views[ring.i]
+        return view[:min(n, len(view))], True
 
     def _commit(self, sock: socket.socket, state: _WriteState, h: data_pb2.DataHeader) -> None:
         """Verify locally, then commit the downstream while the local disk writes finish,
@@ -322,6 +346,9 @@ class DataServer:
                 down.wait_commit(bid)
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")
             return
+        if state.mem is not None and not state.mem_full:
+            self.store.memory.keep(bid, state.mem, entry.length)   # reads of it come from memory
+            state.mem = None
         acked = down.wait_commit(bid) if down is not None else []
         frames.reply(sock, 0, length=entry.length, checksum=entry.checksum,
                      acked=[self.worker_id, *acked])

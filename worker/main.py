@@ -74,7 +74,7 @@ class Worker:
         self.uring = Uring(w.uring_entries)
         try:
             self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve, read_io=w.read_io,
-                                    direct_io=w.direct_io)
+                                    direct_io=w.direct_io, memory_cache=w.memory_cache)
         except OSError as e:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
         first_dir = self.store.dirs[0].path

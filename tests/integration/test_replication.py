@@ -64,6 +64,9 @@ def stat_block(c: LocalCluster, i: int, block_id: int) -> curvine_pb2.BlockStatR
                               metadata=(("curvine-secret", c.secret),))
 
 
+NO_MEMORY_TIER = ["--worker-memory-cache", "0"]
+
+
 @pytest.fixture
 def three(cluster_factory: typing.Callable[..., LocalCluster]) -> LocalCluster:
     return cluster_factory(workers=3, extra_master_flags=FLAGS)
@@ -105,8 +108,9 @@ def test_lost_worker_blocks_are_copied_then_reconciled_on_return(three: LocalClu
     client.close()
 
 
-def test_corrupt_replica_is_repaired_from_the_good_one(three: LocalCluster) -> None:
-    c = three
+def test_corrupt_replica_is_repaired_from_the_good_one(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    # The memory tier off: a kept copy would serve the block without touching the file.
+    c = cluster_factory(workers=3, extra_master_flags=FLAGS, extra_worker_flags=NO_MEMORY_TIER)
     client = connect(c)
     data = payload(7, 2 * MiB + 5)
     client.makedirs("/corrupt")

@@ -97,8 +97,12 @@ def three(net_cluster_factory: typing.Callable[..., NetCluster]) -> NetCluster:
 
 # ---------------------------------------------------------------- workers: kill, return, corrupt
 
-def test_worker_killed_mid_write_then_returns_then_a_replica_rots(three: NetCluster, tmp_path: Path) -> None:
-    c = three
+def test_worker_killed_mid_write_then_returns_then_a_replica_rots(
+        net_cluster_factory: typing.Callable[..., NetCluster], tmp_path: Path) -> None:
+    # The memory tier off: the rotten replica's kept copy would serve the block without its
+    # file being read, so the rot would be found only once the copy left memory.
+    c = net_cluster_factory(worker_hosts=(1, 2, 3), extra_master_flags=FLAGS,
+                            extra_worker_flags=["--worker-memory-cache", "0"])
     mnt = c.mount(0, tmp_path / "w")
     (mnt / "kv").mkdir()
     closed = {mnt / "kv" / f"done{i}": payload(i, 24 * MiB + 4096 * i) for i in range(4)}
