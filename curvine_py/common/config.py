@@ -70,7 +70,7 @@ class WorkerConfig:
     buffer_size: int = 1 * MiB    # piece size of the data channel
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
     direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
-    memory_cache: int = 1024 * MiB  # recently written blocks kept in RAM for reads (worker/memtier.py); 0 = off
+    memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off
     rpc_threads: int = 8
 
 
