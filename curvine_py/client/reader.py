@@ -237,21 +237,11 @@ class FileReader:
         return self._fresh(self._read_bytes, offset, size)
 
     def _read_bytes(self, offset: int, size: int) -> bytes:
-        if offset >= self.size or size <= 0:
-            return b""
-        size = min(size, self.size - offset)
-        idx, within = divmod(offset, self.bs)
-        block = self.blocks.get(idx)
-        if within + size > self.bs or block is None or within + size > block.length:
-            buf = bytearray(size)
-            self._pread(offset, memoryview(buf))
-            return bytes(buf)
-        entry = self._acquire(idx, offset)
+        view, unpin = self._view_wait(offset, size)
         try:
-            entry.wait_for(within + size)
-            return bytes(entry.view[within:within + size])
+            return bytes(view)
         finally:
-            self._unpin(entry)
+            unpin()
 
     def view_nowait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
         """Up to size already fetched bytes at offset as a view into the block cache (no copy,
@@ -291,7 +281,9 @@ class FileReader:
         idx, within = divmod(offset, self.bs)
         block = self.blocks.get(idx)
         if block is None or within + size > min(self.bs, block.length):
-            return memoryview(self._read_bytes(offset, size)), no_unpin
+            buf = bytearray(size)   # a hole, across blocks, past a short block: gathered
+            self._pread(offset, memoryview(buf))
+            return memoryview(buf), no_unpin
         entry = self._acquire(idx, offset)
         try:
             entry.wait_for(within + size)

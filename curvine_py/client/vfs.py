@@ -353,20 +353,26 @@ class VFS:
     def read_view(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
         """read() as a view into the block cache where it can be (waiting for the bytes, not
         for the whole block), with the function to call once the view has been used."""
-        h = self.handle(fh)
-        if h.reader is None or h.version != h.state.version or \
-                (h.state.writer is not None and not h.state.writer.closed):
+        reader = self._settled_reader(self.handle(fh))
+        if reader is None:
             return memoryview(self.read(fh, offset, size)), no_unpin
-        return h.reader.view_wait(offset, size)
+        return reader.view_wait(offset, size)
 
     def view_nowait(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
         """The bytes as a view into the block cache if they can be had without blocking (already
         fetched), with the function to call once it has been used; else None."""
         h = self._handles.get(fh)
-        if h is None or h.reader is None or h.version != h.state.version or \
+        reader = None if h is None else self._settled_reader(h)
+        return None if reader is None else reader.view_nowait(offset, size)
+
+    @staticmethod
+    def _settled_reader(h: Handle) -> FileReader | None:
+        """h's reader when the block cache may serve it as it is: loaded since this client's
+        last commit of the file, and no writer of the file open here; else None (read())."""
+        if h.reader is None or h.version != h.state.version or \
                 (h.state.writer is not None and not h.state.writer.closed):
             return None
-        return h.reader.view_nowait(offset, size)
+        return h.reader
 
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         h = self.handle(fh)

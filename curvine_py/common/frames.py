@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import errno
 import socket
-import typing
-from typing import Callable
 import struct
+import typing
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import data_pb2
@@ -66,7 +65,7 @@ def send_frame(sock: socket.socket, header: DataHeader,
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview,
-                    progress: Callable[[int], None] | None = None) -> None:
+                    progress: typing.Callable[[int], None] | None = None) -> None:
     """Fill view completely from sock or raise ChannelClosed.
 
     progress, if given, hears the count of bytes in view so far after each receive, so
