@@ -324,13 +324,13 @@ class BlockStore:
             if offset > entry.length:
                 raise CurvineError(errno.EINVAL, f"offset {offset} beyond block {block_id} "
                                                  f"of length {entry.length}")
+            avail = entry.length - offset
+            n = avail if length is None else min(length, avail)
             kept = self.memory.open(block_id)
             if kept is None:
                 entry.readers += 1
         if kept is not None:
-            avail = entry.length - offset
-            return MemoryReader(self.memory, kept, offset, avail if length is None else min(length, avail),
-                                entry.checksum, CHUNK)
+            return MemoryReader(self.memory, kept, offset, n, entry.checksum, CHUNK)
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -339,8 +339,6 @@ class BlockStore:
                 self.mark_corrupt(entry, "block file missing")
                 raise CurvineError(errno.ENOENT, f"block {block_id} not found") from None
             raise io_error(e, f"open block {block_id}") from None
-        avail = entry.length - offset
-        n = avail if length is None else min(length, avail)
         return BlockReader(self, entry, fd, offset, n, self._open_direct(entry))
 
     def _open_direct(self, entry: BlockEntry) -> int:

@@ -17,13 +17,11 @@ A deleted or corrupt block is dropped at once (readers already sending it finish
 """
 from __future__ import annotations
 
-import errno
 import mmap
 import threading
 from collections import OrderedDict
 from typing import Iterator
 
-from curvine_py.common.errors import CurvineError
 
 PAGE = 4096
 
@@ -162,16 +160,14 @@ def _unmap(raw: mmap.mmap) -> None:
 
 
 class MemoryReader:
-    """The BlockReader interface (length, checksum, pieces, close) over a kept buffer."""
+    """The BlockReader interface (length, checksum, pieces, close) over a kept buffer; the
+    range is the caller's, already checked and clamped to the block (BlockStore.open_reader)."""
 
     def __init__(self, tier: MemoryTier, buf: BlockBuffer, offset: int, length: int,
                  checksum: int, piece_size: int) -> None:
-        if offset > buf.length:
-            tier.close(buf)
-            raise CurvineError(errno.EINVAL, f"offset {offset} beyond the block's {buf.length} bytes")
         self.tier, self.buf = tier, buf
         self.offset = offset
-        self.length = min(length, buf.length - offset)
+        self.length = length
         self.checksum = checksum
         self.piece_size = piece_size
         self._closed = False
