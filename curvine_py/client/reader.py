@@ -81,12 +81,13 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     errors = []
     sc = core.shortcircuit
     # Bytes already announced as arrived are in use: only a network replica (whose bytes are
-    # verified before they are sent) may write over them, never a local file read unverified.
+    # verified before they are sent) may write over them, never a local file read unverified
+    # (a local read announces each chunk once verified, so its head is served early too).
     local_ok = progress is None or progress.got == 0
     advance = None if progress is None else progress.advance
     for addr in core.replica_order(block):
         if sc is not None and local_ok and sc.is_local(addr) and \
-                sc.read(addr, block, offset, into[:want]) is not None:
+                sc.read(addr, block, offset, into[:want], advance) is not None:
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
             n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance)

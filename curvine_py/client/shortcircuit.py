@@ -73,16 +73,19 @@ class ShortCircuit:
     def is_local(self, addr: pb.WorkerAddress) -> bool:
         return bool(addr.host) and addr.host == self.host
 
-    def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview) -> int | None:
+    def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
+             advance: Callable[[int], object] | None = None) -> int | None:
         """Fill `into` with block bytes from `offset` (len(into) <= block length - offset) out
-        of the local file; returns len(into), or None when the network must be used."""
+        of the local file; returns len(into), or None when the network must be used.
+        `advance` hears how many bytes of `into` are in and verified, chunk by chunk, so a
+        reader of the block's head need not wait for its tail (as over the network)."""
         key = (addr.worker_id, block.block_id)
         try:
             local = self._locate(key, addr, block)
             if local is None:
                 self._count_fallback()
                 return None
-            self._read_verified(local, offset, into)
+            self._read_verified(local, offset, into, advance)
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
             self._forget(key)
             self._count_fallback()
@@ -148,10 +151,12 @@ class ShortCircuit:
                 self._dirs[where] = dirs
         return dirs
 
-    def _read_verified(self, local: LocalBlock, offset: int, into: memoryview) -> None:
+    def _read_verified(self, local: LocalBlock, offset: int, into: memoryview,
+                       advance: Callable[[int], object] | None = None) -> None:
         """Chunks the range covers whole are read straight into `into` and verified there; a
         partly covered chunk at either end is read whole into a per-thread scratch buffer
-        and verified there (a chunk is verified whole).  Raises on any mismatch."""
+        and verified there (a chunk is verified whole).  Raises on any mismatch; `advance`
+        hears of each chunk once its bytes are verified in `into`."""
         meta, cs, length = local.meta, local.meta.chunk_size, local.meta.length
         end = offset + len(into)
         if end > length:
@@ -166,6 +171,8 @@ class ShortCircuit:
                     _read_chunk(fd, meta, c, into[lo - offset:hi - offset])
                 else:
                     self._partial(fd, meta, c, max(offset, lo), min(end, hi), offset, into)
+                if advance is not None:
+                    advance(min(end, hi) - offset)
         finally:
             os.close(fd)
 

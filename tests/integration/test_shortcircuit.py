@@ -3,6 +3,7 @@ worker 0's reads worker 0's replicas from their block files, verified; a corrupt
 missing block file falls back to the network (the other replica) with exact bytes."""
 from __future__ import annotations
 
+import mmap
 import os
 import typing
 
@@ -192,3 +193,31 @@ def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client"
     got, moved = counted_read(local_client, f"{remote_dir}/f")
     assert got == data
     assert moved["reads"] == 3 and moved["fallbacks"] == 0
+
+
+def test_a_local_read_announces_each_chunk_once_verified(shared_cluster: LocalCluster, local_client: "Client",
+                                                         remote_dir: str) -> None:
+    """The block's head is usable before its tail is read (the reader's `advance`), and
+    only verified chunks are announced: a chunk that fails its checksum is not."""
+    data = payload(10)
+    local_client.put_bytes(f"{remote_dir}/f", data)
+    sc = local_client.core.shortcircuit
+    assert sc is not None
+    reply = local_client.core.meta.block_locations(local_client.stat(f"{remote_dir}/f").ino)
+    local_client.core.workers.learn(list(reply.workers))
+    block = min(reply.blocks, key=lambda b: b.offset)          # a whole 4 MiB block: 4 chunks
+    w0 = next(w for w in reply.workers if w.host == sc.host)
+    heard: list[int] = []
+    into = memoryview(mmap.mmap(-1, block.length))
+    assert sc.read(w0, block, 0, into, heard.append) == block.length
+    assert heard == [MiB, 2 * MiB, 3 * MiB, 4 * MiB] and into == data[:block.length]
+    heard.clear()
+    assert sc.read(w0, block, 5, into[:3 * MiB], heard.append) == 3 * MiB   # ends inside chunk 3
+    assert heard == [MiB - 5, 2 * MiB - 5, 3 * MiB - 5, 3 * MiB] and into[:3 * MiB] == data[5:3 * MiB + 5]
+    path = local_block_files(local_client, shared_cluster, f"{remote_dir}/f")[0]
+    with open(path, "r+b") as f:   # one byte of chunk 2
+        f.seek(2 * MiB + 3)
+        f.write(bytes([data[2 * MiB + 3] ^ 1]))
+    heard.clear()
+    assert sc.read(w0, block, 0, into, heard.append) is None    # the caller reads the network instead
+    assert heard == [MiB, 2 * MiB]
