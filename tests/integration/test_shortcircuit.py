@@ -16,6 +16,7 @@ from curvine_py.pb import curvine_pb2_grpc
 from tests.conftest import client_config
 
 if typing.TYPE_CHECKING:
+    from curvine_py.client.shortcircuit import ShortCircuit
     from curvine_py.sdk import Client
 
 MiB = 1 << 20
@@ -57,6 +58,16 @@ def local_block_files(client: "Client", cluster: LocalCluster, path: str) -> lis
         channel.close()
     assert all(s.exists for s in stats), "both replicas were written (two workers, two replicas)"
     return [s.path for s in stats]
+
+
+def local_block(client: "Client", path: str, last: bool) -> tuple["ShortCircuit", pb.WorkerAddress, pb.BlockInfo]:
+    """The client's short-circuit reader, the local worker, and path's first or last block."""
+    sc = client.core.shortcircuit
+    assert sc is not None
+    reply = client.core.meta.block_locations(client.stat(path).ino)
+    client.core.workers.learn(list(reply.workers))
+    block = (max if last else min)(reply.blocks, key=lambda b: b.offset)
+    return sc, next(w for w in reply.workers if w.host == sc.host), block
 
 
 def counted_read(client: "Client", path: str) -> tuple[bytes, dict[str, int]]:
@@ -137,12 +148,7 @@ def test_partial_ranges_of_a_block(local_client: "Client", remote_dir: str) -> N
     for these): the partly covered chunks are verified whole, only the range is copied."""
     data = payload(5)
     local_client.put_bytes(f"{remote_dir}/f", data)
-    sc = local_client.core.shortcircuit
-    assert sc is not None
-    reply = local_client.core.meta.block_locations(local_client.stat(f"{remote_dir}/f").ino)
-    local_client.core.workers.learn(list(reply.workers))
-    block = max(reply.blocks, key=lambda b: b.offset)          # the short last block
-    w0 = next(w for w in reply.workers if w.host == sc.host)
+    sc, w0, block = local_block(local_client, f"{remote_dir}/f", last=True)   # the short last block
     base = block.offset
     for off, n in ((0, 1), (5, MiB), (MiB - 1, 2), (MiB, block.length - MiB), (3, block.length - 3), (0, block.length),
                    (block.length - 1, 1), (MiB + 1, block.length - MiB - 2)):
@@ -201,12 +207,7 @@ def test_a_local_read_announces_each_chunk_once_verified(shared_cluster: LocalCl
     only verified chunks are announced: a chunk that fails its checksum is not."""
     data = payload(10)
     local_client.put_bytes(f"{remote_dir}/f", data)
-    sc = local_client.core.shortcircuit
-    assert sc is not None
-    reply = local_client.core.meta.block_locations(local_client.stat(f"{remote_dir}/f").ino)
-    local_client.core.workers.learn(list(reply.workers))
-    block = min(reply.blocks, key=lambda b: b.offset)          # a whole 4 MiB block: 4 chunks
-    w0 = next(w for w in reply.workers if w.host == sc.host)
+    sc, w0, block = local_block(local_client, f"{remote_dir}/f", last=False)   # a whole 4 MiB block: 4 chunks
     heard: list[int] = []
     into = memoryview(mmap.mmap(-1, block.length))
     assert sc.read(w0, block, 0, into, heard.append) == block.length
