@@ -12,6 +12,7 @@ already applied gets the stored result instead of being applied twice.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import queue
@@ -73,7 +74,7 @@ class Journal:
                     break
                 batch = self._take_batch()
                 if not batch:   # cannot happen: ours stays queued until applied under this lock
-                    fut.set_exception(CurvineError(5, "journal lost a record"))
+                    fut.set_exception(CurvineError(errno.EIO, "journal lost a record"))
                     break
                 self._apply_batch(batch)
         return fut.result()

@@ -37,13 +37,8 @@ class _AsyncReader(mf.FrameReader):
     __slots__ = ()
 
     async def afill(self, n: int) -> memoryview:
-        if self.end - self.start < n:
-            self._make_room(n)
-            while self.end - self.start < n:
-                k = await self.sock.recv_into(self.view[self.end:])
-                if k == 0:
-                    raise mf.Closed(f"connection closed with {self.end - self.start} of {n} bytes read")
-                self.end += k
+        while self.short_of(n):
+            self.received(await self.sock.recv_into(self.view[self.end:]), n)
         return self.view[self.start:self.start + n]
 
 

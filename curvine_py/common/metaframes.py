@@ -148,14 +148,23 @@ class FrameReader:
 
     def fill(self, n: int) -> memoryview:
         """The next n unread bytes (read from the socket as needed); raises Closed at EOF."""
-        if self.end - self.start < n:
-            self._make_room(n)
-            while self.end - self.start < n:
-                k = self.sock.recv_into(self.view[self.end:])
-                if k == 0:
-                    raise Closed(f"connection closed with {self.end - self.start} of {n} bytes read")
-                self.end += k
+        while self.short_of(n):
+            self.received(self.sock.recv_into(self.view[self.end:]), n)
         return self.view[self.start:self.start + n]
+
+    def short_of(self, n: int) -> bool:
+        """Are fewer than n unread bytes here?  If so, makes room for n after start: the
+        caller then receives into view[end:] and reports it with received()."""
+        if self.end - self.start >= n:
+            return False
+        self._make_room(n)
+        return True
+
+    def received(self, k: int, n: int) -> None:
+        """k more bytes arrived at end, while n are wanted; 0 is the peer's EOF: Closed."""
+        if k == 0:
+            raise Closed(f"connection closed with {self.end - self.start} of {n} bytes read")
+        self.end += k
 
     def consume(self, n: int) -> None:
         """Done with the next n bytes (views of them are no longer used)."""
