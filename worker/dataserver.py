@@ -125,7 +125,9 @@ class DataServer:
     def __init__(self, store: BlockStore, bind: str = "0.0.0.0", port: int = 0, worker_id: int = 0,
                  secret: str = "", piece_size: int = MiB, pipeline: int = 4,
                  max_piece_buffers: int = 1024, idle_timeout_s: float = 600.0,
-                 io_timeout_s: float = 60.0, pool: ConnectionPool | None = None) -> None:
+                 io_timeout_s: float = 60.0, pool: ConnectionPool | None = None, congestion: str = "") -> None:
+        """congestion: the TCP congestion control of this server's data sockets, accepted
+        (block reads are sent on them) and opened downstream ("" = the system's)."""
         self.store = store
         self.worker_id = worker_id          # set by the heartbeat once registered
         self.secret = secret
@@ -133,7 +135,7 @@ class DataServer:
         self.pipeline = max(2, pipeline)
         self.idle_timeout_s = idle_timeout_s
         self.io_timeout_s = io_timeout_s
-        self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S)
+        self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S, congestion=congestion)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
@@ -141,6 +143,7 @@ class DataServer:
         self._ids = itertools.count(1)
         self._closing = False
         self._listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
+        frames.set_congestion(self._listener, congestion)   # accepted connections inherit it
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._thread = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
 

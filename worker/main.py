@@ -79,7 +79,8 @@ class Worker:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
         first_dir = self.store.dirs[0].path
         self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
-                               secret=self.cfg.cluster.secret, piece_size=w.buffer_size).start()
+                               secret=self.cfg.cluster.secret, piece_size=w.buffer_size,
+                               congestion=self.cfg.cluster.data_congestion).start()
         self._start_rpc()
         if w.master:
             self.copies = CopyQueue(self.store, self.data.pool)

@@ -96,7 +96,8 @@ class ClientCore:
         self.cfg = cfg
         self.meta = MasterClient(master or cfg.client.master, cfg.client, cfg.cluster.secret)
         self.host = host_identity(cfg.client.host)
-        self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s)
+        self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s,
+                                   congestion=cfg.cluster.data_congestion)
         self.io = BlockIO(self.pool, read_timeout_s=cfg.client.read_timeout_s)
         self.buffers = BufferPool(cfg.master.block_size, max_buffers=64)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")

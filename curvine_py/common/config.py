@@ -29,6 +29,7 @@ class ClusterConfig:
     """Settings every process of one cluster shares."""
     name: str = "curvine"
     secret: str = ""              # shared secret on every RPC (multi-host issue); "" = open
+    data_congestion: str = "cubic"  # TCP congestion control of block-data sockets; "" = the system's default
 
 
 @dataclass

@@ -30,8 +30,10 @@ class ConnectionPool:
     """Idle data-channel sockets to peers, keyed by (ip, port); thread-safe."""
 
     def __init__(self, max_idle_per_peer: int = 4, idle_s: float = 60.0,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S, io_timeout_s: float = IO_TIMEOUT_S) -> None:
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, io_timeout_s: float = IO_TIMEOUT_S,
+                 congestion: str = "") -> None:
         self.max_idle_per_peer = max_idle_per_peer
+        self.congestion = congestion   # TCP congestion control of new connections ("" = the system's)
         self.idle_s = idle_s
         self.connect_timeout_s = connect_timeout_s
         self.io_timeout_s = io_timeout_s
@@ -76,8 +78,7 @@ class ConnectionPool:
                 sock.settimeout(self.io_timeout_s)
                 return self._lend(ip, port, sock)
             sock.close()
-        sock = socket.create_connection((ip, port), timeout=self.connect_timeout_s)
-        frames.tune(sock)
+        sock = frames.connect(ip, port, self.connect_timeout_s, self.congestion)
         sock.settimeout(self.io_timeout_s)
         return self._lend(ip, port, sock)
 

@@ -13,12 +13,15 @@ concatenation copy); receivers ``recv_into`` preallocated buffers.
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import struct
 import typing
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import data_pb2
+
+log = logging.getLogger(__name__)
 
 LEN = struct.Struct(">I")
 MAX_HEADER = 64 * 1024
@@ -131,3 +134,42 @@ def tune(sock: socket.socket, bufsize: int = 4 << 20) -> socket.socket:
         except OSError:
             pass
     return sock
+
+
+def set_congestion(sock: socket.socket, congestion: str) -> None:
+    """Give a socket that is not connected yet (a listener, or before connect) the TCP
+    congestion control ``cluster.data_congestion``; "" keeps the system's.
+
+    It must be set before the connection exists: a connection that started under BBR
+    keeps BBR's packet pacing (its timers) after a switch to another algorithm, and
+    that pacing was what cost the KV write here (docs/performance.md, session 7).
+    Connections accepted by a listener inherit the listener's.  One the kernel refuses
+    is logged once and the default kept."""
+    if not congestion or congestion in _refused_congestion:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
+    except OSError as e:
+        _refused_congestion.add(congestion)
+        log.warning("data channel: TCP congestion control %r refused (%s); the system's default is used",
+                    congestion, e.strerror)
+
+
+_refused_congestion: set[str] = set()
+
+
+def connect(ip: str, port: int, timeout: float, congestion: str = "") -> socket.socket:
+    """A tuned data connection to (ip, port), its congestion control set before the
+    connect (``socket.create_connection`` has no hook for that)."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(ip, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            set_congestion(sock, congestion)
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return tune(sock)
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"cannot resolve {ip}")
