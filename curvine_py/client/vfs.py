@@ -16,7 +16,7 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from curvine_py.client.core import ClientCore
@@ -62,7 +62,7 @@ class Opened:
     fh: int
     attr: pb.Attr
     keep_cache: bool
-    direct: bool = False      # serve this handle's reads without the kernel page cache
+    direct: bool = False      # this handle's reads and writes bypass the kernel page cache
 
 
 class VFS:
@@ -82,6 +82,7 @@ class VFS:
         self._dir_attrs: dict[int, tuple[float, pb.Attr]] = {}
         self._dir_ttl = core.cfg.fuse.attr_timeout_s
         self._direct_reads = core.cfg.fuse.direct_io_reads
+        self._direct_creates = core.cfg.fuse.direct_io_creates
         core.meta.dirs_listener = self._learn_dirs
 
     # ------------------------------------------------------------------ attributes
@@ -136,7 +137,15 @@ class VFS:
                            ident: Identity) -> Opened:
         req = self.meta.create_request(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL), ident=ident)
-        return self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
+        opened = self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
+        if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
+            # A file made here and opened write-only: its bytes go straight from the writer's
+            # memory to the mount, without filling page-cache pages first (KV write ~10% faster
+            # at less CPU, docs/performance.md).  Nobody can mmap a write-only descriptor, and
+            # the kernel (6.6+) invalidates cached pages of the range of a direct write, so
+            # another descriptor of the file reading through the page cache stays coherent.
+            opened = replace(opened, direct=True)
+        return opened
 
     async def open_async(self, call: MasterCall, ino: int, flags: int, ident: Identity) -> Opened | None:
         """open() of a file for reading only with no writer of it here (the KV reader's open);

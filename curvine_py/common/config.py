@@ -98,6 +98,7 @@ class FuseConfig:
     negative_timeout_s: float = 0.0
     direct_io: bool = False
     direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
+    direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
     max_read_ahead: int = 16 * MiB
 
 
