@@ -75,3 +75,20 @@ def test_read_write_creates_keep_the_page_cache(d: Path) -> None:
         with pytest.raises(OSError) as e:        # what any write-only descriptor gets
             mmap.mmap(f.fileno(), 4096)
         assert e.value.errno == errno.EACCES
+
+
+def test_append_truncate_and_fsync_on_a_direct_descriptor(d: Path) -> None:
+    """O_APPEND writes land at the end the kernel knows (it updates the size after each
+    direct write); ftruncate and fsync work on the write-only descriptor."""
+    parts = [os.urandom(n) for n in (10, MiB + 7, 3 * MiB, 5)]
+    fd = os.open(d / "log", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_APPEND, 0o644)
+    try:
+        for p in parts:
+            assert os.write(fd, p) == len(p)
+        os.fsync(fd)
+        assert os.fstat(fd).st_size == sum(map(len, parts))
+        os.ftruncate(fd, MiB)
+        assert os.write(fd, b"tail") == 4
+    finally:
+        os.close(fd)
+    assert (d / "log").read_bytes() == (b"".join(parts))[:MiB] + b"tail"
