@@ -5,7 +5,10 @@ declared lost, a worker reported it removed (deleted or found corrupt), a client
 reported a bad replica.  A periodic full scan catches whatever no event announced
 (for example blocks whose only other holder was lost while the master was down).  The
 first full scan waits for the worker timeout after the master starts, so that workers
-re-registering after a master restart are not mistaken for lost ones.
+re-registering after a master restart are not mistaken for lost ones.  A scan walks
+the blocks in id order, SCAN_SLICE of them per tick, so that a pool of millions of
+blocks never holds the housekeeping thread (and the GIL the master's requests need)
+for seconds at a time.
 
 For each suspect with fewer live replicas than wanted, one live holder (the *source*)
 is told, in its next heartbeat reply, to push the block to a target on a host that
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 BATCH = 2000              # suspects examined per tick
 PER_SOURCE = 8            # orders a worker may have outstanding as a source
 PER_TARGET = 8            # ... and as a target
+SCAN_SLICE = 50_000       # blocks the periodic scan looks at per tick
 
 
 @dataclass
@@ -43,17 +47,20 @@ class Replicator:
     """Thread-safe; driven by the master's housekeeping tick and heartbeats."""
 
     def __init__(self, registry: Registry, placement: Placement, tokens: BlockTokens,
-                 grace_s: float, scan_interval_s: float, order_timeout_s: float = 15.0) -> None:
+                 grace_s: float, scan_interval_s: float, order_timeout_s: float = 15.0,
+                 scan_slice: int = SCAN_SLICE) -> None:
         self.registry = registry
         self.placement = placement
         self.tokens = tokens
         self.scan_interval_s = scan_interval_s
+        self.scan_slice_blocks = scan_slice
         self.order_timeout_s = order_timeout_s
         self._lock = threading.Lock()
         self._suspects: set[int] = set()
         self._orders: dict[int, _Order] = {}              # block id -> outstanding order
         self._outbox: dict[int, list[pb.ReplicateCommand]] = {}  # source worker -> orders to send
         self._next_scan = time.monotonic() + grace_s
+        self._scan_after: int | None = None   # the scan under way resumes after this block id
         self.ordered = 0                                  # orders given since start (for the report)
 
     # ------------------------------------------------------------------ events
@@ -81,9 +88,12 @@ class Replicator:
     # ------------------------------------------------------------------ the tick
     def tick(self, conn: sqlite3.Connection) -> None:
         now = time.monotonic()
-        if now >= self._next_scan:
+        if self._scan_after is None and now >= self._next_scan:
             self._next_scan = now + self.scan_interval_s
-            self.suspect(set(self.scan(conn)))
+            self._scan_after = -1
+        if self._scan_after is not None:
+            found, self._scan_after = self.scan_slice(conn, self._scan_after)
+            self.suspect(found)
         with self._lock:
             expired = [b for b, o in self._orders.items() if o.deadline < now]
             for b in expired:
@@ -98,11 +108,22 @@ class Replicator:
 
     def scan(self, conn: sqlite3.Connection) -> list[int]:
         """Every committed block with fewer live replicas than its file wants."""
-        out = []
-        for bid, want in conn.execute("SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino"):
-            if len(self.registry.replicas(bid)) < want:
-                out.append(bid)
+        out: list[int] = []
+        after: int | None = -1
+        while after is not None:
+            found, after = self.scan_slice(conn, after)
+            out += found
         return out
+
+    def scan_slice(self, conn: sqlite3.Connection, after: int) -> tuple[list[int], int | None]:
+        """The under-replicated blocks among the next scan_slice_blocks committed blocks
+        whose id is above `after` (ids are positive), and the id the next slice starts
+        after (None: that was the last slice)."""
+        limit = self.scan_slice_blocks
+        rows = conn.execute("SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
+                            "WHERE b.block_id > ? ORDER BY b.block_id LIMIT ?", (after, limit)).fetchall()
+        found = [bid for bid, want in rows if len(self.registry.replicas(bid)) < want]
+        return found, (rows[-1][0] if len(rows) == limit else None)
 
     def _examine_safely(self, conn: sqlite3.Connection, bid: int, busy: dict[tuple[str, int], int]) -> bool:
         try:
