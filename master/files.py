@@ -14,6 +14,8 @@ from curvine_py.master import posix
 from curvine_py.master.posix import W
 from curvine_py.master.store import Row, Store, cred_of, to_i64
 
+EXPIRE_BATCH = 2000   # lapsed leases released per record: files created and left unwritten lapse in bulk
+
 
 class FileOps(Store):
     """op_create, op_open_write, op_allocate, op_commit, op_renew, op_expire_leases."""
@@ -33,7 +35,9 @@ class FileOps(Store):
         return freed
 
     def _lease_busy(self, row: Row, client: str, now_ms: int) -> bool:
-        return bool(row["lease_id"]) and row["lease_client"] != client and row["lease_expiry_ms"] > now_ms
+        """Another client's live, hard lease (a soft one -- held with complete=1 -- binds nobody)."""
+        return (bool(row["lease_id"]) and not row["complete"] and row["lease_client"] != client
+                and row["lease_expiry_ms"] > now_ms)
 
     def op_create(self, rec: Row) -> Row:
         """mknod of a regular file (or open of an existing one) plus the write lease."""
@@ -41,7 +45,7 @@ class FileOps(Store):
         row = made["attr"]
         if not made["created"]:
             return self.op_open_write({**rec, "ino": row["ino"]})
-        return {**self._grant_lease(row, rec, []), "dirs": made["dirs"]}
+        return {**self._grant_lease(row, rec, [], soft=True), "dirs": made["dirs"]}
 
     def op_open_write(self, rec: Row) -> Row:
         cred, now_ms = cred_of(rec), rec["now_ns"] // 1_000_000
@@ -63,21 +67,30 @@ class FileOps(Store):
             row = self.inode(row["ino"])
         return self._grant_lease(row, rec, freed)
 
-    def _grant_lease(self, row: Row, rec: Row, freed: list[int]) -> Row:
+    def _grant_lease(self, row: Row, rec: Row, freed: list[int], soft: bool = False) -> Row:
+        """The write lease (the holder's own live one is kept).  A soft lease, for the creator
+        of a new file, leaves the file complete: it binds nobody until its first allocate or
+        commit (_leased), so a file created and closed unwritten needs no commit -- the lease
+        just lapses -- at the price that another client may take it over meanwhile."""
         now_ms = rec["now_ns"] // 1_000_000
         if row["lease_id"] and row["lease_client"] == rec["client_id"] and row["lease_expiry_ms"] > now_ms:
             lease = row["lease_id"]
         else:
             lease = self.counter("next_lease")
         expiry = now_ms + rec["lease_ms"]
-        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=0 WHERE ino=?",
-                          (lease, rec["client_id"], expiry, row["ino"]))
-        return {"attr": self.inode(row["ino"]), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed}
+        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=? WHERE ino=?",
+                          (lease, rec["client_id"], expiry, int(soft), row["ino"]))
+        return {"attr": self.inode(row["ino"]), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed,
+                "soft": soft}
 
     def _leased(self, rec: Row) -> Row:
+        """The file under the caller's lease, which this use makes hard (the file incomplete)."""
         row = self.inode(rec["ino"])
         if not row["lease_id"] or row["lease_id"] != rec["lease_id"]:
             raise err(errno.ESTALE, "write lease lost (expired or taken over); reopen the file")
+        if row["complete"]:
+            self.conn.execute("UPDATE inodes SET complete=0 WHERE ino=?", (row["ino"],))
+            row = {**row, "complete": 0}
         return row
 
     def op_allocate(self, rec: Row) -> Row:
@@ -145,7 +158,7 @@ class FileOps(Store):
     def op_expire_leases(self, rec: Row) -> Row:
         now_ms = rec["now_ns"] // 1_000_000
         freed: list[int] = []
-        for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?",
-                                        (now_ms,)).fetchall():
+        for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?"
+                                        " ORDER BY lease_expiry_ms, ino LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():
             freed += self._release(ino)
         return {"freed": freed}

@@ -172,9 +172,13 @@ class Namespace(FileOps, CacheOps):
         return d
 
     def _drop_link(self, row: Row, now: int) -> list[int]:
-        """One name of row is gone: decrement nlink, delete the inode at zero. Returns freed blocks."""
+        """One name of row is gone: decrement nlink, delete the inode at zero. Returns freed blocks.
+
+        A file under a hard write lease outlives its last name until the writer lets go;
+        under a soft one (created, never written) it goes now: its writer has nothing to
+        lose, and a later write of it fails with ESTALE, as on NFS."""
         nlink = 0 if stat.S_ISDIR(row["mode"]) else row["nlink"] - 1
-        if nlink > 0 or row["lease_id"]:
+        if nlink > 0 or (row["lease_id"] and not row["complete"]):
             self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row["ino"]))
             return []
         return self._delete_inode(row["ino"])

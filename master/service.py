@@ -129,7 +129,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode)
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
-                            dirs=dirs_of(result))
+                            dirs=dirs_of(result), soft_lease=bool(result.get("soft")))
 
     # ------------------------------------------------------------------ namespace reads
     @rpc_method

@@ -305,20 +305,22 @@ class OpenRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., flags: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs")
+    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "soft_lease")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
+    SOFT_LEASE_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     lease_id: int
     lease_expires_ms: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ...) -> None: ...
+    soft_lease: bool
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
     __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers")

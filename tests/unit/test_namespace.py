@@ -170,10 +170,56 @@ def test_truncate_drops_blocks(ns: NS) -> None:
 def test_lease_excludes_other_clients_and_expires(ns: NS) -> None:
     r = ns.create(ROOT_INO, "leased")
     ino = r["attr"]["ino"]
+    ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=1)   # the writer's first write
     assert errno_of(lambda: ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
     ns.do("expire_leases", now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
     assert ns.ns.inode(ino)["lease_id"] == 0
     assert ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)["lease_id"]
+
+
+def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
+    """Create leaves the file complete under a soft lease: it keeps nobody out, and a close
+    with nothing written needs no commit (the lease lapses); the first allocate makes it
+    a lease like any other."""
+    r = ns.create(ROOT_INO, "soft", exclusive=True)
+    ino = r["attr"]["ino"]
+    assert r["soft"] and r["lease_id"] and ns.ns.inode(ino)["complete"] == 1
+    other = ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)   # no EBUSY
+    assert other["lease_id"] != r["lease_id"] and not other["soft"]
+    assert ns.ns.inode(ino)["complete"] == 0
+    assert errno_of(lambda: ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=1)) == errno.ESTALE
+    assert errno_of(lambda: ns.do("open_write", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY  # now hard
+
+    r = ns.create(ROOT_INO, "hardened")
+    ino = r["attr"]["ino"]
+    ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=2)
+    assert ns.ns.inode(ino)["complete"] == 0
+    assert errno_of(lambda: ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
+
+    existing = ns.create(ROOT_INO, "hardened", client_id="c1")   # open of an existing file: hard at once
+    assert not existing["soft"]
+
+
+def test_a_soft_lease_lapses_and_an_unlink_takes_the_file_at_once(ns: NS) -> None:
+    r = ns.create(ROOT_INO, "kept")
+    kept = r["attr"]["ino"]
+    gone = ns.create(ROOT_INO, "gone")["attr"]["ino"]
+    ns.do("unlink", parent=ROOT_INO, name="gone")
+    assert errno_of(lambda: ns.ns.inode(gone)) == errno.ENOENT   # no writer holds anything
+    ns.do("expire_leases", now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
+    row = ns.ns.inode(kept)
+    assert row["lease_id"] == 0 and row["complete"] == 1 and row["size"] == 0
+
+
+def test_lapsed_leases_are_released_in_batches(ns: NS, monkeypatch: pytest.MonkeyPatch) -> None:
+    from curvine_py.master import files
+    monkeypatch.setattr(files, "EXPIRE_BATCH", 3)
+    made = [ns.create(ROOT_INO, f"f{i}") for i in range(5)]
+    later = (max(r["lease_expiry_ms"] for r in made) + 1) * 1_000_000
+    ns.do("expire_leases", now_ns=later)
+    assert sum(1 for r in made if ns.ns.inode(r["attr"]["ino"])["lease_id"]) == 2
+    ns.do("expire_leases", now_ns=later)
+    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in made)
 
 
 def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
