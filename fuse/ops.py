@@ -298,6 +298,8 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         n = self.vfs.write_nowait(fh, off, buf)   # a copy into a dirty block: no thread hop
+        if n is None and await self.vfs.harden_async(self._master, fh):   # a new file's first write
+            n = self.vfs.write_nowait(fh, off, buf)
         if n is None:
             n = await self._run(self.vfs.write, fh, off, buf)
         return n

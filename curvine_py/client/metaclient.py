@@ -273,9 +273,12 @@ class MasterClient:
 
     def allocate(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
                  ident: Identity | None = None) -> pb.AllocateBlocksReply:
-        req = pb.AllocateBlocksRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, count=count,
-                                       exclude_workers=exclude or [])
-        return self.call("AllocateBlocks", req)
+        return self.call("AllocateBlocks", self.allocate_request(ino, lease_id, count, exclude, ident))
+
+    def allocate_request(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
+                         ident: Identity | None = None) -> pb.AllocateBlocksRequest:
+        return pb.AllocateBlocksRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, count=count,
+                                        exclude_workers=exclude or [])
 
     def commit(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                mtime_ns: int = 0, ident: Identity | None = None) -> pb.Attr:

@@ -400,6 +400,23 @@ class VFS:
             return None
         return w.try_pwrite(offset, data, append=bool(h.flags & os.O_APPEND))
 
+    async def harden_async(self, call: MasterCall, fh: int) -> bool:
+        """Before the first write of a file created here: make its soft lease binding with
+        the first batch of block ids, asked for over `call` (on the loop, no thread hop),
+        so that write -- and the first full block after it -- need no master call.
+        False: nothing sent (not such a writer); the write's own path does what is needed."""
+        h = self._handles.get(fh)
+        w = h.state.writer if h is not None and h.writes else None
+        req = w.harden_request_nowait() if w is not None else None
+        if w is None or req is None:
+            return False
+        reply = None
+        try:
+            reply = await call("AllocateBlocks", req)
+        finally:
+            w.hardened(reply)
+        return True
+
     def _writer_for(self, h: Handle) -> FileWriter:
         """The inode's write state; retaken (a new lease) when a write follows the close that
         gave it up: a dup'd descriptor, or the kernel writing back a shared mmap."""
@@ -450,6 +467,8 @@ class VFS:
         with self._lock:
             if h.state.writers != 1:
                 return False
+        if w.close_soft_nowait():   # created here, never written: nothing to tell the master
+            return True
         req = w.close_request_nowait()
         if req is None:
             return False

@@ -135,6 +135,11 @@ class FileWriter:
         self.mtime_ns = 0            # time of the last change, the file's mtime at commit
         self.expected_blocks = 0     # a hint: how many blocks the caller will write
         self.closed = False
+        # A new file's soft lease (OpenReply.soft_lease) binds nobody until this writer's
+        # first AllocateBlocks, sent before the first byte or size change (_harden): soft
+        # implies nothing allocated, and a close with nothing changed commits nothing.
+        self.soft = reply.soft_lease
+        self._hardening = False      # the mount's loop has that AllocateBlocks on its way
         core.leases.add(self.lease_id)
 
     @property
@@ -154,6 +159,8 @@ class FileWriter:
         direct: list[Future[pb.BlockInfo]] = []
         with self._lock:
             self._check()
+            if self.soft:
+                self._harden()
             self._touch()
             for idx, within, done, n in slots(offset, len(mv), self.bs):
                 piece = mv[done:done + n]
@@ -177,7 +184,7 @@ class FileWriter:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._error is not None or self.closed:
+            if self._error is not None or self.closed or self.soft:
                 return None
             if append:
                 offset = self.size
@@ -251,6 +258,8 @@ class FileWriter:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
         with self._lock:
             self._check()
+            if self.soft and size != self.size:   # truncate(0) of a new file (put_bytes) is no change
+                self._harden()
             self._touch()
             keep = (size + self.bs - 1) // self.bs
             for idx in [i for i in self.dirty if i >= keep]:
@@ -297,6 +306,9 @@ class FileWriter:
                 raise CurvineError(errno.EBADF, "file already closed")
             if not self.changed and not release:
                 return None
+            if release and self._quiet():
+                self._finish()
+                return None
             for idx in list(self.dirty):
                 self._ship_dirty(idx)
             infos = self.uncommitted + self._wait_all()
@@ -340,6 +352,42 @@ class FileWriter:
             return self._commit_request(self.uncommitted, release=True)
         finally:
             self._lock.release()
+
+    def close_soft_nowait(self) -> bool:
+        """Close here and now a writer that never used its soft lease: there is nothing to
+        commit, and the master lets the lease lapse (lease_s), so no call at all; False:
+        not such a writer (or a thread is inside it), nothing done."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.closed or not self._quiet():
+                return False
+            self._finish()
+            return True
+        finally:
+            self._lock.release()
+
+    def _quiet(self) -> bool:
+        """Nothing for the master to hear at close: the lease is still soft, no harden on its way."""
+        return (self.soft and not self._hardening and not self.changed and not self.dirty and not self.shipped
+                and not self.uncommitted and self._error is None)
+
+    def harden_request_nowait(self) -> pb.AllocateBlocksRequest | None:
+        """The AllocateBlocks that hardens a soft lease, for the mount to send from its event
+        loop before the first write (then hardened()); None: not soft, or already sent."""
+        if not self.soft or self._hardening or self.closed:
+            return None
+        self._hardening = True
+        return self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(), ident=self.ident)
+
+    def hardened(self, reply: pb.AllocateBlocksReply | None) -> None:
+        """That AllocateBlocks came back (None: it failed -- taken over, or not sent, and
+        the write's own path then tries again)."""
+        if reply is not None:
+            self.core.workers.learn(list(reply.workers))
+            self._spare.extend(reply.blocks)   # atomic under the GIL; _next_block pops under the lock
+            self.soft = False
+        self._hardening = False
 
     def close_sent(self, ok: bool) -> None:
         """The Commit from close_request_nowait succeeded (the writer is done), or failed
@@ -540,12 +588,27 @@ class FileWriter:
     def _next_block(self) -> pb.BlockInfo:
         """Block ids come in batches (one master call per batch), growing as the file does."""
         if not self._spare:
-            self._batch = min(64, max(self._batch * 2, self.expected_blocks))
-            self._spare = self._allocate(self._batch)
+            self._spare = self._allocate(self._grow_batch())
         return self._spare.pop(0)
 
+    def _grow_batch(self) -> int:
+        self._batch = min(64, max(self._batch * 2, self.expected_blocks))
+        return self._batch
+
+    def _harden(self) -> None:
+        """Make a soft lease binding before the first change: the first batch of block ids
+        (needed anyway) is asked for now, and from then on the master keeps other clients'
+        writers out (EBUSY) as for any lease."""
+        self._spare.extend(self._allocate(self._grow_batch()))
+
     def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
-        reply = self.core.meta.allocate(self.ino, self.lease_id, count, exclude, ident=self.ident)
+        try:
+            reply = self.core.meta.allocate(self.ino, self.lease_id, count, exclude, ident=self.ident)
+        except CurvineError as e:
+            if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
+                self.soft = False
+            raise
+        self.soft = False   # any allocation makes the lease hard at the master
         self.core.workers.learn(list(reply.workers))
         return list(reply.blocks)
 

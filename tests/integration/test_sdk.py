@@ -147,3 +147,32 @@ def test_master_restart_keeps_acknowledged_files(cluster) -> None:  # type: igno
         for path, data in expected.items():
             assert c.get_bytes(path) == data
         assert sorted(c.listdir("/durable")) == sorted(p.rsplit("/", 1)[1] for p in expected)
+
+
+def test_a_new_files_writer_is_exclusive_from_its_first_write(client: Client, shared_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Another client may take over a file created but not written yet (the creator's
+    write then fails with ESTALE, nothing half-written shows); once written, not."""
+    from tests.conftest import client_config
+    other = Client(master=shared_cluster.master_address, config=client_config(shared_cluster))
+    try:
+        f = client.open("/soft-taken", "xb")
+        with other.open("/soft-taken", "ab") as g:
+            g.write(b"other")
+        with pytest.raises(CurvineError) as info:
+            f.write(b"mine")
+        assert info.value.errno == errno.ESTALE
+        f.close()
+        assert client.get_bytes("/soft-taken") == b"other"
+
+        with client.open("/soft-kept", "xb") as f:
+            f.write(b"mine")
+            with pytest.raises(CurvineError) as info:
+                other.open("/soft-kept", "ab")
+            assert info.value.errno == errno.EBUSY
+        assert other.get_bytes("/soft-kept") == b"mine"
+        client.put_bytes("/soft-empty", b"")   # created, truncated to 0, closed: a plain empty file
+        with other.open("/soft-empty", "ab") as g:   # not busy
+            g.write(b"x")
+        assert client.get_bytes("/soft-empty") == b"x"
+    finally:
+        other.close()

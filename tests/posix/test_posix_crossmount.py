@@ -168,6 +168,55 @@ def test_writer_lease_excludes_a_second_node(ab: tuple[Path, Path]) -> None:
     assert within(VISIBLE_WITHIN_S, lambda: read(a / "f"), lambda v: v == b"ab")[0] == b"ab"
 
 
+def test_a_created_file_binds_its_writer_only_from_its_first_write(ab: tuple[Path, Path]) -> None:
+    """A new file's lease is soft until its creator writes: another node may take the
+    file over meanwhile (and keep it: the creator's first write then fails with ESTALE);
+    once the creator has written, the other node is kept out until the close."""
+    a, b = ab
+    fd = os.open(a / "taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        with open(b / "taken", "ab") as f:   # A has not written: B may
+            f.write(b"from b")
+        with pytest.raises(OSError) as info:
+            os.write(fd, b"from a")
+        assert info.value.errno == errno.ESTALE, info.value
+    finally:
+        os.close(fd)
+    assert within(VISIBLE_WITHIN_S, lambda: read(a / "taken"), lambda v: v == b"from b")[0] == b"from b"
+
+    fd = os.open(a / "kept", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"x")   # one byte, still in the mount's memory: the lease is binding now
+        with pytest.raises(OSError) as info:
+            os.close(os.open(b / "kept", os.O_WRONLY))
+        assert info.value.errno in (errno.EBUSY, errno.ETXTBSY), info.value
+        os.ftruncate(fd, 3)
+    finally:
+        os.close(fd)
+    assert within(VISIBLE_WITHIN_S, lambda: read(b / "kept"), lambda v: v == b"x\0\0")[0] == b"x\0\0"
+
+
+def test_files_created_and_closed_unwritten_are_plain_empty_files(ab: tuple[Path, Path]) -> None:
+    """Their close tells the master nothing; they must still behave as empty files
+    everywhere: listed, stat'ed, renamed, truncated, removed from either node."""
+    a, b = ab
+    names = [f"e{i}" for i in range(20)]
+    for n in names:
+        os.close(os.open(a / n, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    got, _ = within(VISIBLE_WITHIN_S, lambda: sorted(os.listdir(b)), lambda v: v == names)
+    assert got == sorted(names)
+    assert all(os.stat(b / n).st_size == 0 for n in names)
+    os.truncate(b / "e0", 10)                       # another node's truncate: no EBUSY
+    with open(a / "e1", "r+b") as f:                # the creator writes it later, as any file
+        f.write(b"again")
+    os.rename(a / "e2", a / "r2")
+    os.unlink(b / "e3")
+    assert within(VISIBLE_WITHIN_S, lambda: read(b / "e1"), lambda v: v == b"again")[0] == b"again"
+    assert within(VISIBLE_WITHIN_S, lambda: os.stat(a / "e0").st_size, lambda v: v == 10)[0] == 10
+    assert within(VISIBLE_WITHIN_S, lambda: (a / "e3").exists(), lambda v: v is False)[0] is False
+    assert (b / "r2").exists() or within(VISIBLE_WITHIN_S, lambda: (b / "r2").exists(), bool)[0]
+
+
 def test_a_close_with_nothing_left_to_send_still_commits_and_releases(ab: tuple[Path, Path]) -> None:
     """A close that has only its commit left (a new file closed unwritten; a file whose
     blocks all landed at an fsync) is answered from the mount's event loop: it must
