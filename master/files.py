@@ -14,7 +14,7 @@ from curvine_py.master import posix
 from curvine_py.master.posix import W
 from curvine_py.master.store import Row, Store, cred_of, to_i64
 
-EXPIRE_BATCH = 2000   # lapsed leases released per record: files created and left unwritten lapse in bulk
+EXPIRE_BATCH = 2000   # lapsed hard leases released per record (each may free blocks, delete an inode)
 
 
 class FileOps(Store):
@@ -156,7 +156,11 @@ class FileOps(Store):
         return {"expired": expired}
 
     def op_expire_leases(self, rec: Row) -> Row:
+        """Release lapsed leases: soft ones all at once (nothing allocated under them, and
+        an unlink already took their unlinked files), then up to EXPIRE_BATCH hard ones."""
         now_ms = rec["now_ns"] // 1_000_000
+        self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0"
+                          " WHERE lease_id != 0 AND complete = 1 AND lease_expiry_ms < ?", (now_ms,))
         freed: list[int] = []
         for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?"
                                         " ORDER BY lease_expiry_ms, ino LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():

@@ -211,15 +211,22 @@ def test_a_soft_lease_lapses_and_an_unlink_takes_the_file_at_once(ns: NS) -> Non
     assert row["lease_id"] == 0 and row["complete"] == 1 and row["size"] == 0
 
 
-def test_lapsed_leases_are_released_in_batches(ns: NS, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lapsed_leases_are_released_soft_ones_at_once_hard_ones_in_batches(ns: NS,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from curvine_py.master import files
     monkeypatch.setattr(files, "EXPIRE_BATCH", 3)
-    made = [ns.create(ROOT_INO, f"f{i}") for i in range(5)]
-    later = (max(r["lease_expiry_ms"] for r in made) + 1) * 1_000_000
-    ns.do("expire_leases", now_ns=later)
-    assert sum(1 for r in made if ns.ns.inode(r["attr"]["ino"])["lease_id"]) == 2
-    ns.do("expire_leases", now_ns=later)
-    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in made)
+    soft = [ns.create(ROOT_INO, f"s{i}") for i in range(5)]
+    hard = [ns.create(ROOT_INO, f"h{i}") for i in range(5)]
+    pending = {r["attr"]["ino"]: ns.do("allocate", ino=r["attr"]["ino"], lease_id=r["lease_id"], count=1)["block_ids"]
+               for r in hard}
+    later = (max(r["lease_expiry_ms"] for r in soft + hard) + 1) * 1_000_000
+    out = ns.do("expire_leases", now_ns=later)
+    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in soft)
+    assert sum(1 for r in hard if ns.ns.inode(r["attr"]["ino"])["lease_id"]) == 2
+    freed = out["freed"] + ns.do("expire_leases", now_ns=later)["freed"]
+    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in hard)
+    assert sorted(freed) == sorted(b for ids in pending.values() for b in ids)   # never-committed ids go
+    assert all(ns.ns.inode(r["attr"]["ino"])["complete"] == 1 for r in soft + hard)
 
 
 def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
