@@ -384,9 +384,7 @@ class FileWriter:
         """That AllocateBlocks came back (None: it failed -- taken over, or not sent, and
         the write's own path then tries again)."""
         if reply is not None:
-            self.core.workers.learn(list(reply.workers))
-            self._spare.extend(reply.blocks)   # atomic under the GIL; _next_block pops under the lock
-            self.soft = False
+            self._spare.extend(self._allocated(reply))   # atomic under the GIL; _next_block pops under the lock
         self._hardening = False
 
     def close_sent(self, ok: bool) -> None:
@@ -608,7 +606,11 @@ class FileWriter:
             if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
                 self.soft = False
             raise
-        self.soft = False   # any allocation makes the lease hard at the master
+        return self._allocated(reply)
+
+    def _allocated(self, reply: pb.AllocateBlocksReply) -> list[pb.BlockInfo]:
+        """The ids an AllocateBlocks gave; it also made the lease hard at the master."""
+        self.soft = False
         self.core.workers.learn(list(reply.workers))
         return list(reply.blocks)
 
