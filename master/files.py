@@ -34,10 +34,14 @@ class FileOps(Store):
                               (size % bs, row["ino"], keep - 1))
         return freed
 
+    @staticmethod
+    def _hard_lease(row: Row) -> bool:
+        """A writer holds the file (a soft lease -- one held with complete=1 -- binds nobody)."""
+        return bool(row["lease_id"]) and not row["complete"]
+
     def _lease_busy(self, row: Row, client: str, now_ms: int) -> bool:
-        """Another client's live, hard lease (a soft one -- held with complete=1 -- binds nobody)."""
-        return (bool(row["lease_id"]) and not row["complete"] and row["lease_client"] != client
-                and row["lease_expiry_ms"] > now_ms)
+        """Another client's live, hard lease."""
+        return self._hard_lease(row) and row["lease_client"] != client and row["lease_expiry_ms"] > now_ms
 
     def op_create(self, rec: Row) -> Row:
         """mknod of a regular file (or open of an existing one) plus the write lease."""

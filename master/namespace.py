@@ -178,7 +178,7 @@ class Namespace(FileOps, CacheOps):
         under a soft one (created, never written) it goes now: its writer has nothing to
         lose, and a later write of it fails with ESTALE, as on NFS."""
         nlink = 0 if stat.S_ISDIR(row["mode"]) else row["nlink"] - 1
-        if nlink > 0 or (row["lease_id"] and not row["complete"]):
+        if nlink > 0 or self._hard_lease(row):
             self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row["ino"]))
             return []
         return self._delete_inode(row["ino"])

@@ -368,9 +368,10 @@ class FileWriter:
             self._lock.release()
 
     def _quiet(self) -> bool:
-        """Nothing for the master to hear at close: the lease is still soft, no harden on its way."""
-        return (self.soft and not self._hardening and not self.changed and not self.dirty and not self.shipped
-                and not self.uncommitted and self._error is None)
+        """Nothing for the master to hear at close: the lease is still soft (so nothing was
+        allocated: no dirty, shipped or failed block), no harden is on its way, and the size
+        did not change either."""
+        return self.soft and not self._hardening and not self.changed
 
     def harden_request_nowait(self) -> pb.AllocateBlocksRequest | None:
         """The AllocateBlocks that hardens a soft lease, for the mount to send from its event
