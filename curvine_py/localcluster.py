@@ -231,18 +231,22 @@ class LocalCluster:
         # Explicit ports follow the documented scheme; master_port=None means "any free
         # ports" for every daemon (tests run many clusters side by side).
         self._ports: list[int] | None = None
-        picked_master = master_port is None
+        picked: list[int] = []
         if master_port is None:
-            picked = free_ports(1 + 2 * workers, self.bind)
+            # The frame port is picked in the same batch: left to the master's own
+            # ephemeral bind, it could land on a port picked here for a worker that
+            # has not bound it yet (seen in CI as EADDRINUSE in a worker).
+            picked = free_ports(2 + 2 * workers, self.bind)
             master_port = picked[0]
             if base_port is None:
-                self._ports = picked[1:]
+                self._ports = picked[2:]
         self.master_port = master_port
         self.base_port = base_port if base_port is not None else master_port + 2
-        # The framed metadata port: master port + 1 in the documented scheme; an ephemeral
-        # one (clients learn it from the master) when ports are picked or would collide.
-        self.frame_port = master_port + 1
-        if picked_master or self.base_port <= self.frame_port < self.base_port + 2 * workers:
+        # The framed metadata port: master port + 1 in the documented scheme; the picked
+        # one when ports are picked; an ephemeral one (clients learn it from the master)
+        # when the scheme's would collide with the workers'.
+        self.frame_port = picked[1] if picked else master_port + 1
+        if not picked and self.base_port <= self.frame_port < self.base_port + 2 * workers:
             self.frame_port = 0
         self.processes: list[ProcessRecord] = []
         self.launcher_pid: int | None = None  # set by a --foreground launcher
