@@ -136,7 +136,8 @@ class VFS:
     async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
                            ident: Identity) -> Opened:
         req = self.meta.create_request(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
-                                       exclusive=bool(flags & os.O_EXCL), ident=ident)
+                                       exclusive=bool(flags & os.O_EXCL),
+                                       block_size=self.core.cfg.client.block_size, ident=ident)
         opened = self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
         if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
             # A file made here and opened write-only: its bytes go straight from the writer's
@@ -202,7 +203,8 @@ class VFS:
 
     # ------------------------------------------------------------------ namespace
     def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity) -> pb.Attr:
-        return self.meta.mknod(parent, name, mode, umask=umask, rdev=rdev, ident=ident)
+        bs = self.core.cfg.client.block_size if stat.S_ISREG(mode) else 0
+        return self.meta.mknod(parent, name, mode, umask=umask, rdev=rdev, block_size=bs, ident=ident)
 
     def symlink(self, parent: int, name: str, target: str, ident: Identity) -> pb.Attr:
         return self.meta.mknod(parent, name, stat.S_IFLNK | 0o777, target=target, ident=ident)

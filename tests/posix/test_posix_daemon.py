@@ -300,3 +300,23 @@ def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: D
             os.close(fd)
         except OSError:
             pass
+
+
+def test_client_block_size_applies_to_files_the_mount_creates(daemons: Daemons) -> None:
+    """`client.block_size` is the block size of files this client creates: the mount's
+    creates and mknods carry it, as the SDK's do (it was once the SDK's alone)."""
+    from curvine_py.sdk import Client
+    from tests.conftest import client_config
+    mnt = daemons.mountpoint()
+    assert daemons.mount(mnt, "--client-block-size", str(1 << 20)).returncode == 0
+    data = os.urandom(5 * (1 << 20) + 7)
+    tag = os.urandom(3).hex()
+    (mnt / f"created-{tag}").write_bytes(data)
+    os.mknod(mnt / f"made-{tag}", 0o644)
+    with Client(config=client_config(daemons.cluster)) as sdk:
+        assert sdk.stat(f"/created-{tag}").block_size == 1 << 20
+        assert sdk.stat(f"/made-{tag}").block_size == 1 << 20
+        assert sdk.get_bytes(f"/created-{tag}") == data
+        sdk.remove(f"/created-{tag}")
+        sdk.remove(f"/made-{tag}")
+    assert daemons.umount(mnt).returncode == 0
