@@ -11,7 +11,6 @@ bytes), shared with the short-circuit client that verifies local block files wit
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import logging
@@ -24,7 +23,8 @@ from typing import Generator, Iterator
 
 import xxhash
 
-from curvine_py.common.blockmeta import CHUNK, BlockMeta
+from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta
+from curvine_py.common.buffers import ALIGN, aligned
 from curvine_py.common.errors import CurvineError
 
 if typing.TYPE_CHECKING:
@@ -34,20 +34,6 @@ log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 DEFAULT_BLOCK = 4 * MiB           # space reserved for a new block whose size is unknown
-# O_DIRECT needs offsets, lengths and buffer addresses on a multiple of the device's
-# logical block size: 4 KiB covers every device (512 B or 4 KiB).
-ALIGN = 4096
-
-
-def aligned(view: memoryview) -> bool:
-    """Can view go to an O_DIRECT write as it is (writable memory starting on ALIGN)?"""
-    if view.readonly or not view.contiguous:
-        return False
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
-    except (TypeError, ValueError):
-        return False
-
 
 def supports_direct(directory: str) -> bool:
     """Does this directory's filesystem take O_DIRECT writes (tmpfs may not)?  Probed
@@ -132,10 +118,7 @@ class BlockWriter:
         self._tail_len = 0
         self._tail_at = 0                     # its offset in the file
         self.length = 0
-        self._whole = xxhash.xxh3_64()
-        self._chunk = xxhash.xxh3_64()
-        self._chunk_fill = 0
-        self._chunk_sums: list[int] = []
+        self._hasher = BlockHasher()
         self._pending: list[PendingWrite] = []
         self._closed = False
 
@@ -150,7 +133,7 @@ class BlockWriter:
             grow = max(self.length + n - self.reserved, DEFAULT_BLOCK)
             self.store.grow_reservation(self.dir, grow)
             self.reserved += grow
-        self._hash(view)
+        self._hasher.update(view)
         offset = self.length
         self.length += n
         if self.direct and n and not (self._tail_len == 0 and aligned(view)):
@@ -194,19 +177,6 @@ class BlockWriter:
             self.store.uring.pwrite_full(self.fd, tail[:length], self._tail_at)
         self._tail_len = 0
 
-    def _hash(self, view: memoryview) -> None:
-        self._whole.update(view)
-        pos = 0
-        while pos < len(view):
-            take = min(CHUNK - self._chunk_fill, len(view) - pos)
-            self._chunk.update(view[pos:pos + take])
-            self._chunk_fill += take
-            pos += take
-            if self._chunk_fill == CHUNK:
-                self._chunk_sums.append(self._chunk.intdigest())
-                self._chunk.reset()
-                self._chunk_fill = 0
-
     def _settle_done(self) -> None:
         keep = []
         for p in self._pending:
@@ -230,7 +200,7 @@ class BlockWriter:
 
     @property
     def checksum(self) -> int:
-        return self._whole.intdigest()
+        return self._hasher.checksum
 
     def verify(self, expected_length: int | None = None,
                expected_checksum: int | None = None) -> None:
@@ -259,19 +229,45 @@ class BlockWriter:
         self._closed = True
         return self.store.install(self, meta, meta_staging)
 
-    def _meta(self) -> BlockMeta:
-        sums = list(self._chunk_sums)
-        if self._chunk_fill:
-            sums.append(self._chunk.intdigest())
-        return BlockMeta(self.length, self.checksum, tuple(sums))
+    def commit_written(self, length: int, checksum: int, chunk_sums: list[int], sync: bool = False) -> BlockEntry:
+        """Commit bytes a short-circuit client wrote into this staging file through a
+        passed descriptor (worker/localwrite.py).  Its checksums are taken as given: a
+        client holding the block's write token could send any bytes over TCP as well, and
+        every read verifies chunks against them (a wrong sum marks the copy bad, and the
+        master replaces it from another replica).  The client may have padded the file to
+        an O_DIRECT boundary; it is cut to `length`."""
+        try:
+            if self._closed or self.length:
+                raise CurvineError(errno.EINVAL, f"block {self.block_id}: bytes were appended here as well")
+            if len(chunk_sums) != -(-length // CHUNK):
+                raise CurvineError(errno.EBADMSG, f"block {self.block_id}: {len(chunk_sums)} chunk "
+                                                  f"checksums for {length} bytes")
+            if length > self.reserved:
+                self.store.grow_reservation(self.dir, length - self.reserved)
+                self.reserved = length
+            self.length = length
+            meta = BlockMeta(length, checksum, tuple(chunk_sums))
+            meta_staging = self.path + ".meta"
+            self._write_meta(meta_staging, meta)
+            self._finish_data(sync, cut=True)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return self.store.install(self, meta, meta_staging)
 
-    def _finish_data(self, sync: bool) -> None:
+    def _meta(self) -> BlockMeta:
+        return BlockMeta(self.length, self.checksum, tuple(self._hasher.chunk_sums()))
+
+    def _finish_data(self, sync: bool, cut: bool = False) -> None:
+        """Wait for the writes, write a kept tail, cut the file to the block's length
+        (a padded tail, a longer recycled file, or `cut`), and close it."""
         self.flush()
         try:
             padded = self._tail_len > 0
             if padded:
                 self._write_tail(ALIGN)
-            if padded or self.initial_size > self.length:
+            if padded or cut or self.initial_size > self.length:
                 os.ftruncate(self.fd, self.length)
             if sync:
                 self.store.uring.fsync(self.fd, datasync=True).result()

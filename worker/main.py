@@ -29,6 +29,7 @@ from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
+from curvine_py.worker.localwrite import LocalWriteServer
 from curvine_py.worker.replication import CopyQueue
 from curvine_py.worker.uring import Uring
 
@@ -63,6 +64,7 @@ class Worker:
         self.uring: Uring | None = None
         self.store: BlockStore | None = None
         self.data: DataServer | None = None
+        self.local: LocalWriteServer | None = None
         self.rpc: grpc.Server | None = None
         self.rpc_port = 0
         self.heartbeat: hb.Heartbeat | None = None
@@ -81,6 +83,13 @@ class Worker:
         self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
                                secret=self.cfg.cluster.secret, piece_size=w.buffer_size,
                                congestion=self.cfg.cluster.data_congestion).start()
+        if w.local_writes:
+            data = self.data
+            try:
+                self.local = LocalWriteServer(self.store, data.port, lambda: data.worker_id,
+                                              secret=self.cfg.cluster.secret).start()
+            except OSError as e:   # clients on this host then send their bytes over TCP
+                log.warning("short-circuit writes off: cannot listen on the local write socket: %s", e)
         self._start_rpc()
         if w.master:
             self.copies = CopyQueue(self.store, self.data.pool)
@@ -136,6 +145,8 @@ class Worker:
             self.copies.close()
         if self.rpc is not None:
             self.rpc.stop(grace=2).wait()
+        if self.local is not None:
+            self.local.close()
         if self.data is not None:
             self.data.close()
         if self.uring is not None:

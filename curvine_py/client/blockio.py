@@ -129,7 +129,16 @@ class BlockIO:
     def send_commit(sock: socket.socket, head: pb.WorkerAddress, block_id: int, length: int,
                     checksum: int) -> list[int]:
         """Commit the block at length bytes; returns the worker ids that hold it."""
+        BlockIO.start_commit(sock, block_id, length, checksum)
+        return BlockIO.commit_reply(sock, head, block_id)
+
+    @staticmethod
+    def start_commit(sock: socket.socket, block_id: int, length: int, checksum: int) -> None:
+        """send_commit's first half: the caller may do other work before commit_reply."""
         frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=length, checksum=checksum))
+
+    @staticmethod
+    def commit_reply(sock: socket.socket, head: pb.WorkerAddress, block_id: int) -> list[int]:
         reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
         return list(reply.acked) or [head.worker_id]
 

@@ -16,6 +16,9 @@ Rules that keep it safe:
   streams cannot hold threads that the writer's other blocks need.
 * A stream whose connection fails is not an error: at ``finish`` the block is sent
   again by the writer's ordinary path (``fallback``), which retries on other workers.
+* A replica on this host is written into its block file by the stream itself
+  (short-circuit, client/localwrite.py) when its worker allows it; the other replicas
+  get the pieces over the network, as a chain among themselves.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from typing import Callable
 import xxhash
 
 from curvine_py.client.blockio import PIECE, BlockIO
+from curvine_py.client.localwrite import LocalFile, LocalWrites
+from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -39,9 +44,11 @@ class BlockStream:
 
     def __init__(self, io: BlockIO, executor: Executor, target: pb.BlockInfo, addrs: list[pb.WorkerAddress],
                  offset: int, view: memoryview, block_size: int,
-                 fallback: Callable[[int], pb.BlockInfo], done: Callable[[int], None]) -> None:
+                 fallback: Callable[[int], pb.BlockInfo], done: Callable[[int], None],
+                 local: LocalWrites | None = None) -> None:
         """fallback(length) ships view[:length] the ordinary way (and frees the buffer);
-        done(length) frees the buffer after a successful stream."""
+        done(length) frees the buffer after a successful stream; local: short-circuit
+        writes of a replica on this host (None: all replicas over the network)."""
         self.io = io
         self.executor = executor
         self.target = target
@@ -58,10 +65,14 @@ class BlockStream:
         self._length: int | None = None  # set by finish: the block's final length
         self._aborted = False
         self._pumping = False
+        self.local = local
+        self._opened = False
         self._head: pb.WorkerAddress | None = None
         self._sock: socket.socket | None = None
+        self._file: LocalFile | None = None     # the replica on this host, written directly
         self._failed: BaseException | None = None
         self._hash = xxhash.xxh3_64()
+        self._sums: BlockHasher | None = None   # chunk checksums, for the local replica's meta
 
     @property
     def ready(self) -> int:
@@ -115,12 +126,14 @@ class BlockStream:
     def _send(self, start: int, end: int) -> None:
         if self._failed is None:
             try:
-                if self._sock is None:
-                    self._head, self._sock = self.io.open_stream(self.addrs, self.target.block_id, self.block_size,
-                                                                 self.target.token, self.target.tier)
+                if not self._opened:
+                    self._open()
                 data = self.view[start:end]
-                self.io.send_pieces(self._sock, self.target.block_id, data)
-                self._hash.update(data)
+                if self._file is not None:   # started first: the disk writes while the network sends
+                    self._file.write(self.view, start, end)
+                if self._sock is not None:
+                    self.io.send_pieces(self._sock, self.target.block_id, data)
+                (self._sums or self._hash).update(data)
             except (CurvineError, OSError) as e:
                 self._fail(e)
             except Exception as e:   # a bug, or the view released under an aborted stream
@@ -129,20 +142,53 @@ class BlockStream:
                 self._fail(e)
         self._sent = end
 
+    def _open(self) -> None:
+        """Open the block on its workers: a replica on this host by short-circuit if its
+        worker takes it, the others (all, else) over the network as one chain."""
+        self._opened = True
+        remote = self.addrs
+        here = [a for a in self.addrs if self.local is not None and self.local.is_local(a)]
+        if here and self.local is not None:
+            self._file = self.local.open(here[0], self.target.block_id, self.block_size, self.target.token,
+                                         self.target.tier, self.view)
+            if self._file is not None:
+                self._sums = BlockHasher()
+                remote = [a for a in self.addrs if a is not here[0]]
+        if remote:
+            self._head, self._sock = self.io.open_stream(remote, self.target.block_id, self.block_size,
+                                                         self.target.token, self.target.tier)
+
+    def _checksum(self) -> int:
+        return self._sums.checksum if self._sums is not None else self._hash.intdigest()
+
+    def _commit(self, length: int) -> list[int]:
+        """Commit every replica: the network chain's commit is sent first, so its workers
+        finish while the local one installs; returns the worker ids that hold the block."""
+        bid = self.target.block_id
+        checksum = self._checksum()
+        if self._sock is not None:
+            self.io.start_commit(self._sock, bid, length, checksum)
+        acked: list[int] = []
+        if self._file is not None and self._sums is not None:
+            f, self._file = self._file, None
+            acked += f.commit(bid, length, checksum, self._sums.chunk_sums())
+        if self._sock is not None and self._head is not None:
+            acked += self.io.commit_reply(self._sock, self._head, bid)
+        return acked
+
     def _complete(self, length: int) -> None:
         """Commit the streamed block, or ship it again the ordinary way if the stream broke."""
         try:
-            if self._failed is None and self._sock is not None and self._head is not None:
-                checksum = self._hash.intdigest()
+            if self._failed is None and (self._sock is not None or self._file is not None):
                 try:
-                    acked = self.io.send_commit(self._sock, self._head, self.target.block_id, length, checksum)
+                    acked = self._commit(length)
                 except (CurvineError, OSError) as e:
                     self._fail(e)
                 else:
                     self._close(ok=True)
                     self.done(length)
                     self.future.set_result(pb.BlockInfo(block_id=self.target.block_id, offset=self.offset,
-                                                        length=length, checksum=checksum, workers=acked,
+                                                        length=length, checksum=self._checksum(), workers=acked,
                                                         token=self.target.token))
                     return
             self.future.set_result(self.fallback(length))   # an empty block, or a broken stream
@@ -155,6 +201,9 @@ class BlockStream:
         self._close(ok=False)
 
     def _close(self, ok: bool) -> None:
+        f, self._file = self._file, None
+        if f is not None:   # not committed: the worker recycles its staging file
+            f.abort()
         sock, self._sock = self._sock, None
         if sock is not None and self._head is not None:
             self.io.done_with(self._head, sock, ok)

@@ -16,6 +16,7 @@ from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
 from curvine_py.client.blockio import BlockIO
 from curvine_py.client.metaclient import MasterClient
+from curvine_py.client.localwrite import LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -105,6 +106,7 @@ class ClientCore:
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
         self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
             if cfg.client.short_circuit else None
+        self.localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
 
     def _report_bad(self, block_id: int, worker_id: int, reason: str) -> None:
         """Tell the master of a corrupt replica, in the background (the read goes on elsewhere)."""
@@ -142,6 +144,8 @@ class ClientCore:
         self.leases.stop()
         if self.shortcircuit is not None:
             self.shortcircuit.close()
+        if self.localwrites is not None:
+            self.localwrites.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         self.meta.close()

@@ -571,7 +571,7 @@ class FileWriter:
             return self._send(idx, db.view[:length], self._allocate(1)[0], db)
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
-                             fallback, lambda length: self._free(None, db))
+                             fallback, lambda length: self._free(None, db), self.core.localwrites)
         self.streams[idx] = stream
         return stream
 

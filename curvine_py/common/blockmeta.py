@@ -29,6 +29,39 @@ def block_file(data_dir: str, block_id: int) -> str:
     return os.path.join(data_dir, "blocks", f"{sub:02x}", str(block_id))
 
 
+class BlockHasher:
+    """The checksums a block's meta file holds, computed as its bytes stream by in order:
+    the xxh3_64 of the whole block and of every CHUNK.  The worker's writer and the
+    short-circuit writing client (client/localwrite.py) both use it."""
+
+    def __init__(self) -> None:
+        self._whole = xxhash.xxh3_64()
+        self._chunk = xxhash.xxh3_64()
+        self._fill = 0
+        self._sums: list[int] = []
+
+    def update(self, view: memoryview) -> None:
+        self._whole.update(view)
+        pos = 0
+        while pos < len(view):
+            take = min(CHUNK - self._fill, len(view) - pos)
+            self._chunk.update(view[pos:pos + take])
+            self._fill += take
+            pos += take
+            if self._fill == CHUNK:
+                self._sums.append(self._chunk.intdigest())
+                self._chunk.reset()
+                self._fill = 0
+
+    @property
+    def checksum(self) -> int:
+        return self._whole.intdigest()
+
+    def chunk_sums(self) -> list[int]:
+        """One sum per chunk, the last (partial) one included."""
+        return self._sums + ([self._chunk.intdigest()] if self._fill else [])
+
+
 @dataclass(frozen=True)
 class BlockMeta:
     """Contents of a block's sidecar file."""

@@ -16,6 +16,21 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+# O_DIRECT needs offsets, lengths and buffer addresses on a multiple of the device's
+# logical block size: 4 KiB covers every device (512 B or 4 KiB).
+ALIGN = 4096
+
+
+def aligned(view: memoryview) -> bool:
+    """Can view go to an O_DIRECT write as it is (writable memory starting on ALIGN)?"""
+    if view.readonly or not view.contiguous:
+        return False
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
+    except (TypeError, ValueError):
+        return False
+
+
 class BufferPool:
     """Fixed-size buffers, handed out as memoryviews; grows up to max_buffers, then blocks."""
 

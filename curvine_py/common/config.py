@@ -72,6 +72,7 @@ class WorkerConfig:
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
     direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
     memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off
+    local_writes: bool = True     # clients on this host may write block files themselves (worker/localwrite.py)
     rpc_threads: int = 8
 
 
@@ -88,6 +89,7 @@ class ClientConfig:
     read_timeout_s: float = 2.0   # a replica silent this long during a read: read the other replica
     tune_malloc: bool = True      # keep freed large buffers in malloc's heap (see common/memory.py)
     short_circuit: bool = True    # read replicas on this host from their block files (client/shortcircuit.py)
+    short_circuit_writes: bool = True  # write a replica on this host into its block file (client/localwrite.py)
 
 
 @dataclass

@@ -30,6 +30,13 @@ Op = data_pb2.Op
 DataHeader = data_pb2.DataHeader
 
 
+def local_write_socket(data_port: int) -> str:
+    """The abstract Unix socket on which the worker whose data channel listens on
+    data_port takes short-circuit writes (worker/localwrite.py, client/localwrite.py).
+    Abstract names belong to a network namespace: only its host's processes reach it."""
+    return f"\0curvine/worker-data-{data_port}/local-writes"
+
+
 class ChannelClosed(CurvineError):
     """The peer closed the connection (or sent garbage); the stream is unusable."""
 

@@ -35,7 +35,7 @@ class ChainTarget(_message.Message):
     def __init__(self, ip: _Optional[str] = ..., port: _Optional[int] = ..., worker_id: _Optional[int] = ...) -> None: ...
 
 class DataHeader(_message.Message):
-    __slots__ = ("op", "block_id", "offset", "length", "checksum", "payload_len", "chain", "errno", "message", "acked", "token", "tier", "tier_name")
+    __slots__ = ("op", "block_id", "offset", "length", "checksum", "payload_len", "chain", "errno", "message", "acked", "token", "tier", "tier_name", "align", "chunk_sums")
     OP_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class DataHeader(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     TIER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ALIGN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SUMS_FIELD_NUMBER: _ClassVar[int]
     op: Op
     block_id: int
     offset: int
@@ -62,4 +64,6 @@ class DataHeader(_message.Message):
     token: str
     tier: int
     tier_name: str
-    def __init__(self, op: _Optional[_Union[Op, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., payload_len: _Optional[int] = ..., chain: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., errno: _Optional[int] = ..., message: _Optional[str] = ..., acked: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[int] = ..., tier_name: _Optional[str] = ...) -> None: ...
+    align: int
+    chunk_sums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, op: _Optional[_Union[Op, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., payload_len: _Optional[int] = ..., chain: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., errno: _Optional[int] = ..., message: _Optional[str] = ..., acked: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[int] = ..., tier_name: _Optional[str] = ..., align: _Optional[int] = ..., chunk_sums: _Optional[_Iterable[int]] = ...) -> None: ...

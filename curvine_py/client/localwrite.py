@@ -1,0 +1,213 @@
+"""Short-circuit writes: the replica on this client's host is written into its block file directly.
+
+The local worker (``host`` equal to the client's host identity, as for short-circuit
+reads) opens the block's staging file and passes its descriptor over its local Unix
+socket (worker/localwrite.py); the client ``pwrite``s the bytes from its block buffer,
+with ``O_DIRECT`` when the worker's dir takes it, then commits with the block's xxh3 and
+the xxh3 of every 1 MiB chunk, which the worker writes into the meta file.  The bytes
+never cross a socket on their way to the local disk; the other replicas get theirs over
+the network from the client (client/blockstream.py).
+
+Anything unexpected -- no socket (an old worker, ``worker.local_writes`` off, another
+network namespace), a worker with another id behind it, an error -- makes ``open``
+return None or the write raise, and the caller sends the block over the network instead.
+"""
+from __future__ import annotations
+
+import array
+import errno
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from curvine_py.common import frames
+from curvine_py.common.buffers import ALIGN, aligned
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import data_pb2
+
+log = logging.getLogger(__name__)
+
+Op = data_pb2.Op
+OPEN_TIMEOUT_S = 10.0
+MAX_IDLE = 8                    # idle connections kept per worker
+WRITERS = 4                     # threads writing block files
+
+
+class LocalFile:
+    """One block being written into its staging file through a passed descriptor."""
+
+    def __init__(self, owner: "LocalWrites", addr: pb.WorkerAddress, sock: socket.socket, fd: int,
+                 align: int) -> None:
+        self.owner, self.addr, self.sock, self.fd, self.align = owner, addr, sock, fd, align
+        self._pending: list[Future[None]] = []
+
+    def write(self, buffer: memoryview, start: int, end: int) -> None:
+        """Start writing buffer[start:end] (the block's buffer) at offset start, on the
+        owner's writer threads: the caller goes on (sends the network replicas their copy)
+        while the disk takes it; commit waits.  With O_DIRECT a write that does not end on
+        an ALIGN boundary -- only the block's last may -- is padded with the buffer's
+        following bytes, which the commit cuts off."""
+        if self.align and end % self.align:
+            end = min(len(buffer), -(-end // self.align) * self.align)
+        self._pending.append(self.owner.pool.submit(_pwrite_all, self.fd, buffer[start:end], start))
+
+    def _settle(self) -> None:
+        """Wait for every write started; raise the first error."""
+        pending, self._pending = self._pending, []
+        first: BaseException | None = None
+        for f in pending:
+            try:
+                f.result()
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first if isinstance(first, CurvineError) else CurvineError(
+                getattr(first, "errno", None) or errno.EIO, f"short-circuit write: {first}")
+
+    def commit(self, block_id: int, length: int, checksum: int, chunk_sums: list[int]) -> list[int]:
+        """Install the block at length bytes; returns the worker ids that hold it."""
+        try:
+            self._settle()
+            self._close_fd()
+            frames.send_frame(self.sock, data_pb2.DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=length,
+                                                             checksum=checksum, chunk_sums=chunk_sums))
+            reply = frames.check_reply(frames.recv_header(self.sock), f"short-circuit write of block {block_id}")
+        except BaseException:
+            self.abort()
+            raise
+        self.owner.put(self.addr, self.sock)
+        self.owner.blocks += 1
+        return list(reply.acked) or [self.addr.worker_id]
+
+    def abort(self) -> None:
+        """Give the block up: the worker recycles its staging file when the connection ends."""
+        try:
+            self._settle()   # the writes use the caller's buffer: done before it is reused
+        except CurvineError:
+            pass
+        self._close_fd()
+        self.sock.close()
+
+    def _close_fd(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class LocalWrites:
+    """Connections to the local workers' write sockets; counters say how often they were used."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._idle: dict[int, list[socket.socket]] = {}   # data port -> idle connections
+        self._lock = threading.Lock()
+        # Their own threads: a stream's pump waits for these, so they must not queue
+        # behind pumps on the client's shared executor.
+        self.pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="localwrite")
+        self.blocks = 0      # blocks whose local replica was written here
+        self.refused = 0     # local replicas that went over the network instead
+
+    def is_local(self, addr: pb.WorkerAddress) -> bool:
+        return bool(addr.host) and addr.host == self.host
+
+    def open(self, addr: pb.WorkerAddress, block_id: int, length_hint: int, token: str, tier: str,
+             buffer: memoryview) -> LocalFile | None:
+        """Open block_id on the local worker addr for writing from `buffer` (the block's
+        whole buffer); None when this path cannot be used (the caller uses the network)."""
+        try:
+            sock = self._connect(addr)
+        except OSError as e:
+            log.debug("no short-circuit writes to worker %d: %s", addr.worker_id, e)
+            self.refused += 1
+            return None
+        try:
+            frames.send_frame(sock, data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint,
+                                                        token=token, tier_name=tier))
+            reply, fd = _recv_reply_with_fd(sock)
+            frames.check_reply(reply, f"short-circuit open of block {block_id}")
+            if fd is None or list(reply.acked) != [addr.worker_id]:
+                raise CurvineError(errno.ESTALE, "the local write socket belongs to another worker")
+        except (CurvineError, OSError) as e:
+            sock.close()
+            log.info("short-circuit write of block %d refused (%s); it goes over the network", block_id, e)
+            self.refused += 1
+            return None
+        f = LocalFile(self, addr, sock, fd, reply.align)
+        if reply.align and not (aligned(buffer) and len(buffer) % reply.align == 0):
+            f.abort()   # O_DIRECT needs an aligned buffer: pooled block buffers are
+            self.refused += 1
+            return None
+        return f
+
+    def _connect(self, addr: pb.WorkerAddress) -> socket.socket:
+        with self._lock:
+            idle = self._idle.get(addr.data_port)
+            if idle:
+                return idle.pop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(OPEN_TIMEOUT_S)
+            sock.connect(frames.local_write_socket(addr.data_port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def put(self, addr: pb.WorkerAddress, sock: socket.socket) -> None:
+        """A connection whose exchange completed: kept for the next block."""
+        with self._lock:
+            idle = self._idle.setdefault(addr.data_port, [])
+            if len(idle) < MAX_IDLE:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def stats(self) -> dict[str, int]:
+        return {"blocks": self.blocks, "refused": self.refused}
+
+    def close(self) -> None:
+        with self._lock:
+            socks = [s for idle in self._idle.values() for s in idle]
+            self._idle.clear()
+        for s in socks:
+            s.close()
+        self.pool.shutdown(wait=False)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        k = os.pwrite(fd, view[done:], offset + done)
+        if k <= 0:
+            raise CurvineError(errno.EIO, f"short-circuit write of {len(view)} bytes stopped at {done}")
+        done += k
+
+
+def _recv_reply_with_fd(sock: socket.socket) -> tuple[data_pb2.DataHeader, int | None]:
+    """The REPLY frame to a WRITE_OPEN and the descriptor attached to it, if any."""
+    msg, anc, _flags, _ = sock.recvmsg(frames.LEN.size + frames.MAX_HEADER, socket.CMSG_SPACE(array.array("i").itemsize))
+    fd = None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
+            fds = array.array("i")
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            fd = fds[0]
+            for extra in fds[1:]:
+                os.close(extra)
+    try:
+        if len(msg) < frames.LEN.size:
+            raise frames.ChannelClosed("local write socket closed")
+        (n,) = frames.LEN.unpack(msg[:frames.LEN.size])
+        raw = msg[frames.LEN.size:]
+        if len(raw) < n:
+            raw += frames.recv_exact(sock, n - len(raw))
+        reply = data_pb2.DataHeader()
+        reply.ParseFromString(raw[:n])
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return reply, fd

@@ -1,0 +1,156 @@
+"""Short-circuit writes: a client on this host writes a block's bytes into the block file itself.
+
+Why: a KV chunk written through a mount on a worker's host used to cross that host's
+TCP stack to reach its own worker (a copy into the socket, a copy out, the worker's
+receive loop), and the worker forwarded it to the next replica.  On two cores that hop
+was a sizeable share of the CPU a chunk costs (docs/performance.md).  Here the worker
+keeps everything that is its business -- the choice of data dir, the space reservation,
+the staging file, the meta file, the atomic install -- and hands the client only an open
+descriptor of the staging file (SCM_RIGHTS); the client writes with ``pwrite`` straight
+from its block buffer (``O_DIRECT`` when the dir takes it) and sends the other replicas
+their copy over the network itself.
+
+The socket is an abstract Unix socket named after the worker's data port
+(``frames.local_write_socket``): abstract names belong to the network namespace, so only
+processes that share the worker's network stack (its host) reach it, and nothing is left
+on disk.  Exchanges, one block at a time, any number per connection (docs/wire.md):
+
+* ``WRITE_OPEN(block_id, length=size hint, token, tier_name)`` -> ``REPLY(acked=[worker
+  id], align)`` with the staging file's descriptor attached; on an error no descriptor.
+* the client writes; then ``WRITE_COMMIT(length, checksum, chunk_sums)`` -> ``REPLY(acked=
+  [worker id], length, checksum)``.  The file is cut to ``length`` (the client may pad its
+  last ``O_DIRECT`` write), the meta file written, the block installed.
+
+A connection that ends (or breaks the protocol) with a block open aborts that block: its
+staging file is recycled and nothing is installed.  The write token is checked as on the
+TCP data channel.
+"""
+from __future__ import annotations
+
+import array
+import errno
+import logging
+import socket
+import threading
+from typing import Callable
+
+from curvine_py.common import frames
+from curvine_py.common.buffers import ALIGN
+from curvine_py.common.errors import CurvineError
+from curvine_py.common.security import BlockTokens
+from curvine_py.pb import data_pb2
+from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter
+
+log = logging.getLogger(__name__)
+
+Op = data_pb2.Op
+
+
+class LocalWriteServer:
+    """Serves short-circuit block writes to clients in this network namespace."""
+
+    def __init__(self, store: BlockStore, data_port: int, worker_id: Callable[[], int],
+                 secret: str = "", io_timeout_s: float = 60.0, idle_timeout_s: float = 600.0) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.tokens = BlockTokens(secret)
+        self.io_timeout_s = io_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.name = frames.local_write_socket(data_port)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.name)
+        self._listener.listen(64)
+        self._closing = False
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name="local-write-accept", daemon=True)
+        self.blocks = 0   # blocks installed through this path
+
+    def start(self) -> "LocalWriteServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(timeout=5)
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                log.exception("local write accept failed")
+                continue
+            with self._lock:
+                self._conns.add(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True, name="local-write").start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            while not self._closing:
+                sock.settimeout(self.idle_timeout_s)
+                h = frames.recv_header(sock)
+                sock.settimeout(self.io_timeout_s)
+                if h.op != Op.WRITE_OPEN or h.payload_len:
+                    frames.reply(sock, errno.EINVAL, f"unexpected op {h.op} on the local write socket")
+                    return
+                self._write(sock, h)
+        except (frames.ChannelClosed, OSError) as e:
+            log.debug("local write connection ended: %s", e)
+        except Exception:
+            log.exception("local write connection crashed")
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+            sock.close()
+
+    def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
+        """One block: open a staging file, pass its descriptor, install on commit."""
+        bid = open_h.block_id
+        try:
+            if not self.tokens.allows(open_h.token, bid, True):
+                raise CurvineError(errno.EACCES, f"no valid write token for block {bid}")
+            tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)
+            writer = self.store.create(bid, tier, open_h.length or DEFAULT_BLOCK)
+        except CurvineError as e:
+            frames.reply(sock, e.errno or errno.EIO, e.strerror or "open failed")
+            return
+        try:
+            self._pass_fd(sock, writer)
+            h = frames.recv_header(sock)
+            if h.op != Op.WRITE_COMMIT or h.payload_len:
+                raise frames.ChannelClosed(f"expected WRITE_COMMIT for block {bid}, got op {h.op}")
+        except BaseException:
+            writer.abort()
+            raise
+        try:
+            entry = writer.commit_written(h.length, h.checksum, list(h.chunk_sums))
+        except CurvineError as e:
+            log.warning("local write of block %d failed: %s", bid, e)
+            frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")
+            return
+        self.blocks += 1
+        frames.reply(sock, 0, length=entry.length, checksum=entry.checksum, acked=[self.worker_id()])
+
+    def _pass_fd(self, sock: socket.socket, writer: BlockWriter) -> None:
+        ok = data_pb2.DataHeader(op=Op.REPLY, acked=[self.worker_id()], align=ALIGN if writer.direct else 0)
+        raw = ok.SerializeToString()
+        msg = frames.LEN.pack(len(raw)) + raw
+        sent = sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [writer.fd]))])
+        if sent < len(msg):
+            sock.sendall(msg[sent:])
+
