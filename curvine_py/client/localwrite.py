@@ -117,36 +117,50 @@ class LocalWrites:
              buffer: memoryview) -> LocalFile | None:
         """Open block_id on the local worker addr for writing from `buffer` (the block's
         whole buffer); None when this path cannot be used (the caller uses the network)."""
-        try:
-            sock = self._connect(addr)
-        except OSError as e:
-            log.debug("no short-circuit writes to worker %d: %s", addr.worker_id, e)
-            self.refused += 1
-            return None
-        try:
-            frames.send_frame(sock, data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint,
-                                                        token=token, tier_name=tier))
-            reply, fd = _recv_reply_with_fd(sock)
-            frames.check_reply(reply, f"short-circuit open of block {block_id}")
-            if fd is None or list(reply.acked) != [addr.worker_id]:
-                raise CurvineError(errno.ESTALE, "the local write socket belongs to another worker")
-        except (CurvineError, OSError) as e:
-            sock.close()
-            log.info("short-circuit write of block %d refused (%s); it goes over the network", block_id, e)
-            self.refused += 1
-            return None
-        f = LocalFile(self, addr, sock, fd, reply.align)
-        if reply.align and not (aligned(buffer) and len(buffer) % reply.align == 0):
-            f.abort()   # O_DIRECT needs an aligned buffer: pooled block buffers are
-            self.refused += 1
-            return None
-        return f
+        header = data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint, token=token,
+                                     tier_name=tier)
+        for fresh in (False, True):   # an idle connection may have outlived its worker: once more
+            try:
+                sock, pooled = self._connect(addr, fresh)
+            except OSError as e:
+                return self._refuse(block_id, e)
+            try:
+                frames.send_frame(sock, header)
+                reply, fd = _recv_reply_with_fd(sock)
+            except (frames.ChannelClosed, OSError) as e:
+                sock.close()
+                if pooled:
+                    continue
+                return self._refuse(block_id, e)
+            try:
+                frames.check_reply(reply, f"short-circuit open of block {block_id}")
+                if fd is None or list(reply.acked) != [addr.worker_id]:
+                    raise CurvineError(errno.ESTALE, "the local write socket belongs to another worker")
+            except CurvineError as e:
+                if fd is not None:
+                    os.close(fd)
+                sock.close()
+                return self._refuse(block_id, e)
+            f = LocalFile(self, addr, sock, fd, reply.align)
+            if reply.align and not (aligned(buffer) and len(buffer) % reply.align == 0):
+                f.abort()   # O_DIRECT needs an aligned buffer (pooled block buffers are)
+                return self._refuse(block_id, CurvineError(errno.EINVAL, "unaligned buffer"))
+            return f
+        return None
 
-    def _connect(self, addr: pb.WorkerAddress) -> socket.socket:
-        with self._lock:
-            idle = self._idle.get(addr.data_port)
-            if idle:
-                return idle.pop()
+    def _refuse(self, block_id: int, why: BaseException) -> LocalFile | None:
+        """Count a local replica that goes over the network; returns None for open's caller."""
+        log.info("short-circuit write of block %d refused (%s); it goes over the network", block_id, why)
+        self.refused += 1
+        return None
+
+    def _connect(self, addr: pb.WorkerAddress, fresh: bool) -> tuple[socket.socket, bool]:
+        """(a connection to addr's local write socket, whether it was an idle one)."""
+        if not fresh:
+            with self._lock:
+                idle = self._idle.get(addr.data_port)
+                if idle:
+                    return idle.pop(), True
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(OPEN_TIMEOUT_S)
@@ -154,7 +168,7 @@ class LocalWrites:
         except OSError:
             sock.close()
             raise
-        return sock
+        return sock, False
 
     def put(self, addr: pb.WorkerAddress, sock: socket.socket) -> None:
         """A connection whose exchange completed: kept for the next block."""

@@ -173,3 +173,29 @@ def test_garbage_on_the_socket_gets_an_error_reply_and_a_closed_connection(serve
     assert reply.op == data_pb2.Op.REPLY and reply.errno == errno.EINVAL
     assert s.recv(1) == b""
     s.close()
+
+
+def test_an_idle_connection_to_a_restarted_worker_is_replaced(served) -> None:
+    store, server, addr = served
+    buf, view = block_buffer(os.urandom(MiB))
+    lw = LocalWrites("here")
+
+    def write(block_id: int) -> None:
+        f = lw.open(addr, block_id, 4 * MiB, token(block_id), "", view)
+        assert f is not None
+        f.write(view, 0, MiB)
+        h = BlockHasher()
+        h.update(view[:MiB])
+        f.commit(block_id, MiB, h.checksum, h.chunk_sums())
+
+    write(48)                                       # leaves an idle connection behind
+    server.close()
+    again = LocalWriteServer(store, addr.data_port, lambda: WORKER_ID, secret=SECRET).start()
+    try:
+        write(49)
+        assert lw.stats() == {"blocks": 2, "refused": 0} and store.get(49) is not None
+    finally:
+        again.close()
+        lw.close()
+        view.release()
+        buf.close()
