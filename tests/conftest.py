@@ -152,6 +152,27 @@ def client_config(cluster: LocalCluster) -> Config:
     return cfg
 
 
+def client_on_host(cluster: LocalCluster, host: str, **settings: object) -> "Client":
+    """An SDK Client whose host identity is `host` (a worker's, for the short-circuit
+    paths), with further [client] settings."""
+    from curvine_py.sdk import Client
+    cfg = client_config(cluster)
+    cfg.client.host = host
+    for k, v in settings.items():
+        setattr(cfg.client, k, v)
+    return Client(master=cluster.master_address, config=cfg)
+
+
+@pytest.fixture
+def local_client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
+    """A client on 'worker 0's host': only worker 0's replicas are local to it."""
+    c = client_on_host(shared_cluster, shared_cluster.worker_host(0))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
 @pytest.fixture
 def client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
     """An SDK Client connected to the shared cluster."""

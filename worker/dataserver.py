@@ -21,17 +21,16 @@ arrives (a ring of ``pipeline`` buffers per write).
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import mmap
 import socket
 import threading
-import time
 from typing import Sequence
 
 from curvine_py.common import frames
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.listener import ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
@@ -119,7 +118,7 @@ class _WriteState:
 CHAIN_IO_TIMEOUT_S = 4.0
 
 
-class DataServer:
+class DataServer(ConnectionServer):
     """Serves WRITE and READ exchanges for a BlockStore on one TCP port."""
 
     def __init__(self, store: BlockStore, bind: str = "0.0.0.0", port: int = 0, worker_id: int = 0,
@@ -138,67 +137,32 @@ class DataServer:
         self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S, congestion=congestion)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
-        self._conns: dict[socket.socket, threading.Thread] = {}
-        self._conns_lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._closing = False
-        self._listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
-        frames.set_congestion(self._listener, congestion)   # accepted connections inherit it
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        self._thread = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
+        listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
+        frames.set_congestion(listener, congestion)   # accepted connections inherit it
+        self.address: tuple[str, int] = listener.getsockname()[:2]
+        super().__init__(listener, "data")
 
     @property
     def port(self) -> int:
         return self.address[1]
 
     def start(self) -> "DataServer":
-        self._thread.start()
+        super().start()
         return self
 
-    def close(self) -> None:
-        """Stop accepting, end every connection, and wait for the accept thread."""
-        self._closing = True
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        with self._conns_lock:
-            conns = list(self._conns.items())
-        for c, _ in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 5
-        for _, t in conns:   # let in-flight commits finish before the ring goes away
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, end every connection (in-flight commits finish first), and
+        close the downstream connections."""
+        super().close(grace_s)
         self.pool.close()
 
     # ------------------------------------------------------------ connections
 
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                sock, addr = self._listener.accept()
-            except OSError:
-                if self._closing:
-                    return
-                log.exception("data channel accept failed")
-                continue
-            t = threading.Thread(target=self._serve, args=(sock, addr), daemon=True,
-                                 name=f"data-conn-{next(self._ids)}")
-            with self._conns_lock:
-                self._conns[sock] = t
-            t.start()
-
-    def _serve(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+    def serve(self, sock: socket.socket, addr: object) -> None:
         """Serve requests on one connection until the peer closes or breaks the protocol."""
         frames.tune(sock)
         try:
-            while not self._closing:
+            while not self.closing:
                 sock.settimeout(self.idle_timeout_s)
                 h = frames.recv_header(sock)
                 sock.settimeout(self.io_timeout_s)
@@ -212,10 +176,6 @@ class DataServer:
             log.debug("data connection from %s failed: %s", addr, e)
         except Exception:
             log.exception("data connection from %s crashed", addr)
-        finally:
-            with self._conns_lock:
-                self._conns.pop(sock, None)
-            sock.close()
 
     def _dispatch(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
         if h.op == Op.WRITE_OPEN:

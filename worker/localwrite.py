@@ -31,12 +31,12 @@ import array
 import errno
 import logging
 import socket
-import threading
 from typing import Callable
 
 from curvine_py.common import frames
 from curvine_py.common.buffers import ALIGN
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.listener import ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 Op = data_pb2.Op
 
 
-class LocalWriteServer:
+class LocalWriteServer(ConnectionServer):
     """Serves short-circuit block writes to clients in this network namespace."""
 
     def __init__(self, store: BlockStore, data_port: int, worker_id: Callable[[], int],
@@ -57,51 +57,23 @@ class LocalWriteServer:
         self.io_timeout_s = io_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.name = frames.local_write_socket(data_port)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.name)
-        self._listener.listen(64)
-        self._closing = False
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept_loop, name="local-write-accept", daemon=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.name)
+            listener.listen(64)
+        except OSError:
+            listener.close()
+            raise
+        super().__init__(listener, "local-write")
         self.blocks = 0   # blocks installed through this path
 
     def start(self) -> "LocalWriteServer":
-        self._thread.start()
+        super().start()
         return self
 
-    def close(self) -> None:
-        self._closing = True
+    def serve(self, sock: socket.socket, addr: object) -> None:
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._thread.join(timeout=5)
-
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                if self._closing:
-                    return
-                log.exception("local write accept failed")
-                continue
-            with self._lock:
-                self._conns.add(sock)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True, name="local-write").start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            while not self._closing:
+            while not self.closing:
                 sock.settimeout(self.idle_timeout_s)
                 h = frames.recv_header(sock)
                 sock.settimeout(self.io_timeout_s)
@@ -113,10 +85,6 @@ class LocalWriteServer:
             log.debug("local write connection ended: %s", e)
         except Exception:
             log.exception("local write connection crashed")
-        finally:
-            with self._lock:
-                self._conns.discard(sock)
-            sock.close()
 
     def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
         """One block: open a staging file, pass its descriptor, install on commit."""

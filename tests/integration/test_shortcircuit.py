@@ -7,13 +7,12 @@ import mmap
 import os
 import typing
 
-import pytest
 
 from curvine_py.common import rpc
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc
-from tests.conftest import client_config
+from tests.conftest import client_on_host
 
 if typing.TYPE_CHECKING:
     from curvine_py.client.shortcircuit import ShortCircuit
@@ -21,24 +20,6 @@ if typing.TYPE_CHECKING:
 
 MiB = 1 << 20
 SIZE = 9 * MiB + 12345          # three blocks, the last one short and not chunk-aligned
-
-
-def make_client(cluster: LocalCluster, host: str, short_circuit: bool = True) -> "Client":
-    from curvine_py.sdk import Client
-    cfg = client_config(cluster)
-    cfg.client.host = host
-    cfg.client.short_circuit = short_circuit
-    return Client(master=cluster.master_address, config=cfg)
-
-
-@pytest.fixture
-def local_client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
-    """A client on 'worker 0's host': only worker 0's replicas are local to it."""
-    c = make_client(shared_cluster, shared_cluster.worker_host(0))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def payload(seed: int) -> bytes:
@@ -106,7 +87,7 @@ def test_other_hosts_read_over_the_network(shared_cluster: LocalCluster, client:
     client.put_bytes(f"{remote_dir}/f", data)
     assert client.get_bytes(f"{remote_dir}/f") == data
     assert client.core.shortcircuit is not None and client.core.shortcircuit.stats()["reads"] == 0
-    off = make_client(shared_cluster, shared_cluster.worker_host(0), short_circuit=False)
+    off = client_on_host(shared_cluster, shared_cluster.worker_host(0), short_circuit=False)
     try:
         assert off.core.shortcircuit is None
         assert off.get_bytes(f"{remote_dir}/f") == data

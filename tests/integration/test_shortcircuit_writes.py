@@ -9,26 +9,16 @@ import os
 import time
 import typing
 
-import pytest
 
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
-from tests.conftest import client_config
+from tests.conftest import client_on_host
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
 
 MiB = 1 << 20
 SIZE = 9 * MiB + 12345          # three blocks, the last one short and not 4 KiB aligned
-
-
-def make_client(cluster: LocalCluster, host: str, **client: object) -> "Client":
-    from curvine_py.sdk import Client
-    cfg = client_config(cluster)
-    cfg.client.host = host
-    for k, v in client.items():
-        setattr(cfg.client, k, v)
-    return Client(master=cluster.master_address, config=cfg)
 
 
 def write_in_pieces(client: "Client", path: str, data: bytes, piece: int = MiB) -> None:
@@ -51,15 +41,6 @@ def replicas(client: "Client", path: str) -> list[tuple[pb.BlockInfo, pb.WorkerA
             n = client.core.io.read_block(by_id[wid], b.block_id, 0, memoryview(buf), token=b.token)
             out.append((b, by_id[wid], bytes(buf[:n])))
     return out
-
-
-@pytest.fixture
-def local_client(shared_cluster: LocalCluster) -> typing.Iterator["Client"]:
-    c = make_client(shared_cluster, shared_cluster.worker_host(0))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_the_local_replica_is_written_into_its_block_file(local_client: "Client",
@@ -85,7 +66,7 @@ def test_the_local_replica_is_written_into_its_block_file(local_client: "Client"
 
 
 def test_a_client_on_another_host_sends_every_replica_over_the_network(shared_cluster: LocalCluster) -> None:
-    c = make_client(shared_cluster, "elsewhere")
+    c = client_on_host(shared_cluster, "elsewhere")
     try:
         data = os.urandom(5 * MiB + 1)
         write_in_pieces(c, "/lw-b", data)
@@ -122,7 +103,7 @@ def test_a_stream_dropped_by_a_rewrite_leaves_no_block_behind(local_client: "Cli
 def test_a_worker_with_local_writes_off_gets_the_bytes_over_tcp(cluster_factory: typing.Callable[..., LocalCluster]
                                                                 ) -> None:
     c = cluster_factory(extra_worker_flags=("--worker-local-writes", "false"))
-    client = make_client(c, c.worker_host(0))
+    client = client_on_host(c, c.worker_host(0))
     try:
         data = os.urandom(5 * MiB + 7)
         write_in_pieces(client, "/off", data)
@@ -135,7 +116,7 @@ def test_a_worker_with_local_writes_off_gets_the_bytes_over_tcp(cluster_factory:
 
 
 def test_client_switch_off_keeps_every_replica_on_the_network(shared_cluster: LocalCluster) -> None:
-    c = make_client(shared_cluster, shared_cluster.worker_host(0), short_circuit_writes=False)
+    c = client_on_host(shared_cluster, shared_cluster.worker_host(0), short_circuit_writes=False)
     try:
         assert c.core.localwrites is None
         data = os.urandom(4 * MiB + 3)
