@@ -141,8 +141,9 @@ class Capacity:
         return sum(max(0, d.capacity - d.used) for d in w.dirs if d.tier == tier)
 
     def place(self, block_id: int, replicas: int, block_size: int, exclude: frozenset[int] = frozenset(),
-              tier: str = "") -> list[int]:
-        """Workers for a new block ([] when none has room); the preferred tier first."""
+              tier: str = "", prefer_host: str = "") -> list[int]:
+        """Workers for a new block ([] when none has room); the preferred tier first, and a
+        worker on prefer_host (the writer's) first among them when it has room."""
         freed = self._corrections()
         live = self.registry.live_workers()
         full = frozenset(w.worker_id for w in live if w.capacity - w.used + freed.get(w.worker_id, 0) < block_size)
@@ -150,9 +151,9 @@ class Capacity:
         targets: list[int] = []
         if tier:
             no_tier = frozenset(w.worker_id for w in live if self.tier_room(w, tier) < block_size)
-            targets = ring.place_block(block_id, replicas, exclude | full | no_tier)
+            targets = ring.place_block(block_id, replicas, exclude | full | no_tier, prefer_host)
         if len(targets) < replicas:
-            targets = ring.place_block(block_id, replicas, exclude | full) or targets
+            targets = ring.place_block(block_id, replicas, exclude | full, prefer_host) or targets
         if not targets:
             targets = ring.place_block(block_id, replicas, full)   # excluded ones beat nothing
         return targets

@@ -244,10 +244,10 @@ class Evictor:
         return Policies(conn).tier(ino)
 
     def place(self, block_id: int, replicas: int, block_size: int, exclude: frozenset[int] = frozenset(),
-              tier: str = "") -> list[int]:
+              tier: str = "", prefer_host: str = "") -> list[int]:
         """Room-aware placement for AllocateBlocks; a full pool evicts (and waits) first, else ENOSPC."""
         def again() -> list[int]:
-            return self.capacity.place(block_id, replicas, block_size, exclude, tier)
+            return self.capacity.place(block_id, replicas, block_size, exclude, tier, prefer_host)
         if self.cfg.evict:
             self.hold_back()
         return again() or self.make_room(block_size, self.wait_s, again)

@@ -259,7 +259,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         exclude = frozenset(request.exclude_workers)
         blocks, wids = [], set()
         for bid in result["block_ids"]:
-            targets = self.evictor.place(bid, result["replicas"], result["block_size"], exclude, tier)
+            targets = self.evictor.place(bid, result["replicas"], result["block_size"], exclude, tier,
+                                         request.prefer_host)
             wids.update(targets)
             blocks.append(pb.BlockInfo(block_id=bid, workers=targets, token=self.tokens.mint(bid, WRITE),
                                        tier=tier))

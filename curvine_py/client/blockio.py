@@ -47,13 +47,14 @@ class BlockIO:
             raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
 
     def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview,
-                    token: str = "", tier: str = "") -> tuple[list[int], int]:
+                    token: str = "", tier: str = "", checksum: int | None = None) -> tuple[list[int], int]:
         """Store data as block_id on targets (chained); returns (worker ids that acked, checksum).
 
         If the first target cannot be reached the next one becomes the head of the chain;
         raises CurvineError when no target stored the block.
         """
-        checksum = xxhash.xxh3_64_intdigest(data)
+        if checksum is None:
+            checksum = xxhash.xxh3_64_intdigest(data)
         last: CurvineError | None = None
         targets = self.order(targets)
         for i, head in enumerate(targets):

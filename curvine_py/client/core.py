@@ -107,6 +107,8 @@ class ClientCore:
         self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
             if cfg.client.short_circuit else None
         self.localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
+        if self.localwrites is not None:   # a replica here is one written without the network
+            self.meta.prefer_host = self.host
 
     def _report_bad(self, block_id: int, worker_id: int, reason: str) -> None:
         """Tell the master of a corrupt replica, in the background (the read goes on elsewhere)."""

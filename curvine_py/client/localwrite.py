@@ -22,7 +22,9 @@ import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from curvine_py.client.blockio import BlockIO
 from curvine_py.common import frames
+from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.buffers import ALIGN, aligned
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
@@ -103,6 +105,7 @@ class LocalWrites:
     def __init__(self, host: str) -> None:
         self.host = host
         self._idle: dict[int, list[socket.socket]] = {}   # data port -> idle connections
+        self._align: dict[int, int] = {}                  # data port -> its files' O_DIRECT unit
         self._lock = threading.Lock()
         # Their own threads: a stream's pump waits for these, so they must not queue
         # behind pumps on the client's shared executor.
@@ -117,6 +120,9 @@ class LocalWrites:
              buffer: memoryview) -> LocalFile | None:
         """Open block_id on the local worker addr for writing from `buffer` (the block's
         whole buffer); None when this path cannot be used (the caller uses the network)."""
+        if not _fits(buffer, self._align.get(addr.data_port, 0)):   # known in advance: no round trip
+            self.refused += 1
+            return None
         header = data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint, token=token,
                                      tier_name=tier)
         for fresh in (False, True):   # an idle connection may have outlived its worker: once more
@@ -142,11 +148,34 @@ class LocalWrites:
                 sock.close()
                 return self._refuse(block_id, e)
             f = LocalFile(self, addr, sock, fd, reply.align)
-            if reply.align and not (aligned(buffer) and len(buffer) % reply.align == 0):
+            self._align[addr.data_port] = reply.align
+            if not _fits(buffer, reply.align):
                 f.abort()   # O_DIRECT needs an aligned buffer (pooled block buffers are)
                 return self._refuse(block_id, CurvineError(errno.EINVAL, "unaligned buffer"))
             return f
         return None
+
+    def write_block(self, io: BlockIO, addrs: list[pb.WorkerAddress], block: pb.BlockInfo, data: memoryview,
+                    buffer: memoryview | None = None) -> tuple[list[int], int]:
+        """A whole block at once (BlockIO.write_block's contract): the replica on this
+        host by short-circuit while the others go over the network, or all over the
+        network when there is none or its worker refuses.  buffer: the block buffer data
+        starts, if data is one (room to pad an O_DIRECT write's end)."""
+        here = [a for a in addrs if self.is_local(a)]
+        f = self.open(here[0], block.block_id, len(data), block.token, block.tier,
+                      buffer if buffer is not None else data) if here and len(data) else None
+        if f is None:
+            return io.write_block(addrs, block.block_id, data, block.token, block.tier)
+        sums = BlockHasher()
+        try:
+            f.write(buffer if buffer is not None else data, 0, len(data))
+            sums.update(data)
+            acked = io.write_block([a for a in addrs if a is not here[0]], block.block_id, data, block.token,
+                                   block.tier, checksum=sums.checksum)[0] if len(addrs) > 1 else []
+            return f.commit(block.block_id, len(data), sums.checksum, sums.chunk_sums()) + acked, sums.checksum
+        except BaseException:
+            f.abort()
+            raise
 
     def _refuse(self, block_id: int, why: BaseException) -> LocalFile | None:
         """Count a local replica that goes over the network; returns None for open's caller."""
@@ -189,6 +218,11 @@ class LocalWrites:
         for s in socks:
             s.close()
         self.pool.shutdown(wait=False)
+
+
+def _fits(buffer: memoryview, align: int) -> bool:
+    """Can buffer be written to a file opened with O_DIRECT at this unit (0: any)?"""
+    return not align or (aligned(buffer) and len(buffer) % align == 0)
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

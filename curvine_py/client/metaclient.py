@@ -90,6 +90,7 @@ class MasterClient:
         self._route_lock = threading.Lock()
         self._warned = False
         self.identity = Identity.current()
+        self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
 
@@ -278,7 +279,7 @@ class MasterClient:
     def allocate_request(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
                          ident: Identity | None = None) -> pb.AllocateBlocksRequest:
         return pb.AllocateBlocksRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, count=count,
-                                        exclude_workers=exclude or [])
+                                        exclude_workers=exclude or [], prefer_host=self.prefer_host)
 
     def commit(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                mtime_ns: int = 0, ident: Identity | None = None) -> pb.Attr:

@@ -510,8 +510,7 @@ class FileWriter:
             for attempt in range(WRITE_ATTEMPTS + NOSPACE_RETRIES):
                 addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
                 try:
-                    acked, checksum = self.core.io.write_block(addrs, target.block_id, data, target.token,
-                                                             target.tier)
+                    acked, checksum = self._write_block(addrs, target, data, owned)
                     return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
                                         checksum=checksum, workers=acked, token=target.token)
                 except CurvineError as e:
@@ -525,6 +524,14 @@ class FileWriter:
             raise
         finally:
             self._free(data, owned)
+
+    def _write_block(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, data: memoryview,
+                     owned: DirtyBlock | None) -> tuple[list[int], int]:
+        """One attempt at storing a whole block: a replica on this host by short-circuit."""
+        lw = self.core.localwrites
+        if lw is None:
+            return self.core.io.write_block(addrs, target.block_id, data, target.token, target.tier)
+        return lw.write_block(self.core.io, addrs, target, data, owned.view if owned is not None else None)
 
     def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
         """Give a shipped (or dropped) block's memory back to the pool."""

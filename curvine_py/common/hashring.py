@@ -46,24 +46,34 @@ class HashRing:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def place(self, key: int, n: int, exclude: frozenset[int] = frozenset()) -> list[int]:
-        """The first n workers on distinct hosts clockwise from key (fewer if fewer hosts)."""
-        if not self._keys:
+    def place(self, key: int, n: int, exclude: frozenset[int] = frozenset(), prefer_host: str = "") -> list[int]:
+        """The first n workers on distinct hosts clockwise from key (fewer if fewer hosts);
+        with prefer_host, the first worker clockwise on that host comes first (a writer's
+        own host: its replica is written there without the network)."""
+        if not self._keys or n <= 0:
             return []
         out: list[int] = []
         hosts: set[str] = set()
         start = bisect.bisect_left(self._keys, key)
         total = len(self._keys)
+        if prefer_host:
+            for step in range(total):
+                wid = self._owners[(start + step) % total]
+                if self.nodes[wid].host == prefer_host and wid not in exclude:
+                    out.append(wid)
+                    hosts.add(prefer_host)
+                    break
         for step in range(total):
+            if len(out) == n:
+                break
             wid = self._owners[(start + step) % total]
             node = self.nodes[wid]
             if wid in exclude or wid in out or node.host in hosts:
                 continue
             out.append(wid)
             hosts.add(node.host)
-            if len(out) == n:
-                break
         return out
 
-    def place_block(self, block_id: int, n: int, exclude: frozenset[int] = frozenset()) -> list[int]:
-        return self.place(block_point(block_id), n, exclude)
+    def place_block(self, block_id: int, n: int, exclude: frozenset[int] = frozenset(),
+                    prefer_host: str = "") -> list[int]:
+        return self.place(block_point(block_id), n, exclude, prefer_host)

@@ -323,18 +323,20 @@ class OpenReply(_message.Message):
     def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
-    __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers")
+    __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PREFER_HOST_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     ino: int
     lease_id: int
     count: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., count: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefer_host: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., count: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ..., prefer_host: _Optional[str] = ...) -> None: ...
 
 class AllocateBlocksReply(_message.Message):
     __slots__ = ("blocks", "workers")

@@ -6,6 +6,7 @@ short-circuit reader too, which verifies it against the chunk sums the client se
 from __future__ import annotations
 
 import os
+from collections import Counter
 import time
 import typing
 
@@ -124,3 +125,57 @@ def test_client_switch_off_keeps_every_replica_on_the_network(shared_cluster: Lo
         assert c.get_bytes("/lw-d") == data
     finally:
         c.close()
+
+
+def test_the_writers_host_gets_the_first_replica_of_every_block(
+        cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    """With three workers the ring alone would put a block on the writer's host two
+    times in three; the writer names its host in AllocateBlocks, so every block has a
+    replica there, written by short-circuit."""
+    c = cluster_factory(workers=3)
+    client = client_on_host(c, c.worker_host(2), block_size=2 * MiB)
+    try:
+        data = os.urandom(40 * MiB)
+        write_in_pieces(client, "/local-first", data)
+        lw = client.core.localwrites
+        assert lw is not None and lw.stats() == {"blocks": 20, "refused": 0}
+        got = replicas(client, "/local-first")
+        hosts = {}
+        for b, w, raw in got:
+            assert raw == data[b.offset:b.offset + b.length]
+            hosts.setdefault(b.block_id, set()).add(w.host)
+        assert len(hosts) == 20 and all(c.worker_host(2) in h and len(h) == 2 for h in hosts.values())
+    finally:
+        client.close()
+    elsewhere = client_on_host(c, "elsewhere", block_size=2 * MiB)
+    try:   # a writer on no worker's host: the ring spreads the blocks over all three
+        write_in_pieces(elsewhere, "/ring", os.urandom(40 * MiB))
+        held = Counter(w.host for _, w, _ in replicas(elsewhere, "/ring"))
+        assert len(held) == 3 and held[c.worker_host(2)] < 20
+    finally:
+        elsewhere.close()
+
+
+def test_blocks_shipped_whole_from_the_writers_buffer_go_local_too(local_client: "Client") -> None:
+    """A block written out of order is not streamed: it is shipped whole from its
+    (page-aligned) buffer when complete, and its local replica by short-circuit as well.
+    Whole blocks handed over from the application's own memory are not aligned for
+    O_DIRECT: they go over the network, without asking the worker first."""
+    lw = local_client.core.localwrites
+    assert lw is not None
+    data = os.urandom(4 * MiB + 5000)
+    before = lw.stats()
+    with local_client.open("/lw-e", "wb") as f:
+        f.seek(2 * MiB)
+        f.write(data[2 * MiB:])               # the tail first: nothing to stream
+        f.seek(0)
+        f.write(data[:2 * MiB])
+    moved = {k: v - before[k] for k, v in lw.stats().items()}
+    assert moved == {"blocks": 2, "refused": 0}, moved
+    for b, _, raw in replicas(local_client, "/lw-e"):
+        assert raw == data[b.offset:b.offset + b.length]
+    before = lw.stats()
+    whole = os.urandom(8 * MiB)
+    local_client.put_bytes("/lw-f", whole)    # two whole blocks straight from `whole`
+    moved = {k: v - before[k] for k, v in lw.stats().items()}
+    assert moved["blocks"] == 0 and local_client.get_bytes("/lw-f") == whole

@@ -56,3 +56,25 @@ def test_exclude_skips_workers() -> None:
     r = ring(4)
     for b in range(100):
         assert 2 not in r.place_block(b, 2, frozenset({2}))
+
+
+@given(st.integers(min_value=0, max_value=2**63))
+@settings(max_examples=200)
+def test_a_preferred_host_gets_the_first_replica_and_the_ring_the_rest(block: int) -> None:
+    r = ring(6, hosts=3)                     # h0: workers 3, 6; h1: 1, 4; h2: 2, 5
+    placed = r.place_block(block, 2, prefer_host="h1")
+    assert r.nodes[placed[0]].host == "h1" and len(placed) == 2
+    assert r.nodes[placed[1]].host != "h1"
+    # the second replica is the ring's first choice off that host
+    assert placed[1] == next(w for w in r.place_block(block, 6) if r.nodes[w].host != "h1")
+    assert placed[0] in (1, 4)
+
+
+def test_a_preferred_host_that_is_excluded_or_unknown_changes_nothing() -> None:
+    r = ring(6, hosts=3)
+    for b in range(200):
+        plain = r.place_block(b, 2)
+        assert r.place_block(b, 2, prefer_host="nowhere") == plain
+        off = r.place_block(b, 2, frozenset({1, 4}), prefer_host="h1")
+        assert off == r.place_block(b, 2, frozenset({1, 4}))
+        assert r.place_block(b, 1, prefer_host="h2")[0] in (2, 5)
