@@ -30,7 +30,7 @@ from typing import Callable
 
 import xxhash
 
-from curvine_py.client.blockio import PIECE, BlockIO
+from curvine_py.client.blockio import BlockIO
 from curvine_py.client.localwrite import LocalFile, LocalWrites
 from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.errors import CurvineError

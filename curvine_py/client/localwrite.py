@@ -8,7 +8,7 @@ the xxh3 of every 1 MiB chunk, which the worker writes into the meta file.  The 
 never cross a socket on their way to the local disk; the other replicas get theirs over
 the network from the client (client/blockstream.py).
 
-Anything unexpected -- no socket (an old worker, ``worker.local_writes`` off, another
+Anything unexpected -- no socket (``worker.local_writes`` off, a worker in another
 network namespace), a worker with another id behind it, an error -- makes ``open``
 return None or the write raise, and the caller sends the block over the network instead.
 """
@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from curvine_py.client.blockio import BlockIO
 from curvine_py.common import frames
 from curvine_py.common.blockmeta import BlockHasher
-from curvine_py.common.buffers import ALIGN, aligned
+from curvine_py.common.buffers import aligned
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import data_pb2
