@@ -6,9 +6,12 @@ short-circuit reader too, which verifies it against the chunk sums the client se
 from __future__ import annotations
 
 import os
-from collections import Counter
+import signal
 import time
 import typing
+from collections import Counter
+
+import xxhash
 
 
 from curvine_py.localcluster import LocalCluster
@@ -179,3 +182,27 @@ def test_blocks_shipped_whole_from_the_writers_buffer_go_local_too(local_client:
     local_client.put_bytes("/lw-f", whole)    # two whole blocks straight from `whole`
     moved = {k: v - before[k] for k, v in lw.stats().items()}
     assert moved["blocks"] == 0 and local_client.get_bytes("/lw-f") == whole
+
+
+def test_the_local_worker_killed_mid_block_costs_no_byte(cluster: LocalCluster) -> None:
+    """SIGKILL of the local worker while a block is half written into its staging file
+    through the passed descriptor: the client's writes to it still succeed (the file is
+    open), its commit finds the socket gone, and the block goes again, whole, to a new
+    block on the worker that is left.  Every byte reads back."""
+    from tests.integration.test_streamed_writes import wait_sent, writer_of
+    client = client_on_host(cluster, cluster.worker_host(0))
+    data = os.urandom(6 * MiB + 3)
+    try:
+        with client.open("/survives-local", "wb") as f:
+            f.write(data[:2 * MiB])
+            stream = writer_of(f).streams[0]
+            wait_sent(stream, 2 * MiB)
+            assert stream._file is not None, "the block's local replica is being written directly"
+            cluster.kill_worker(0, signal.SIGKILL)
+            f.write(data[2 * MiB:])
+        assert stream._failed is not None and stream.future.result().block_id != stream.target.block_id
+        assert client.get_bytes("/survives-local") == data
+        for b in client.block_locations("/survives-local"):
+            assert b.checksum == xxhash.xxh3_64_intdigest(data[b.offset:b.offset + b.length])
+    finally:
+        client.close()
