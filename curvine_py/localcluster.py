@@ -20,7 +20,10 @@ Process bookkeeping (records, liveness, stopping, ports) is in ``processes.py``.
 Ports: the master listens on P (default 8995); worker i uses rpc port B+2i and data
 port B+2i+1, where B defaults to P+2 (so 8997/8998, 8999/9000, ...).  Each worker gets
 its own host identity ``<hostname>-w<i>`` so that two replicas can land on two workers
-of one machine.
+of one machine.  Clients using D/curvine.toml (the mount, ``cv --config``) are on worker
+0's host: everything here runs on one machine, as on an inference node that is also a
+storage node, so they read and write worker 0's replicas without the network
+(short-circuit reads and writes).
 """
 from __future__ import annotations
 
@@ -295,6 +298,7 @@ class LocalCluster:
         cfg.worker.rpc_port, cfg.worker.data_port = self.worker_ports(0)
         cfg.worker.dirs = [self.worker_dir_spec(0)]
         cfg.client.master = self.master_address
+        cfg.client.host = self.worker_host(0)   # this machine; see the module docstring
         return cfg
 
     def _command(self, role: str, i: int) -> list[str]:

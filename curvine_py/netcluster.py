@@ -51,6 +51,7 @@ class _Daemons(LocalCluster):
         cfg = super().effective_config()
         cfg.cluster.secret = self.secret
         cfg.worker.bind = cfg.worker.ip = self.worker_host_list[0].ip
+        cfg.client.host = ""   # clients here are on hosts of their own (CURVINE_CLIENT_HOST)
         return cfg
 
     def prepare(self) -> None:
