@@ -147,13 +147,13 @@ class BlockStream:
         worker takes it, the others (all, else) over the network as one chain."""
         self._opened = True
         remote = self.addrs
-        here = [a for a in self.addrs if self.local is not None and self.local.is_local(a)]
-        if here and self.local is not None:
-            self._file = self.local.open(here[0], self.target.block_id, self.block_size, self.target.token,
+        here = self.local.local_of(self.addrs) if self.local is not None else None
+        if here is not None and self.local is not None:
+            self._file = self.local.open(here, self.target.block_id, self.block_size, self.target.token,
                                          self.target.tier, self.view)
             if self._file is not None:
                 self._sums = BlockHasher()
-                remote = [a for a in self.addrs if a is not here[0]]
+                remote = [a for a in self.addrs if a is not here]
         if remote:
             self._head, self._sock = self.io.open_stream(remote, self.target.block_id, self.block_size,
                                                          self.target.token, self.target.tier)

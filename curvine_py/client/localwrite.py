@@ -116,6 +116,10 @@ class LocalWrites:
     def is_local(self, addr: pb.WorkerAddress) -> bool:
         return bool(addr.host) and addr.host == self.host
 
+    def local_of(self, addrs: list[pb.WorkerAddress]) -> pb.WorkerAddress | None:
+        """The first of a block's workers on this host, if any."""
+        return next((a for a in addrs if self.is_local(a)), None)
+
     def open(self, addr: pb.WorkerAddress, block_id: int, length_hint: int, token: str, tier: str,
              buffer: memoryview) -> LocalFile | None:
         """Open block_id on the local worker addr for writing from `buffer` (the block's
@@ -161,16 +165,16 @@ class LocalWrites:
         host by short-circuit while the others go over the network, or all over the
         network when there is none or its worker refuses.  buffer: the block buffer data
         starts, if data is one (room to pad an O_DIRECT write's end)."""
-        here = [a for a in addrs if self.is_local(a)]
-        f = self.open(here[0], block.block_id, len(data), block.token, block.tier,
-                      buffer if buffer is not None else data) if here and len(data) else None
+        here = self.local_of(addrs)
+        f = self.open(here, block.block_id, len(data), block.token, block.tier,
+                      buffer if buffer is not None else data) if here is not None and len(data) else None
         if f is None:
             return io.write_block(addrs, block.block_id, data, block.token, block.tier)
         sums = BlockHasher()
         try:
             f.write(buffer if buffer is not None else data, 0, len(data))
             sums.update(data)
-            acked = io.write_block([a for a in addrs if a is not here[0]], block.block_id, data, block.token,
+            acked = io.write_block([a for a in addrs if a is not here], block.block_id, data, block.token,
                                    block.tier, checksum=sums.checksum)[0] if len(addrs) > 1 else []
             return f.commit(block.block_id, len(data), sums.checksum, sums.chunk_sums()) + acked, sums.checksum
         except BaseException:
