@@ -327,7 +327,7 @@ class DataServer(ConnectionServer):
             return
         with reader:
             ok = data_pb2.DataHeader(op=Op.REPLY, length=reader.length, checksum=reader.checksum)
-            head: bytes | None = _frame_bytes(ok)
+            head: bytes | None = frames.header_bytes(ok)
             try:
                 for piece in reader:
                     if head is not None:   # the reply goes out with the first verified piece
@@ -342,11 +342,6 @@ class DataServer(ConnectionServer):
                 return
             if head is not None:           # zero-length range
                 sock.sendall(head)
-
-
-def _frame_bytes(h: data_pb2.DataHeader) -> bytes:
-    raw = h.SerializeToString()
-    return frames.LEN.pack(len(raw)) + raw
 
 
 def chain_targets(entries: Sequence[tuple[str, int, int]]) -> list[data_pb2.ChainTarget]:

@@ -27,7 +27,6 @@ TCP data channel.
 """
 from __future__ import annotations
 
-import array
 import errno
 import logging
 import socket
@@ -116,9 +115,5 @@ class LocalWriteServer(ConnectionServer):
 
     def _pass_fd(self, sock: socket.socket, writer: BlockWriter) -> None:
         ok = data_pb2.DataHeader(op=Op.REPLY, acked=[self.worker_id()], align=ALIGN if writer.direct else 0)
-        raw = ok.SerializeToString()
-        msg = frames.LEN.pack(len(raw)) + raw
-        sent = sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [writer.fd]))])
-        if sent < len(msg):
-            sock.sendall(msg[sent:])
+        frames.send_header_with_fd(sock, ok, writer.fd)
 

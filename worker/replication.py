@@ -31,11 +31,6 @@ log = logging.getLogger(__name__)
 Op = data_pb2.Op
 
 
-def _header_bytes(header: data_pb2.DataHeader) -> bytes:
-    raw = header.SerializeToString()
-    return frames.LEN.pack(len(raw)) + raw
-
-
 class Downstream:
     """The next replica of one block write; every failure just drops it."""
 
@@ -59,7 +54,7 @@ class Downstream:
                         target.worker_id, target.ip, target.port, e)
             return None
         down = cls(pool, target, sock)
-        down._send([_header_bytes(header)], block_id)
+        down._send([frames.header_bytes(header)], block_id)
         return down if down.ok else None
 
     @property
@@ -69,7 +64,7 @@ class Downstream:
     def forward(self, piece: memoryview, block_id: int) -> None:
         """Forward one piece as a WRITE_DATA frame."""
         if self.sock is not None:
-            hdr = _header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=len(piece)))
+            hdr = frames.header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=len(piece)))
             self._send([hdr, piece], block_id)
 
     def forward_raw(self, piece: memoryview, block_id: int, payload_len: int | None = None) -> None:
@@ -80,7 +75,7 @@ class Downstream:
         if payload_len is None:
             self._send([piece], block_id)
         else:
-            hdr = _header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=payload_len))
+            hdr = frames.header_bytes(data_pb2.DataHeader(op=Op.WRITE_DATA, payload_len=payload_len))
             self._send([hdr, piece], block_id)
 
     def commit(self, length: int, checksum: int, block_id: int) -> list[int]:
@@ -92,7 +87,7 @@ class Downstream:
     def send_commit(self, length: int, checksum: int, block_id: int) -> None:
         """Send WRITE_COMMIT without waiting, so the local commit can overlap it."""
         if self.sock is not None:
-            self._send([_header_bytes(data_pb2.DataHeader(op=Op.WRITE_COMMIT, length=length,
+            self._send([frames.header_bytes(data_pb2.DataHeader(op=Op.WRITE_COMMIT, length=length,
                                                           checksum=checksum))], block_id)
 
     def wait_commit(self, block_id: int) -> list[int]:

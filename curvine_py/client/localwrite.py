@@ -14,7 +14,6 @@ return None or the write raise, and the caller sends the block over the network 
 """
 from __future__ import annotations
 
-import array
 import errno
 import logging
 import os
@@ -136,7 +135,7 @@ class LocalWrites:
                 return self._refuse(block_id, e)
             try:
                 frames.send_frame(sock, header)
-                reply, fd = _recv_reply_with_fd(sock)
+                reply, fd = frames.recv_header_with_fd(sock)
             except (frames.ChannelClosed, OSError) as e:
                 sock.close()
                 if pooled:
@@ -166,16 +165,18 @@ class LocalWrites:
         network when there is none or its worker refuses.  buffer: the block buffer data
         starts, if data is one (room to pad an O_DIRECT write's end)."""
         here = self.local_of(addrs)
-        f = self.open(here, block.block_id, len(data), block.token, block.tier,
-                      buffer if buffer is not None else data) if here is not None and len(data) else None
+        whole = buffer if buffer is not None else data
+        f = self.open(here, block.block_id, len(data), block.token, block.tier, whole) \
+            if here is not None and len(data) else None
         if f is None:
             return io.write_block(addrs, block.block_id, data, block.token, block.tier)
+        remote = [a for a in addrs if a is not here]
         sums = BlockHasher()
         try:
-            f.write(buffer if buffer is not None else data, 0, len(data))
+            f.write(whole, 0, len(data))
             sums.update(data)
-            acked = io.write_block([a for a in addrs if a is not here], block.block_id, data, block.token,
-                                   block.tier, checksum=sums.checksum)[0] if len(addrs) > 1 else []
+            acked = io.write_block(remote, block.block_id, data, block.token, block.tier,
+                                   checksum=sums.checksum)[0] if remote else []
             return f.commit(block.block_id, len(data), sums.checksum, sums.chunk_sums()) + acked, sums.checksum
         except BaseException:
             f.abort()
@@ -236,30 +237,3 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         if k <= 0:
             raise CurvineError(errno.EIO, f"short-circuit write of {len(view)} bytes stopped at {done}")
         done += k
-
-
-def _recv_reply_with_fd(sock: socket.socket) -> tuple[data_pb2.DataHeader, int | None]:
-    """The REPLY frame to a WRITE_OPEN and the descriptor attached to it, if any."""
-    msg, anc, _flags, _ = sock.recvmsg(frames.LEN.size + frames.MAX_HEADER, socket.CMSG_SPACE(array.array("i").itemsize))
-    fd = None
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
-            fds = array.array("i")
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-            fd = fds[0]
-            for extra in fds[1:]:
-                os.close(extra)
-    try:
-        if len(msg) < frames.LEN.size:
-            raise frames.ChannelClosed("local write socket closed")
-        (n,) = frames.LEN.unpack(msg[:frames.LEN.size])
-        raw = msg[frames.LEN.size:]
-        if len(raw) < n:
-            raw += frames.recv_exact(sock, n - len(raw))
-        reply = data_pb2.DataHeader()
-        reply.ParseFromString(raw[:n])
-    except BaseException:
-        if fd is not None:
-            os.close(fd)
-        raise
-    return reply, fd

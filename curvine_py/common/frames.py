@@ -12,8 +12,10 @@ concatenation copy); receivers ``recv_into`` preallocated buffers.
 """
 from __future__ import annotations
 
+import array
 import errno
 import logging
+import os
 import socket
 import struct
 import typing
@@ -63,15 +65,29 @@ def send_all(sock: socket.socket, buffers: list[bytes | bytearray | memoryview])
                 sent = 0
 
 
+def header_bytes(header: DataHeader) -> bytes:
+    """A frame's length prefix and header, ready to send (its payload goes after it)."""
+    raw = header.SerializeToString()
+    return LEN.pack(len(raw)) + raw
+
+
 def send_frame(sock: socket.socket, header: DataHeader,
                payload: bytes | bytearray | memoryview | None = None) -> None:
     """Send one frame; header.payload_len is set from payload."""
     header.payload_len = len(payload) if payload is not None else 0
-    raw = header.SerializeToString()
     if payload is not None and len(payload):
-        send_all(sock, [LEN.pack(len(raw)) + raw, payload])
+        send_all(sock, [header_bytes(header), payload])
     else:
-        sock.sendall(LEN.pack(len(raw)) + raw)
+        sock.sendall(header_bytes(header))
+
+
+def send_header_with_fd(sock: socket.socket, header: DataHeader, fd: int) -> None:
+    """Send a payload-less frame with a file descriptor attached (SCM_RIGHTS, Unix
+    sockets only: the short-circuit write socket, worker/localwrite.py)."""
+    msg = header_bytes(header)
+    sent = sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    if sent < len(msg):
+        sock.sendall(msg[sent:])
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview,
@@ -99,7 +115,36 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def recv_header(sock: socket.socket) -> DataHeader:
     """Read one frame header (the caller then reads header.payload_len bytes)."""
-    (n,) = LEN.unpack(recv_exact(sock, LEN.size))
+    return _read_header(sock, recv_exact(sock, LEN.size))
+
+
+def recv_header_with_fd(sock: socket.socket) -> tuple[DataHeader, int | None]:
+    """recv_header for a frame that may carry a file descriptor (send_header_with_fd);
+    the descriptor, if any, is the caller's to close."""
+    fd_size = array.array("i").itemsize
+    head, ancillary, _flags, _addr = sock.recvmsg(LEN.size, socket.CMSG_SPACE(fd_size))
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fd_size])
+    try:
+        if not head:
+            raise ChannelClosed("connection closed before a frame")
+        if len(head) < LEN.size:
+            head += recv_exact(sock, LEN.size - len(head))
+        header = _read_header(sock, head)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    for extra in fds[1:]:
+        os.close(extra)
+    return header, (fds[0] if fds else None)
+
+
+def _read_header(sock: socket.socket, head: bytes) -> DataHeader:
+    """The header whose length prefix is head; its bytes are read from sock."""
+    (n,) = LEN.unpack(head)
     if n == 0 or n > MAX_HEADER:
         raise ChannelClosed(f"bad frame header length {n}")
     header = DataHeader()
