@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux
+APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux curl patch
 # MooseFS: the peer bench/compare (and tests/multihost/test_compare.py) measures us against.
 PEER_PKGS := moosefs-master moosefs-chunkserver moosefs-client
 STAMP := $(VENV)/.installed
@@ -19,13 +19,15 @@ test: install peer-deps
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml | system-deps
+$(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3-passthrough.patch | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	deploy/build-pyfuse3.sh $(VENV)
 	$(PY) -m pip install -q -e '.[fuse,dev]'
 	touch $(STAMP)
 
-# Debian packages the mount needs (libfuse3 to build pyfuse3, fusermount3 to mount).
+# Debian packages the mount needs (fusermount3 to mount; a compiler, curl and patch to build
+# libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh).
 system-deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

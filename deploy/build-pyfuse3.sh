@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build pyfuse3 with FUSE passthrough into a venv (called by `make install`).
+#
+# Why: a mount answers every read of a file itself unless the kernel is told to read a
+# backing file directly (FUSE passthrough, Linux 6.9+).  That needs libfuse >= 3.16
+# (Debian bookworm ships 3.14) and a pyfuse3 that passes a backing id with its open
+# reply (3.5.0 does not).  So this script builds libfuse 3.17.2 from Debian's own
+# source tarball into VENV/opt/libfuse and pyfuse3 3.5.0 from PyPI with
+# deploy/pyfuse3-passthrough.patch against it (an rpath points the module at that
+# libfuse; the system's libfuse3 and fusermount3 stay as they are).
+#
+# Usage: deploy/build-pyfuse3.sh VENV
+set -euo pipefail
+
+VENV=$(realpath "$1")
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY="$VENV/bin/python"
+FUSE_VERSION=3.17.2
+FUSE_URL="http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${FUSE_VERSION}.orig.tar.gz"
+FUSE_SHA256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
+PYFUSE3_VERSION=3.5.0
+PYFUSE3_SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
+PREFIX="$VENV/opt/libfuse"
+PATCH="$HERE/pyfuse3-passthrough.patch"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
+
+"$PY" -m pip install -q meson==1.12.1 ninja==1.13.2
+
+if [ ! -e "$PREFIX/lib/libfuse3.so.4" ]; then
+  curl -fsS -m 300 -o "$work/fuse.tar.gz" "$FUSE_URL" || fail "cannot download $FUSE_URL"
+  echo "$FUSE_SHA256  $work/fuse.tar.gz" | sha256sum -c --quiet - || fail "checksum mismatch for $FUSE_URL"
+  tar xzf "$work/fuse.tar.gz" -C "$work"
+  # No utils (fusermount3, udev rules) and no examples: only the library is replaced.
+  PATH="$VENV/bin:$PATH" "$VENV/bin/meson" setup "$work/fuse-$FUSE_VERSION/build" "$work/fuse-$FUSE_VERSION" \
+    --prefix="$PREFIX" --libdir=lib --buildtype=release \
+    -Dexamples=false -Dutils=false -Dtests=false -Ddisable-mtab=true >/dev/null
+  PATH="$VENV/bin:$PATH" "$VENV/bin/meson" install -C "$work/fuse-$FUSE_VERSION/build" --quiet >/dev/null
+fi
+
+"$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$PYFUSE3_VERSION"
+echo "$PYFUSE3_SHA256  $work/pyfuse3-$PYFUSE3_VERSION.tar.gz" | sha256sum -c --quiet - \
+  || fail "checksum mismatch for pyfuse3 $PYFUSE3_VERSION"
+tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
+src="$work/pyfuse3-$PYFUSE3_VERSION"
+patch -s -p1 -d "$src" < "$PATCH" || fail "cannot apply $PATCH"
+rm -f "$src/src/pyfuse3/__init__.c"     # generated from the patched .pyx instead
+PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
+  "$PY" -m pip install -q --force-reinstall --no-deps "$src"
+"$PY" -c "import pyfuse3; pyfuse3.session_fd_number" || fail "the built pyfuse3 lacks the passthrough patch"
