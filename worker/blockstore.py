@@ -22,6 +22,7 @@ Writers and readers of one block file live in blockfile.py.
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import logging
 import mmap
@@ -29,8 +30,9 @@ import os
 import re
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from curvine_py.common.blockmeta import block_file
 from curvine_py.common.buffers import BufferPool
@@ -70,6 +72,32 @@ def parse_dir_spec(spec: str) -> tuple[str, int | None, str]:
     if capacity is not None and capacity <= 0:
         raise ConfigError(f"capacity must be positive in worker.dirs entry {spec!r}")
     return tier, capacity, m.group("path")
+
+
+@contextmanager
+def unshared(path: str) -> Iterator[bool]:
+    """Whether no other open file description of path exists (True), held while the body runs.
+
+    A write lease (F_SETLEASE F_WRLCK) is granted only when nobody else has the file open,
+    and while it is held another open of the file waits for it to be let go; so a file
+    found unshared stays so until the body (a rename out of its place) is done.  The
+    lease's break signal is pointed at nobody (F_SETOWN 0): an opener that waits for it
+    must not send SIGIO, whose default action would end the worker.  A file system
+    without leases counts as shared (the caller takes the safe branch)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError:
+            yield False
+            return
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETOWN, 0)
+            yield True
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- dirs and index entries
@@ -272,13 +300,17 @@ class BlockStore:
         return None
 
     def _recycle_or_unlink(self, ddir: DataDir, path: str, size: int) -> None:
-        """Keep a no-longer-needed block file for reuse, or delete it."""
+        """Keep a no-longer-needed block file for reuse, or delete it.  A file another
+        process has open -- a mount reading it through FUSE passthrough, a short-circuit
+        reader -- is only unlinked: overwriting it in place would change bytes under them."""
         if self.reuse_files and len(ddir.free_files) < self.max_free_files and size > 0:
             dest = os.path.join(ddir.free_dir, f"f{self._boot}-{next(self._seq)}")
             try:
-                os.rename(path, dest)
-                ddir.free_files.append((dest, size))
-                return
+                with unshared(path) as alone:
+                    if alone:
+                        os.rename(path, dest)
+                        ddir.free_files.append((dest, size))
+                        return
             except OSError as e:
                 log.warning("cannot recycle %s: %s", path, e)
         unlink(path)

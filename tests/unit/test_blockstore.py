@@ -5,13 +5,16 @@ import ctypes
 import errno
 import mmap
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import xxhash
 
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.worker.blockstore import (CHUNK, TIER_INDEX, BlockMeta, BlockStore,
-                                          parse_dir_spec)
+                                          parse_dir_spec, unshared)
 from curvine_py.worker.uring import Uring
 
 MiB = 1 << 20
@@ -235,6 +238,60 @@ def test_delete_recycles_files(ring, tmp_path):
     assert store.read_range(2) == small
     again = make(ring, str(tmp_path / "d"))
     assert again.read_range(2) == small
+
+
+def test_a_block_file_open_elsewhere_is_not_recycled(ring, tmp_path):
+    """A mount's FUSE passthrough (or a short-circuit reader in another process) may hold a
+    deleted block's file open: recycling would overwrite the bytes it reads, so such a
+    file is only unlinked, and its reader keeps the old bytes."""
+    store = make(ring, str(tmp_path / "d"))
+    old = os.urandom(2 * MiB)
+    path = put(store, 1, old).path
+    reader = subprocess.Popen([sys.executable, "-c",
+                               "import sys; f = open(sys.argv[1], 'rb'); print('open', flush=True); "
+                               "sys.stdin.read(); sys.stdout.buffer.write(f.read())", path],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == b"open\n"
+        assert store.delete(1)
+        assert store.dirs[0].free_files == [] and not os.path.exists(path)
+        for i in range(2, 5):                      # new blocks: none lands in the reader's file
+            put(store, i, os.urandom(2 * MiB))
+        out, _ = reader.communicate(b"", timeout=30)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert out == old
+    put(store, 5, os.urandom(MiB))
+    assert store.delete(5) and len(store.dirs[0].free_files) == 1   # nobody holds it: recycled
+
+
+def test_unshared_sees_other_openers_and_holds_them_off(tmp_path):
+    """unshared() is True only with no other open of the file, and an open that comes
+    while the body runs waits for it (no SIGIO reaches the worker either)."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    with unshared(str(path)) as alone:
+        assert alone
+    with open(path, "rb"):
+        with unshared(str(path)) as alone:
+            assert not alone
+    opener = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.readline(); "
+                               "print('go', flush=True); t = time.monotonic(); "
+                               "open(sys.argv[1], 'rb'); print(time.monotonic() - t)", str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert opener.stdin is not None and opener.stdout is not None
+    try:
+        with unshared(str(path)) as alone:
+            opener.stdin.write("\n")
+            opener.stdin.flush()
+            assert opener.stdout.readline() == "go\n"
+            time.sleep(0.4)
+        waited = float(opener.stdout.readline())
+    finally:
+        opener.kill()
+        opener.wait()
+    assert alone and waited >= 0.2               # it waited for the lease to be let go
 
 
 def test_recycled_files_survive_a_restart(ring, tmp_path):
