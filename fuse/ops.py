@@ -27,6 +27,8 @@ from curvine_py.common.types import (
     SETATTR_ATIME, SETATTR_ATIME_NOW, SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW,
     SETATTR_SIZE, SETATTR_UID,
 )
+from curvine_py.fuse import passthrough
+from curvine_py.fuse.passthrough import Passthrough
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,14 @@ class CurvineOps(pyfuse3.Operations):
         self._limiter = trio.CapacityLimiter(64)
         self._dirs: dict[int, tuple[int, Identity]] = {}
         self._dir_fhs = itertools.count(1)
+        self.enable_passthrough = cfg.passthrough   # asked of the kernel at init (patched pyfuse3)
+        self.passthrough: Passthrough | None = None
+
+    def init(self) -> None:
+        """The kernel's INIT was answered: passthrough is known to work or not now."""
+        if self.enable_passthrough:
+            self.passthrough = passthrough.start(self.vfs, self._run)
+            log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
 
     # ------------------------------------------------------------------ helpers
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -279,10 +289,24 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ident = self._ident(ctx)
+        pt = self.passthrough
+        if pt is None:
+            return self._file_info(await self._open(inode, flags, ident))
+        try:
+            async with pt.lock(inode):
+                pt.check_open(inode, flags)
+                opened = await self._open(inode, flags, ident)
+                fi = self._file_info(opened)
+                await pt.attach(inode, opened, fi)
+                return fi
+        finally:
+            pt.unlock(inode)
+
+    async def _open(self, inode: int, flags: int, ident: Identity) -> Any:
         opened = await self.vfs.open_async(self._master, inode, flags, ident)   # a read-only open
         if opened is None:
             opened = await self._run(self.vfs.open, inode, flags, ident)
-        return self._file_info(opened)
+        return opened
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
@@ -317,6 +341,8 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def release(self, fh: int) -> None:
+        if self.passthrough is not None:
+            self.passthrough.release(fh)
         if not self.vfs.release_nowait(fh):   # cannot block: done on the loop, no hop
             await self._run(self.vfs.release, fh)
 

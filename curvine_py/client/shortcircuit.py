@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -69,6 +70,8 @@ class ShortCircuit:
         self.reads = 0        # block reads served from a local file
         self.bytes = 0        # bytes they returned
         self.fallbacks = 0    # local replicas that had to be read over the network instead
+        self.handed = 0       # block files handed to the kernel (open_verified)
+        self._verified: OrderedDict[tuple[int, int], bool] = OrderedDict()
 
     def is_local(self, addr: pb.WorkerAddress) -> bool:
         return bool(addr.host) and addr.host == self.host
@@ -98,6 +101,54 @@ class ShortCircuit:
             self.reads += 1
             self.bytes += len(into)
         return len(into)
+
+    def open_verified(self, addr: pb.WorkerAddress, block: pb.BlockInfo) -> int | None:
+        """The local replica's block file opened read-only for the kernel to read by itself
+        (FUSE passthrough, fuse/passthrough.py); None: read the block the usual way.
+
+        Nothing checks the bytes the kernel reads, so the whole file is checked here first:
+        its xxh3 must be the block's checksum (once per block and mount: a committed block
+        file is never changed in place, and the worker recycles a freed file only when
+        nobody has it open, see worker/blockstore.unshared).  The file must still be at its
+        path once open: one renamed away before that may be about to be overwritten."""
+        key = (addr.worker_id, block.block_id)
+        try:
+            local = self._locate(key, addr, block)
+            if local is None:
+                return None
+            fd = os.open(local.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._check_whole(key, local.path, fd, block)
+            except BaseException:
+                os.close(fd)
+                raise
+        except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
+            self._forget(key)
+            if isinstance(e, CurvineError) and e.errno == errno.EBADMSG and self.report_bad is not None:
+                self.report_bad(block.block_id, addr.worker_id, f"short-circuit open: {e}")
+            log.warning("block %d's file on worker %d not handed to the kernel (%s)",
+                        block.block_id, addr.worker_id, _brief(e))
+            return None
+        with self._lock:
+            self.handed += 1
+        return fd
+
+    def _check_whole(self, key: tuple[int, int], path: str, fd: int, block: pb.BlockInfo) -> None:
+        st = os.fstat(fd)
+        if st.st_size != block.length:
+            raise CurvineError(errno.EBADMSG, f"block file holds {st.st_size} bytes, not {block.length}")
+        with self._lock:
+            known = key in self._verified
+        if not known:
+            if _file_xxh3(fd, st.st_size) != block.checksum:
+                raise CurvineError(errno.EBADMSG, "block checksum mismatch")
+            with self._lock:
+                self._verified[key] = True
+                while len(self._verified) > self.max_blocks:
+                    self._verified.popitem(last=False)
+        here = os.stat(path)
+        if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
+            raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
 
     def _count_fallback(self) -> None:
         with self._lock:
@@ -206,7 +257,7 @@ class ShortCircuit:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"reads": self.reads, "bytes": self.bytes, "fallbacks": self.fallbacks}
+            return {"reads": self.reads, "bytes": self.bytes, "fallbacks": self.fallbacks, "handed": self.handed}
 
     def close(self) -> None:
         with self._lock:
@@ -225,6 +276,14 @@ def _load(path: str, block: pb.BlockInfo) -> LocalBlock | None:
     if meta.checksum != block.checksum or meta.length != block.length:
         return None
     return LocalBlock(path, meta)
+
+
+def _file_xxh3(fd: int, size: int) -> int:
+    """xxh3_64 of a whole file, hashed from its page-cache pages (no copy out of them)."""
+    if size == 0:
+        return xxhash.xxh3_64_intdigest(b"")
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
+        return xxhash.xxh3_64_intdigest(m)
 
 
 def _pread_full(fd: int, view: memoryview, offset: int) -> None:

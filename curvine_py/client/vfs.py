@@ -55,6 +55,7 @@ class Handle:
     ident: Identity | None = None   # who opened it (a retaken lease is asked for as them)
     reader: FileReader | None = None
     version: int = 0          # InodeState.version the reader was loaded at
+    local_block: pb.BlockInfo | None = None   # the file's one block, with a replica here (local_file)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Opened:
     attr: pb.Attr
     keep_cache: bool
     direct: bool = False      # this handle's reads and writes bypass the kernel page cache
+    local: bool = False       # the file is one block with a replica on this host: see local_file
 
 
 class VFS:
@@ -83,6 +85,7 @@ class VFS:
         self._dir_ttl = core.cfg.fuse.attr_timeout_s
         self._direct_reads = core.cfg.fuse.direct_io_reads
         self._direct_creates = core.cfg.fuse.direct_io_creates
+        self.local_files = False   # set by a mount whose kernel reads local files itself (local_file)
         core.meta.dirs_listener = self._learn_dirs
 
     # ------------------------------------------------------------------ attributes
@@ -325,9 +328,11 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
-                # In the background: it may wait for a free buffer, and the mount's
-                # awaited open runs this on its event loop.
-                self.core.executor.submit(h.reader.prefetch_small)
+                h.local_block = self._local_block(reply, flags)
+                if h.local_block is None:
+                    # In the background: it may wait for a free buffer, and the mount's
+                    # awaited open runs this on its event loop.
+                    self.core.executor.submit(h.reader.prefetch_small)
             st.handles += 1
             self._handles[h.fh] = h
             gen = reply.attr.generation
@@ -337,7 +342,50 @@ class VFS:
             # this handle, so the kernel need not cache them (direct I/O skips filling new
             # page-cache pages, the costliest step of a read through the mount).
             direct = self._direct_reads and h.reader is not None and reply.attr.complete
-        return Opened(h.fh, self.overlay(reply.attr), keep, direct)
+        return Opened(h.fh, self.overlay(reply.attr), keep, direct, h.local_block is not None)
+
+    def _local_block(self, reply: pb.OpenReply, flags: int) -> pb.BlockInfo | None:
+        """The file's only block if a mount may hand its local replica's file to the kernel:
+        a complete file that is exactly one block, opened without O_DIRECT (the block file
+        would be read with it, which needs aligned reads), with a replica on this host."""
+        sc = self.core.shortcircuit
+        if not self.local_files or sc is None or not reply.attr.complete or flags & os.O_DIRECT \
+                or len(reply.blocks) != 1 or not reply.attr.size:
+            return None
+        block = reply.blocks[0]
+        if block.offset or block.length != reply.attr.size:
+            return None
+        return block if any(sc.is_local(a) for a in self.core.replica_order(block)) else None
+
+    def local_file(self, fh: int) -> int | None:
+        """For a handle opened with Opened.local: a read-only descriptor of the local
+        replica's block file, whole and verified (ShortCircuit.open_verified), for the
+        kernel to read by itself; None when that fails, and then the handle reads as any
+        other (its blocks are fetched now)."""
+        h = self.handle(fh)
+        block, sc = h.local_block, self.core.shortcircuit
+        if block is None or sc is None or h.reader is None:
+            return None
+        for addr in self.core.replica_order(block):
+            if sc.is_local(addr):
+                fd = sc.open_verified(addr, block)
+                if fd is not None:
+                    return fd
+        self.read_normally(fh)
+        return None
+
+    def read_normally(self, fh: int) -> None:
+        """The handle's file is not read by the kernel after all: fetch its blocks now."""
+        h = self.handle(fh)
+        if h.local_block is not None and h.reader is not None:
+            h.local_block = None
+            self.core.executor.submit(h.reader.prefetch_small)
+
+    def open_handles(self, ino: int) -> int:
+        """How many handles of ino are open here."""
+        with self._lock:
+            st = self._inodes.get(ino)
+            return st.handles if st is not None else 0
 
     def handle(self, fh: int) -> Handle:
         h = self._handles.get(fh)

@@ -102,6 +102,7 @@ class FuseConfig:
     direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
     max_read_ahead: int = 16 * MiB
+    passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
 
 
 @dataclass
