@@ -294,7 +294,10 @@ class Client:
     def listdir(self, path: str) -> list[str]:
         return [s.name for s in self.scandir(path)]
 
-    def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, exist_ok: bool = False) -> None:
+    def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,
+              block_size: int = 0) -> None:
+        """block_size: the block size of files created below the new directory (and of its
+        new subdirectories) by clients that do not ask for one; 0 = its parent's."""
         p = normpath(path)
         if p == "/":
             if exist_ok or parents:
@@ -306,7 +309,7 @@ class Client:
                 self.mkdir(parent, mode, parents=True, exist_ok=True)
         ino, name = self._parent(p)
         try:
-            self.meta.mknod(ino, name, stat.S_IFDIR | mode, umask=0)
+            self.meta.mknod(ino, name, stat.S_IFDIR | mode, umask=0, block_size=block_size)
         except CurvineError as e:
             if e.errno == errno.EEXIST and (exist_ok or parents) and self.stat(p).is_dir:
                 return

@@ -27,6 +27,8 @@ from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.store import ATTR_COLS, Row, cred_of
 
 MAX_SYMLINKS = 40
+MIN_BLOCK = 4096             # block sizes: multiples of the O_DIRECT unit...
+MAX_BLOCK = 1 << 30         # ...up to 1 GiB
 XATTR_MAX = 64 * 1024
 
 
@@ -217,6 +219,8 @@ class Namespace(FileOps, CacheOps):
                 raise err(errno.ENAMETOOLONG if target else errno.ENOENT)
         size = DIR_SIZE if ftype == stat.S_IFDIR else len(target.encode("utf-8", "surrogateescape")) if target else 0
         block_size = rec.get("block_size") or d["block_size"] or self.default_block_size
+        if rec.get("block_size") and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
+            raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
         self.conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
             " block_size, replicas, target) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -22,7 +22,8 @@ import typing
 
 from curvine_py.cli import output, policy
 from curvine_py.cli import CliError, Context
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.config import parse_size
+from curvine_py.common.errors import ConfigError, CurvineError
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client, FileStatus
@@ -243,11 +244,19 @@ def cmd_blocks(ctx: Context) -> int:
 # ---------------------------------------------------------------- namespace changes
 
 
+def size_arg(text: str) -> int:
+    """An argparse type: '16MiB', '4M', '65536' in bytes."""
+    try:
+        return parse_size(text)
+    except (ConfigError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
 def cmd_mkdir(ctx: Context) -> int:
     for p in ctx.args.paths:
         path = remote(p)
         with on_path(path):
-            ctx.client.mkdir(path, parents=ctx.args.parents, exist_ok=ctx.args.parents)
+            ctx.client.mkdir(path, parents=ctx.args.parents, exist_ok=ctx.args.parents,
+                             block_size=ctx.args.block_size)
     return 0
 
 
@@ -471,6 +480,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = add("mkdir", cmd_mkdir, "create directories")
     p.add_argument("-p", dest="parents", action="store_true",
                    help="create missing parents; no error if it exists")
+    p.add_argument("--block-size", type=size_arg, default=0, metavar="SIZE",
+                   help="block size of the files created below it (e.g. 16MiB: a KV chunk of up to "
+                        "16 MiB is one block, read by FUSE passthrough on a replica's host); "
+                        "default: the parent's")
     p.add_argument("paths", nargs="+", metavar="PATH")
 
     p = add("put", cmd_put, "upload a local file ('-' reads stdin)")

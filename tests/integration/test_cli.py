@@ -186,6 +186,19 @@ def test_blocks_have_two_replicas_on_two_hosts(cv: typing.Any, rdir: str) -> Non
     assert "CHECKSUM" in ok(cv("fs", "blocks", f"{rdir}/b"))
 
 
+def test_a_directory_block_size_is_inherited(cv: typing.Any, rdir: str) -> None:
+    """`mkdir --block-size`: files (and directories) created below it without a block size
+    of their own get it, e.g. one block per KV chunk for FUSE passthrough."""
+    ok(cv("fs", "mkdir", "--block-size", "16MiB", f"{rdir}/kv"))
+    ok(cv("fs", "mkdir", f"{rdir}/kv/sub"))
+    ok(cv("fs", "put", "-", f"{rdir}/kv/sub/c", input=os.urandom(14 * MiB + 28)))
+    assert json.loads(ok(cv("fs", "stat", "--json", f"{rdir}/kv")))["block_size"] == 16 * MiB
+    info = json.loads(ok(cv("fs", "blocks", "--json", f"{rdir}/kv/sub/c")))
+    assert len(info["blocks"]) == 1 and info["blocks"][0]["length"] == 14 * MiB + 28
+    assert "not a size" in one_error_line(cv("fs", "mkdir", "--block-size", "lots", f"{rdir}/x"), code=2)
+    assert "block size" in one_error_line(cv("fs", "mkdir", "--block-size", "1000", f"{rdir}/x"))
+    assert ok(cv("fs", "ls", rdir)).split() == ["kv"]
+
 def test_report(shared_cluster: LocalCluster, cv: typing.Any) -> None:
     rep = json.loads(ok(cv("report", "--json")))
     live = [w for w in rep["workers"] if w["state"] == "live"]
