@@ -148,4 +148,5 @@ def start(vfs: VFS, run: Run) -> Passthrough | None:
     if enabled is None or not enabled():
         return None
     vfs.local_files = True
+    vfs.core.executor.submit(vfs.warm_local_files)
     return Passthrough(vfs, pyfuse3.session_fd_number(), run)

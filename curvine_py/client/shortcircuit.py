@@ -137,6 +137,10 @@ class ShortCircuit:
         st = os.fstat(fd)
         if st.st_size != block.length:
             raise CurvineError(errno.EBADMSG, f"block file holds {st.st_size} bytes, not {block.length}")
+        # The whole file is asked of the disk at once (a no-op for cached pages): faulting
+        # it in page by page, or the kernel's read-ahead behind the reader, reads it in
+        # small requests at about half the disk's speed here.
+        os.posix_fadvise(fd, 0, st.st_size, os.POSIX_FADV_WILLNEED)
         with self._lock:
             known = key in self._verified
         if not known:
@@ -149,6 +153,16 @@ class ShortCircuit:
         here = os.stat(path)
         if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
             raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
+
+    def warm(self, addrs: list[pb.WorkerAddress]) -> None:
+        """Learn the data dirs of this host's workers now: the first block a reader opens
+        would otherwise wait for a gRPC channel and an Info call (~15 ms here)."""
+        for addr in addrs:
+            if self.is_local(addr):
+                try:
+                    self._data_dirs(addr)
+                except (grpc.RpcError, OSError) as e:
+                    log.info("worker %d's data dirs not learned ahead (%s)", addr.worker_id, _brief(e))
 
     def _count_fallback(self) -> None:
         with self._lock:

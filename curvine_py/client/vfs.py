@@ -381,6 +381,19 @@ class VFS:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
 
+    def warm_local_files(self) -> None:
+        """Ahead of the first open: what local_file needs of this host's workers."""
+        sc = self.core.shortcircuit
+        if sc is None:
+            return
+        try:
+            ring = self.meta.call("GetRing", pb.Empty())
+        except CurvineError as e:
+            log.info("workers not learned ahead of the first open (%s)", e)
+            return
+        self.core.workers.learn(list(ring.workers))
+        sc.warm(list(ring.workers))
+
     def open_handles(self, ino: int) -> int:
         """How many handles of ino are open here."""
         with self._lock:
