@@ -252,25 +252,28 @@ class BlockStore:
 
     # ------------------------------------------------------------ writing
 
-    def create(self, block_id: int, tier: int = 0, size_hint: int = DEFAULT_BLOCK) -> BlockWriter:
-        """Start writing block_id in a dir with room for size_hint bytes (ENOSPC if none)."""
+    def create(self, block_id: int, tier: int = 0, size_hint: int = DEFAULT_BLOCK,
+               cached: bool = False) -> BlockWriter:
+        """Start writing block_id in a dir with room for size_hint bytes (ENOSPC if none);
+        cached: through the page cache even in an O_DIRECT dir (readers find it in memory)."""
         size_hint = max(size_hint, 1)
         with self._lock:
             ddir = self._choose_dir(tier, size_hint)
             ddir.reserved += size_hint
             recycled = self._take_free_file(ddir)
         staging = os.path.join(ddir.staging_dir, f"{block_id}.{next(self._seq)}")
+        direct = ddir.direct and not cached
         try:
             if recycled is not None:
                 os.rename(recycled[0], staging)
-            fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_DIRECT if ddir.direct else 0),
+            fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_DIRECT if direct else 0),
                          0o644)
         except OSError as e:
             with self._lock:
                 ddir.reserved -= size_hint
             raise io_error(e, f"create block {block_id}") from None
         return BlockWriter(self, block_id, ddir, staging, fd, size_hint,
-                           recycled[1] if recycled else 0, direct=ddir.direct)
+                           recycled[1] if recycled else 0, direct=direct)
 
     def _choose_dir(self, tier: int, size: int) -> DataDir:
         """Preferred tier if it has room, else the dir with the most room."""

@@ -124,10 +124,13 @@ class DataServer(ConnectionServer):
     def __init__(self, store: BlockStore, bind: str = "0.0.0.0", port: int = 0, worker_id: int = 0,
                  secret: str = "", piece_size: int = MiB, pipeline: int = 4,
                  max_piece_buffers: int = 1024, idle_timeout_s: float = 600.0,
-                 io_timeout_s: float = 60.0, pool: ConnectionPool | None = None, congestion: str = "") -> None:
+                 io_timeout_s: float = 60.0, pool: ConnectionPool | None = None, congestion: str = "",
+                 cache_writes: bool = False) -> None:
         """congestion: the TCP congestion control of this server's data sockets, accepted
-        (block reads are sent on them) and opened downstream ("" = the system's)."""
+        (block reads are sent on them) and opened downstream ("" = the system's).
+        cache_writes: blocks received here are written through the page cache."""
         self.store = store
+        self.cache_writes = cache_writes
         self.worker_id = worker_id          # set by the heartbeat once registered
         self.secret = secret
         self.tokens = BlockTokens(secret)
@@ -211,7 +214,8 @@ class DataServer(ConnectionServer):
         tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)   # preferred tier; when full, any
         try:
             self._check_token(open_h, write=True)
-            state.writer = self.store.create(open_h.block_id, tier, open_h.length or DEFAULT_BLOCK)
+            state.writer = self.store.create(open_h.block_id, tier, open_h.length or DEFAULT_BLOCK,
+                                             cached=self.cache_writes)
             state.mem = self.store.memory.reserve(open_h.length or DEFAULT_BLOCK)
         except CurvineError as e:
             state.fail(e)

@@ -82,7 +82,7 @@ class Worker:
         first_dir = self.store.dirs[0].path
         self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
                                secret=self.cfg.cluster.secret, piece_size=w.buffer_size,
-                               congestion=self.cfg.cluster.data_congestion).start()
+                               congestion=self.cfg.cluster.data_congestion, cache_writes=w.cache_received).start()
         if w.local_writes:
             data = self.data
             try:

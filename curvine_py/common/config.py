@@ -71,6 +71,7 @@ class WorkerConfig:
     buffer_size: int = 1 * MiB    # piece size of the data channel
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
     direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
+    cache_received: bool = True   # ...except blocks that arrive over the network: kept in the page cache (docs/worker.md)
     memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off
     local_writes: bool = True     # clients on this host may write block files themselves (worker/localwrite.py)
     rpc_threads: int = 8

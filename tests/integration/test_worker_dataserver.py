@@ -87,9 +87,10 @@ def ring():
 
 
 class Node:
-    def __init__(self, ring: Uring, root, name: str, worker_id: int, spec: str = "") -> None:
+    def __init__(self, ring: Uring, root, name: str, worker_id: int, spec: str = "",
+                 cache_writes: bool = False) -> None:
         self.store = BlockStore([spec or str(root / name)], ring, reserve=0, direct_io=True)   # as worker.direct_io
-        self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id).start()
+        self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id, cache_writes=cache_writes).start()
         self.target = chain_targets([("127.0.0.1", self.server.port, worker_id)])
 
     def close(self) -> None:
@@ -145,6 +146,24 @@ def test_chain_write_reaches_both_replicas(nodes):
     assert a.store.read_range(1) == data and b.store.read_range(1) == data
     assert len(a.store) == len(b.store) == 11
 
+
+def test_received_blocks_can_be_kept_in_the_page_cache(ring, tmp_path):
+    """worker.cache_received: what arrives over the network is written through the page
+    cache (this host's readers find it in memory), even in an O_DIRECT dir."""
+    a = Node(ring, tmp_path, "a", A_ID)
+    b = Node(ring, tmp_path, "b", B_ID, cache_writes=True)
+    try:
+        assert a.store.dirs[0].direct and b.store.dirs[0].direct
+        data = os.urandom(3 * MiB + 5)
+        with connect(a.server) as s:
+            assert list(write(s, 1, data, b.target).acked) == [A_ID, B_ID]
+        ea, eb = a.store.get(1), b.store.get(1)
+        assert ea is not None and eb is not None
+        assert not ea.cached and eb.cached          # b's file went through the page cache
+        assert a.store.read_range(1) == data and b.store.read_range(1) == data
+    finally:
+        a.close()
+        b.close()
 
 def test_empty_block_and_empty_and_oversized_frames(nodes):
     a, b = nodes
