@@ -297,7 +297,12 @@ class CurvineOps(pyfuse3.Operations):
                 pt.check_open(inode, flags)
                 opened = await self._open(inode, flags, ident)
                 fi = self._file_info(opened)
-                await pt.attach(inode, opened, fi)
+                try:
+                    await pt.attach(inode, opened, fi)
+                except BaseException:   # the kernel never hears of this handle: let it go here
+                    if not self.vfs.release_nowait(opened.fh):
+                        self.vfs.core.executor.submit(self.vfs.release, opened.fh)
+                    raise
                 return fi
         finally:
             pt.unlock(inode)
