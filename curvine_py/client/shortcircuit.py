@@ -90,12 +90,8 @@ class ShortCircuit:
                 return None
             self._read_verified(local, offset, into, advance)
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
-            self._forget(key)
             self._count_fallback()
-            if isinstance(e, CurvineError) and e.errno == errno.EBADMSG and self.report_bad is not None:
-                self.report_bad(block.block_id, addr.worker_id, f"short-circuit read: {e}")
-            log.warning("short-circuit read of block %d from worker %d's file failed (%s); using the network",
-                        block.block_id, addr.worker_id, _brief(e))
+            self._give_up(key, addr, block, e, "read")
             return None
         with self._lock:
             self.reads += 1
@@ -123,15 +119,20 @@ class ShortCircuit:
                 os.close(fd)
                 raise
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
-            self._forget(key)
-            if isinstance(e, CurvineError) and e.errno == errno.EBADMSG and self.report_bad is not None:
-                self.report_bad(block.block_id, addr.worker_id, f"short-circuit open: {e}")
-            log.warning("block %d's file on worker %d not handed to the kernel (%s)",
-                        block.block_id, addr.worker_id, _brief(e))
+            self._give_up(key, addr, block, e, "open")
             return None
         with self._lock:
             self.handed += 1
         return fd
+
+    def _give_up(self, key: tuple[int, int], addr: pb.WorkerAddress, block: pb.BlockInfo,
+                 e: BaseException, what: str) -> None:
+        """A local replica that could not be used: forget it, report a bad copy, say so."""
+        self._forget(key)
+        if isinstance(e, CurvineError) and e.errno == errno.EBADMSG and self.report_bad is not None:
+            self.report_bad(block.block_id, addr.worker_id, f"short-circuit {what}: {e}")
+        log.warning("short-circuit %s of block %d from worker %d's file failed (%s); using the network",
+                    what, block.block_id, addr.worker_id, _brief(e))
 
     def _check_whole(self, key: tuple[int, int], path: str, fd: int, block: pb.BlockInfo) -> None:
         st = os.fstat(fd)
