@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3-passthrough.patc
 	$(PY) -m pip install -q --upgrade pip
 	deploy/build-pyfuse3.sh $(VENV)
 	$(PY) -m pip install -q -e '.[fuse,dev]'
+	$(PY) -c "import pyfuse3; pyfuse3.session_fd_number" || (echo "pyfuse3 lacks the passthrough patch" >&2; exit 1)
 	touch $(STAMP)
 
 # Debian packages the mount needs (fusermount3 to mount; a compiler, curl and patch to build
