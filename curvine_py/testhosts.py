@@ -164,7 +164,7 @@ def teardown_state(state: dict[str, typing.Any]) -> list[str]:
     for link in [*state.get("veths", []), state.get("bridge", "")]:
         if link and _ip("link", "show", link, check=False).returncode == 0:
             r = _ip("link", "del", link, check=False)   # a veth may vanish meanwhile with its netns
-            if r.returncode != 0 and "Cannot find device" not in r.stderr:
+            if r.returncode != 0 and not any(gone in r.stderr for gone in ("Cannot find device", "No such device")):
                 problems.append(f"link {link}: {r.stderr.strip()}")
     for directory in state.get("clusters", []):   # its cluster.json names dead processes now
         with contextlib.suppress(OSError):
