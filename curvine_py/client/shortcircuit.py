@@ -105,10 +105,11 @@ class ShortCircuit:
         (FUSE passthrough, fuse/passthrough.py); None: read the block the usual way.
 
         Nothing checks the bytes the kernel reads, so the whole file is checked here first:
-        its xxh3 must be the block's checksum (once per block and mount: a committed block
-        file is never changed in place, and the worker recycles a freed file only when
-        nobody has it open, see worker/blockstore.unshared).  The file must still be at its
-        path once open: one renamed away before that may be about to be overwritten."""
+        every chunk's xxh3 against the sidecar, whose checksum is the master's.  Once per
+        block and mount: a committed block file is never changed in place, and the worker
+        recycles a freed file only when nobody has it open (worker/blockstore.unshared).
+        The file must still be at its path once open: one renamed away before that may be
+        about to be overwritten."""
         key = (addr.worker_id, block.block_id)
         try:
             local = self._locate(key, addr, block)
