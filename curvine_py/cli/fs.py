@@ -251,6 +251,7 @@ def size_arg(text: str) -> int:
     except (ConfigError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
+
 def cmd_mkdir(ctx: Context) -> int:
     for p in ctx.args.paths:
         path = remote(p)
