@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable
 import pyfuse3
 import trio
 
-from curvine_py.client.vfs import VFS, Opened
+from curvine_py.client.vfs import VFS, Opened, opens_for_writing
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,6 @@ BACKING_OPEN = 0x4010E501
 BACKING_CLOSE = 0x4004E502
 
 Run = Callable[..., Awaitable[Any]]
-
-
-def writes(flags: int) -> bool:
-    """An open that may change the file (and so may not share a backing file)."""
-    return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
 
 
 @dataclass
@@ -75,7 +70,6 @@ class Passthrough:
         self._by_ino: dict[int, Backing] = {}
         self._ino_of: dict[int, int] = {}   # fh -> ino, for the handles given a backing
         self._locks: defaultdict[int, trio.Lock] = defaultdict(trio.Lock)
-        self.opens = 0            # opens answered with a backing file
 
     def lock(self, ino: int) -> trio.Lock:
         """Serializes the opens of one inode: each decides from what the others left."""
@@ -90,7 +84,7 @@ class Passthrough:
 
     def check_open(self, ino: int, flags: int) -> None:
         """Refuse an open the kernel would fail with EIO (ETXTBSY says why)."""
-        if ino in self._by_ino and writes(flags):
+        if ino in self._by_ino and opens_for_writing(flags):
             raise pyfuse3.FUSEError(errno.ETXTBSY)
 
     async def attach(self, ino: int, opened: Opened, fi: pyfuse3.FileInfo) -> None:
@@ -104,7 +98,6 @@ class Passthrough:
                 return
         have.handles.add(opened.fh)
         self._ino_of[opened.fh] = ino
-        self.opens += 1
         fi.backing_id = have.backing_id
         fi.direct_io = False      # with direct_io the kernel would send reads to us again
         fi.keep_cache = False

@@ -34,6 +34,11 @@ ROOT = Identity(0, 0)
 TRASH_NAME = HIDDEN_PREFIX + "trash"
 
 
+def opens_for_writing(flags: int) -> bool:
+    """An open that may change the file: write access, or O_TRUNC (O_RDONLY|O_TRUNC truncates)."""
+    return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+
+
 @dataclass
 class InodeState:
     """What this client has open of one inode."""
@@ -154,7 +159,7 @@ class VFS:
     async def open_async(self, call: MasterCall, ino: int, flags: int, ident: Identity) -> Opened | None:
         """open() of a file for reading only with no writer of it here (the KV reader's open);
         None: open() must do it (a write open, or one that shares this mount's writer)."""
-        if (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC or self._writer_of(ino) is not None:
+        if opens_for_writing(flags) or self._writer_of(ino) is not None:
             return None
         reply = await call("Open", self.meta.open_request(ino, flags, write=False, ident=ident))
         return self._new_handle(ino, flags, reply, False, ident)
@@ -293,7 +298,7 @@ class VFS:
 
     # ------------------------------------------------------------------ open files
     def open(self, ino: int, flags: int, ident: Identity) -> Opened:
-        write = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)  # O_RDONLY|O_TRUNC truncates
+        write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
             return self._open_writer(self.meta.open(ino, flags, write=True, ident=ident), flags, ident)
