@@ -140,6 +140,6 @@ def start(vfs: VFS, run: Run) -> Passthrough | None:
     enabled = getattr(pyfuse3, "passthrough_enabled", None)
     if enabled is None or not enabled():
         return None
-    vfs.local_files = True
-    vfs.core.executor.submit(vfs.warm_local_files)
+    vfs.local.enabled = True
+    vfs.core.executor.submit(vfs.local.warm)
     return Passthrough(vfs, pyfuse3.session_fd_number(), run)

@@ -72,7 +72,9 @@ class ShortCircuit:
         self.bytes = 0        # bytes they returned
         self.fallbacks = 0    # local replicas that had to be read over the network instead
         self.handed = 0       # block files handed to the kernel (open_verified)
+        self.ahead = 0        # blocks checked ahead of their open (verify)
         self._verified: OrderedDict[tuple[int, int], bool] = OrderedDict()
+        self._verifying: dict[tuple[int, int], threading.Event] = {}
         self._hasher: ThreadPoolExecutor | None = None
 
     def is_local(self, addr: pb.WorkerAddress) -> bool:
@@ -110,6 +112,26 @@ class ShortCircuit:
         recycles a freed file only when nobody has it open (worker/blockstore.unshared).
         The file must still be at its path once open: one renamed away before that may be
         about to be overwritten."""
+        fd = self._open_checked(addr, block, "open")
+        if fd is not None:
+            with self._lock:
+                self.handed += 1
+        return fd
+
+    def verify(self, addr: pb.WorkerAddress, block: pb.BlockInfo) -> bool:
+        """open_verified's check done ahead of the open (a lookup of a file the kernel is
+        likely to read next), so that the open finds the block verified and only opens it;
+        its fadvise also starts a cold block's disk read early.  False: not usable."""
+        fd = self._open_checked(addr, block, "check", split=False)
+        if fd is None:
+            return False
+        os.close(fd)
+        with self._lock:
+            self.ahead += 1
+        return True
+
+    def _open_checked(self, addr: pb.WorkerAddress, block: pb.BlockInfo, what: str,
+                      split: bool = True) -> int | None:
         key = (addr.worker_id, block.block_id)
         try:
             local = self._locate(key, addr, block)
@@ -117,27 +139,26 @@ class ShortCircuit:
                 return None
             fd = os.open(local.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self._check_whole(key, local, fd, block)
+                self._check_whole(key, local, fd, block, split)
             except BaseException:
                 os.close(fd)
                 raise
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
-            self._give_up(key, addr, block, e, "open")
+            self._give_up(key, addr, block, e, what)
             return None
-        with self._lock:
-            self.handed += 1
         return fd
 
-    def _chunk_sums(self, fd: int, meta: BlockMeta) -> list[int]:
+    def _chunk_sums(self, fd: int, meta: BlockMeta, split: bool = True) -> list[int]:
         """The xxh3 of every chunk of the file, hashed from its page-cache pages (no copy
         out of them), the first half on a helper thread: hashing from memory is bound by
         one core's memory bandwidth (~6 GB/s here), and the opener waits (median 1.92 ->
-        1.36 ms per 14 MiB).  The file is asked of the disk whole first (_check_whole)."""
+        1.36 ms per 14 MiB); a check ahead (verify, at idle priority) hashes on its own
+        thread only.  The file is asked of the disk whole first (_check_whole)."""
         if meta.length == 0:
             return []
         cs = meta.chunk_size
         with mmap.mmap(fd, meta.length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
-            half = (meta.length // 2) // cs * cs
+            half = (meta.length // 2) // cs * cs if split else 0
             first = self._helper().submit(_sums, m, 0, half, cs) if half else None
             try:
                 rest = _sums(m, half, meta.length, cs)
@@ -160,7 +181,8 @@ class ShortCircuit:
         log.warning("short-circuit %s of block %d from worker %d's file failed (%s); using the network",
                     what, block.block_id, addr.worker_id, _brief(e))
 
-    def _check_whole(self, key: tuple[int, int], local: LocalBlock, fd: int, block: pb.BlockInfo) -> None:
+    def _check_whole(self, key: tuple[int, int], local: LocalBlock, fd: int, block: pb.BlockInfo,
+                     split: bool = True) -> None:
         """The open file is the block (its length, every chunk's xxh3 against the sidecar,
         whose own checksum _locate matched to the master's), and still at its path."""
         st = os.fstat(fd)
@@ -170,18 +192,34 @@ class ShortCircuit:
         # it in page by page, or the kernel's read-ahead behind the reader, reads it in
         # small requests at about half the disk's speed here.
         os.posix_fadvise(fd, 0, st.st_size, os.POSIX_FADV_WILLNEED)
-        with self._lock:
-            known = key in self._verified
-        if not known:
-            if self._chunk_sums(fd, local.meta) != list(local.meta.chunk_sums):
+        self._ensure_verified(key, local, fd, split)
+        here = os.stat(local.path)
+        if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
+            raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
+
+    def _ensure_verified(self, key: tuple[int, int], local: LocalBlock, fd: int, split: bool) -> None:
+        """Hash the block unless it was verified before; an open that comes while the same
+        block is being checked ahead waits for that check instead of hashing it again."""
+        while True:
+            with self._lock:
+                if key in self._verified:
+                    return
+                running = self._verifying.get(key)
+                if running is None:
+                    running = self._verifying[key] = threading.Event()
+                    break
+            running.wait()       # then known, or failed: then this caller tries for itself
+        try:
+            if self._chunk_sums(fd, local.meta, split) != list(local.meta.chunk_sums):
                 raise CurvineError(errno.EBADMSG, "block checksum mismatch")
             with self._lock:
                 self._verified[key] = True
                 while len(self._verified) > self.max_blocks:
                     self._verified.popitem(last=False)
-        here = os.stat(local.path)
-        if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
-            raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
+        finally:
+            with self._lock:
+                del self._verifying[key]
+            running.set()
 
     def warm(self, addrs: list[pb.WorkerAddress]) -> None:
         """Learn the data dirs of this host's workers now: the first block a reader opens
@@ -300,7 +338,8 @@ class ShortCircuit:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"reads": self.reads, "bytes": self.bytes, "fallbacks": self.fallbacks, "handed": self.handed}
+            return {"reads": self.reads, "bytes": self.bytes, "fallbacks": self.fallbacks, "handed": self.handed,
+                    "ahead": self.ahead}
 
     def close(self) -> None:
         with self._lock:

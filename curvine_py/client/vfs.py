@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from curvine_py.client.core import ClientCore
+from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
 from curvine_py.client.writer import FileWriter
@@ -90,7 +91,7 @@ class VFS:
         self._dir_ttl = core.cfg.fuse.attr_timeout_s
         self._direct_reads = core.cfg.fuse.direct_io_reads
         self._direct_creates = core.cfg.fuse.direct_io_creates
-        self.local_files = False   # set by a mount whose kernel reads local files itself (local_file)
+        self.local = LocalFiles(core, core.cfg.fuse.verify_ahead)   # files the kernel may read itself
         core.meta.dirs_listener = self._learn_dirs
 
     # ------------------------------------------------------------------ attributes
@@ -123,7 +124,11 @@ class VFS:
     # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
     # master's retry cache answers a repeat.  None of them blocks.
     async def lookup_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> pb.Attr:
-        return self.overlay((await call("Lookup", self.meta.lookup_request(parent, name, ident))).attr)
+        request = self.meta.lookup_request(parent, name, ident)
+        request.one_block = self.local.wanted
+        reply = await call("Lookup", request)
+        self.local.after_lookup(reply.attr, reply.blocks)
+        return self.overlay(reply.attr)
 
     async def getattr_async(self, call: MasterCall, ino: int, ident: Identity) -> pb.Attr:
         cached = self.cached_dir_attr(ino)
@@ -333,7 +338,7 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
-                h.local_block = self._local_block(reply, flags)
+                h.local_block = self.local.block_of(reply.attr, list(reply.blocks), flags)
                 if h.local_block is None:
                     # In the background: it may wait for a free buffer, and the mount's
                     # awaited open runs this on its event loop.
@@ -348,19 +353,6 @@ class VFS:
             # page-cache pages, the costliest step of a read through the mount).
             direct = self._direct_reads and h.reader is not None and reply.attr.complete
         return Opened(h.fh, self.overlay(reply.attr), keep, direct, h.local_block is not None)
-
-    def _local_block(self, reply: pb.OpenReply, flags: int) -> pb.BlockInfo | None:
-        """The file's only block if a mount may hand its local replica's file to the kernel:
-        a complete file that is exactly one block, opened without O_DIRECT (the block file
-        would be read with it, which needs aligned reads), with a replica on this host."""
-        sc = self.core.shortcircuit
-        if not self.local_files or sc is None or not reply.attr.complete or flags & os.O_DIRECT \
-                or len(reply.blocks) != 1 or not reply.attr.size:
-            return None
-        block = reply.blocks[0]
-        if block.offset or block.length != reply.attr.size:
-            return None
-        return block if any(sc.is_local(a) for a in self.core.replica_order(block)) else None
 
     def local_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.local: a read-only descriptor of the local
@@ -385,19 +377,6 @@ class VFS:
         if h.local_block is not None and h.reader is not None:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
-
-    def warm_local_files(self) -> None:
-        """Ahead of the first open: what local_file needs of this host's workers."""
-        sc = self.core.shortcircuit
-        if sc is None:
-            return
-        try:
-            ring = self.meta.call("GetRing", pb.Empty())
-        except CurvineError as e:
-            log.info("workers not learned ahead of the first open (%s)", e)
-            return
-        self.core.workers.learn(list(ring.workers))
-        sc.warm(list(ring.workers))
 
     def open_handles(self, ino: int) -> int:
         """How many handles of ino are open here."""
@@ -619,3 +598,4 @@ class VFS:
                 self.release(fh)
             except Exception as e:  # best effort at shutdown
                 log.error("release of handle %d at unmount: %s", fh, e)
+        self.local.close()

@@ -104,6 +104,7 @@ class FuseConfig:
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
     max_read_ahead: int = 16 * MiB
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
+    verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
 
 
 @dataclass

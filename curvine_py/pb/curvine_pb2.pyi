@@ -89,14 +89,16 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("caller", "parent", "name")
+    __slots__ = ("caller", "parent", "name", "one_block")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    ONE_BLOCK_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     parent: int
     name: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    one_block: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., one_block: _Optional[bool] = ...) -> None: ...
 
 class PathRequest(_message.Message):
     __slots__ = ("caller", "path", "follow_symlinks")
@@ -117,12 +119,14 @@ class InodeRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
 
 class AttrReply(_message.Message):
-    __slots__ = ("attr", "dirs")
+    __slots__ = ("attr", "dirs", "blocks")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ...) -> None: ...
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ...) -> None: ...
 
 class DirsReply(_message.Message):
     __slots__ = ("dirs",)

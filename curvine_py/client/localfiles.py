@@ -1,0 +1,130 @@
+"""Files the kernel reads by itself from a local block file, and their checks ahead of the open.
+
+A mount with FUSE passthrough (fuse/passthrough.py) answers the open of a complete file
+that is exactly one block with a replica on this host with that replica's block file,
+after checking it whole (``ShortCircuit.open_verified``: every chunk's xxh3, ~2-3 ms for
+a 14 MiB KV chunk, memory-bound, once per block and mount).
+
+LMCache looks every chunk of a prompt up before it reads any (one stat each, in prefix
+order, BRIEF.md), so the lookup is the earliest sign of a read: the mount's lookups ask
+the master for a one-block file's block too (``LookupRequest.one_block``), and a file
+that qualifies has its block file checked in the background (``after_lookup``), on a
+thread of its own at idle priority.  The open then finds the block verified, or waits
+for the check already running instead of starting another; a cold block's disk read
+(``fadvise``) starts at the lookup too.  The queue is bounded, so a listing of a large
+directory of chunks costs at most AHEAD_QUEUE checks at a time, and each file version is
+checked ahead once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from curvine_py.client.core import ClientCore
+from curvine_py.client.shortcircuit import ShortCircuit
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+AHEAD_QUEUE = 16       # checks queued or running at most; later lookups leave theirs to the open
+AHEAD_SEEN = 4096      # file versions remembered as checked ahead (bounded LRU)
+
+
+class LocalFiles:
+    """Which files qualify for the kernel's own reads, and their checks ahead."""
+
+    def __init__(self, core: ClientCore, ahead: bool) -> None:
+        self.core = core
+        self.enabled = False      # set by a mount whose kernel takes backing files (passthrough.start)
+        self.ahead = ahead        # fuse.verify_ahead
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._queued = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def block_of(self, attr: pb.Attr, blocks: list[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
+        """The file's only block if the kernel may read its local replica's file: a complete
+        file that is exactly one block, not opened O_DIRECT (the block file would be read
+        with it, which needs aligned reads), with a replica on this host."""
+        sc = self.core.shortcircuit
+        if not self.enabled or sc is None or not attr.complete or flags & os.O_DIRECT \
+                or len(blocks) != 1 or not attr.size:
+            return None
+        block = blocks[0]
+        if block.offset or block.length != attr.size:
+            return None
+        return block if any(sc.is_local(a) for a in self.core.replica_order(block)) else None
+
+    def warm(self) -> None:
+        """Ahead of the first open: what the checks need of this host's workers."""
+        sc = self.core.shortcircuit
+        if sc is None:
+            return
+        try:
+            ring = self.core.meta.call("GetRing", pb.Empty())
+        except CurvineError as e:
+            log.info("workers not learned ahead of the first open (%s)", e)
+            return
+        self.core.workers.learn(list(ring.workers))
+        sc.warm(list(ring.workers))
+
+    @property
+    def wanted(self) -> bool:
+        """Lookups should ask the master for a one-block file's block (LookupRequest.one_block)."""
+        return self.ahead and self.enabled
+
+    def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
+        """A lookup found attr (and, for a one-block file, its block): if the kernel may
+        read that file from a local block file, check the file in the background."""
+        if not (self.wanted and stat.S_ISREG(attr.mode)):
+            return
+        block = self.block_of(attr, list(blocks))
+        sc = self.core.shortcircuit
+        if block is None or sc is None:
+            return
+        key = (attr.ino, attr.generation)
+        with self._lock:
+            if key in self._seen or self._queued >= AHEAD_QUEUE:
+                return
+            self._seen[key] = None
+            while len(self._seen) > AHEAD_SEEN:
+                self._seen.popitem(last=False)
+            self._queued += 1
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead",
+                                                initializer=_idle_priority)
+            pool = self._pool
+        pool.submit(self._check, sc, block)
+
+    def _check(self, sc: ShortCircuit, block: pb.BlockInfo) -> None:
+        try:
+            for addr in self.core.replica_order(block):
+                if sc.is_local(addr):
+                    sc.verify(addr, block)     # a failure is logged there; the open tries again
+                    return
+        except Exception:   # a background hint: never let it die silently
+            log.exception("checking block %d ahead", block.block_id)
+        finally:
+            with self._lock:
+                self._queued -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _idle_priority() -> None:
+    """Run this thread only on CPU nobody else wants (SCHED_IDLE): a check ahead is a
+    guess, and the lookups it follows must not wait for it on two cores."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as e:
+        log.debug("checks ahead at normal priority: %s", e)
