@@ -8,9 +8,10 @@ a 14 MiB KV chunk, memory-bound, once per block and mount).
 LMCache looks every chunk of a prompt up before it reads any (one stat each, in prefix
 order, BRIEF.md), so the lookup is the earliest sign of a read: the mount's lookups ask
 the master for a one-block file's block too (``LookupRequest.one_block``), and a file
-that qualifies has its block file checked in the background (``after_lookup``), on a
-thread of its own at idle priority.  The open then finds the block verified, or waits
-for the check already running instead of starting another; a cold block's disk read
+that qualifies has its block file checked in the background (``after_lookup``), hashed
+at idle priority by a helper process (client/checker.py).  The open then finds the
+block verified, or waits for the check already running (lending it normal priority)
+instead of starting another; a cold block's disk read
 (``fadvise``) starts at the lookup too.  The queue is bounded, so a listing of a large
 directory of chunks costs at most AHEAD_QUEUE checks at a time, and each file version is
 checked ahead once.
@@ -25,6 +26,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+from curvine_py.client.checker import Checker
 from curvine_py.client.core import ClientCore
 from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.common.errors import CurvineError
@@ -47,6 +49,7 @@ class LocalFiles:
         self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._queued = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._checker = Checker()     # hashes at idle priority in a process of its own
 
     def block_of(self, attr: pb.Attr, blocks: list[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
         """The file's only block if the kernel may read its local replica's file: a complete
@@ -62,10 +65,13 @@ class LocalFiles:
         return block if any(sc.is_local(a) for a in self.core.replica_order(block)) else None
 
     def warm(self) -> None:
-        """Ahead of the first open: what the checks need of this host's workers."""
+        """Ahead of the first open: what the checks need of this host's workers, and the
+        checker process (~50 ms to start)."""
         sc = self.core.shortcircuit
         if sc is None:
             return
+        if self.ahead:
+            self._checker.start()
         try:
             ring = self.core.meta.call("GetRing", pb.Empty())
         except CurvineError as e:
@@ -97,16 +103,17 @@ class LocalFiles:
                 self._seen.popitem(last=False)
             self._queued += 1
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead",
-                                                initializer=_idle_priority)
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead")
             pool = self._pool
         pool.submit(self._check, sc, block)
 
     def _check(self, sc: ShortCircuit, block: pb.BlockInfo) -> None:
+        self._checker.idle()      # again: an open waiting for the last check lent it normal priority
         try:
             for addr in self.core.replica_order(block):
                 if sc.is_local(addr):
-                    sc.verify(addr, block)     # a failure is logged there; the open tries again
+                    # a failure is logged there; the open tries again
+                    sc.verify(addr, block, self._checker.sums, self._checker.boost)
                     return
         except Exception:   # a background hint: never let it die silently
             log.exception("checking block %d ahead", block.block_id)
@@ -119,12 +126,5 @@ class LocalFiles:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        self._checker.close()
 
-
-def _idle_priority() -> None:
-    """Run this thread only on CPU nobody else wants (SCHED_IDLE): a check ahead is a
-    guess, and the lookups it follows must not wait for it on two cores."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except OSError as e:
-        log.debug("checks ahead at normal priority: %s", e)

@@ -34,7 +34,7 @@ import grpc
 import xxhash
 
 from curvine_py.common import rpc
-from curvine_py.common.blockmeta import BlockMeta, block_file
+from curvine_py.common.blockmeta import BlockMeta, block_file, mapped_chunk_sums
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 STAT_TIMEOUT_S = 2.0
 MAX_CACHED_BLOCKS = 4096
+Hasher = Callable[[int, BlockMeta], list[int]]   # (open block file, its meta) -> chunk sums
 PIECE = 256 << 10               # read + hash step: fits the L2 cache
 
 
@@ -74,7 +75,7 @@ class ShortCircuit:
         self.handed = 0       # block files handed to the kernel (open_verified)
         self.ahead = 0        # blocks checked ahead of their open (verify)
         self._verified: OrderedDict[tuple[int, int], bool] = OrderedDict()
-        self._verifying: dict[tuple[int, int], threading.Event] = {}
+        self._verifying: dict[tuple[int, int], tuple[threading.Event, Callable[[], None] | None]] = {}
         self._hasher: ThreadPoolExecutor | None = None
 
     def is_local(self, addr: pb.WorkerAddress) -> bool:
@@ -118,11 +119,14 @@ class ShortCircuit:
                 self.handed += 1
         return fd
 
-    def verify(self, addr: pb.WorkerAddress, block: pb.BlockInfo) -> bool:
+    def verify(self, addr: pb.WorkerAddress, block: pb.BlockInfo, hasher: Hasher,
+               lend: Callable[[], None]) -> bool:
         """open_verified's check done ahead of the open (a lookup of a file the kernel is
         likely to read next), so that the open finds the block verified and only opens it;
-        its fadvise also starts a cold block's disk read early.  False: not usable."""
-        fd = self._open_checked(addr, block, "check", split=False)
+        its fadvise also starts a cold block's disk read early.  `hasher` computes the
+        chunk sums (client/checker.py, at idle priority); an open that comes meanwhile
+        calls `lend` and waits for it.  False: not usable."""
+        fd = self._open_checked(addr, block, "check", hasher, lend)
         if fd is None:
             return False
         os.close(fd)
@@ -131,7 +135,7 @@ class ShortCircuit:
         return True
 
     def _open_checked(self, addr: pb.WorkerAddress, block: pb.BlockInfo, what: str,
-                      split: bool = True) -> int | None:
+                      hasher: Hasher | None = None, lend: Callable[[], None] | None = None) -> int | None:
         key = (addr.worker_id, block.block_id)
         try:
             local = self._locate(key, addr, block)
@@ -139,7 +143,7 @@ class ShortCircuit:
                 return None
             fd = os.open(local.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self._check_whole(key, local, fd, block, split)
+                self._check_whole(key, local, fd, block, hasher, lend)
             except BaseException:
                 os.close(fd)
                 raise
@@ -148,20 +152,19 @@ class ShortCircuit:
             return None
         return fd
 
-    def _chunk_sums(self, fd: int, meta: BlockMeta, split: bool = True) -> list[int]:
+    def _chunk_sums(self, fd: int, meta: BlockMeta) -> list[int]:
         """The xxh3 of every chunk of the file, hashed from its page-cache pages (no copy
         out of them), the first half on a helper thread: hashing from memory is bound by
         one core's memory bandwidth (~6 GB/s here), and the opener waits (median 1.92 ->
-        1.36 ms per 14 MiB); a check ahead (verify, at idle priority) hashes on its own
-        thread only.  The file is asked of the disk whole first (_check_whole)."""
+        1.36 ms per 14 MiB).  The file is asked of the disk whole first (_check_whole)."""
         if meta.length == 0:
             return []
         cs = meta.chunk_size
         with mmap.mmap(fd, meta.length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
-            half = (meta.length // 2) // cs * cs if split else 0
-            first = self._helper().submit(_sums, m, 0, half, cs) if half else None
+            half = (meta.length // 2) // cs * cs
+            first = self._helper().submit(mapped_chunk_sums, m, 0, half, cs) if half else None
             try:
-                rest = _sums(m, half, meta.length, cs)
+                rest = mapped_chunk_sums(m, half, meta.length, cs)
             finally:
                 head = first.result() if first is not None else []   # done with the map first
             return head + rest
@@ -182,7 +185,7 @@ class ShortCircuit:
                     what, block.block_id, addr.worker_id, _brief(e))
 
     def _check_whole(self, key: tuple[int, int], local: LocalBlock, fd: int, block: pb.BlockInfo,
-                     split: bool = True) -> None:
+                     hasher: Hasher | None, lend: Callable[[], None] | None) -> None:
         """The open file is the block (its length, every chunk's xxh3 against the sidecar,
         whose own checksum _locate matched to the master's), and still at its path."""
         st = os.fstat(fd)
@@ -192,25 +195,30 @@ class ShortCircuit:
         # it in page by page, or the kernel's read-ahead behind the reader, reads it in
         # small requests at about half the disk's speed here.
         os.posix_fadvise(fd, 0, st.st_size, os.POSIX_FADV_WILLNEED)
-        self._ensure_verified(key, local, fd, split)
+        self._ensure_verified(key, local, fd, hasher or self._chunk_sums, lend)
         here = os.stat(local.path)
         if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
             raise CurvineError(errno.ESTALE, "the block file was replaced while it was opened")
 
-    def _ensure_verified(self, key: tuple[int, int], local: LocalBlock, fd: int, split: bool) -> None:
+    def _ensure_verified(self, key: tuple[int, int], local: LocalBlock, fd: int, hasher: Hasher,
+                         lend: Callable[[], None] | None) -> None:
         """Hash the block unless it was verified before; an open that comes while the same
-        block is being checked ahead waits for that check instead of hashing it again."""
+        block is being checked ahead waits for that check instead of hashing it again, and
+        lends it normal priority (a check ahead runs at idle priority: on a busy machine it
+        would otherwise hold the open up for as long as others keep the CPUs busy)."""
         while True:
             with self._lock:
                 if key in self._verified:
                     return
                 running = self._verifying.get(key)
                 if running is None:
-                    running = self._verifying[key] = threading.Event()
+                    running = self._verifying[key] = (threading.Event(), lend)
                     break
-            running.wait()       # then known, or failed: then this caller tries for itself
+            if running[1] is not None:
+                running[1]()
+            running[0].wait()    # then known, or failed: then this caller tries for itself
         try:
-            if self._chunk_sums(fd, local.meta, split) != list(local.meta.chunk_sums):
+            if hasher(fd, local.meta) != list(local.meta.chunk_sums):
                 raise CurvineError(errno.EBADMSG, "block checksum mismatch")
             with self._lock:
                 self._verified[key] = True
@@ -219,7 +227,7 @@ class ShortCircuit:
         finally:
             with self._lock:
                 del self._verifying[key]
-            running.set()
+            running[0].set()
 
     def warm(self, addrs: list[pb.WorkerAddress]) -> None:
         """Learn the data dirs of this host's workers now: the first block a reader opens
@@ -361,13 +369,6 @@ def _load(path: str, block: pb.BlockInfo) -> LocalBlock | None:
     if meta.checksum != block.checksum or meta.length != block.length:
         return None
     return LocalBlock(path, meta)
-
-
-def _sums(buf: mmap.mmap, lo: int, hi: int, chunk: int) -> list[int]:
-    """xxh3 of each chunk of buf[lo:hi]; every view of buf is let go before returning (the
-    map is closed as soon as both halves are done)."""
-    with memoryview(buf) as view:
-        return [xxhash.xxh3_64_intdigest(view[i:min(i + chunk, hi)]) for i in range(lo, hi, chunk)]
 
 
 def _pread_full(fd: int, view: memoryview, offset: int) -> None:

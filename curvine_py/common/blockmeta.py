@@ -6,6 +6,7 @@ per 1 MiB chunk, and an xxh3_64 of everything before it (the file checks itself)
 """
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -27,6 +28,24 @@ def block_file(data_dir: str, block_id: int) -> str:
     in hex.  The worker writes there and the short-circuit client looks there first."""
     sub = xxhash.xxh3_64_intdigest(block_id.to_bytes(8, "little")) & 0xFF
     return os.path.join(data_dir, "blocks", f"{sub:02x}", str(block_id))
+
+
+def mapped_chunk_sums(buf: mmap.mmap, lo: int, hi: int, chunk: int = CHUNK) -> list[int]:
+    """xxh3 of each chunk of buf[lo:hi], hashed where it lies (no copy); every view of
+    buf is let go before returning, so the map can be closed."""
+    with memoryview(buf) as view:
+        return [xxhash.xxh3_64_intdigest(view[i:min(i + chunk, hi)]) for i in range(lo, hi, chunk)]
+
+
+def file_chunk_sums(fd: int, length: int, chunk: int = CHUNK) -> list[int]:
+    """xxh3 of each chunk of the first `length` bytes of the open file fd, hashed from
+    its page-cache pages by mmap (a short file raises, as SIGBUS would not be caught)."""
+    if length == 0:
+        return []
+    if os.fstat(fd).st_size < length:
+        raise ValueError(f"file holds fewer than {length} bytes")
+    with mmap.mmap(fd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
+        return mapped_chunk_sums(m, 0, length, chunk)
 
 
 class BlockHasher:
