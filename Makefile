@@ -19,7 +19,7 @@ test: install peer-deps
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3-passthrough.patch | system-deps
+$(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3.patch | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	deploy/build-pyfuse3.sh $(VENV)

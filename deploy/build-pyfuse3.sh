@@ -6,8 +6,11 @@
 # (Debian bookworm ships 3.14) and a pyfuse3 that passes a backing id with its open
 # reply (3.5.0 does not).  So this script builds libfuse 3.17.2 from Debian's own
 # source tarball into VENV/opt/libfuse and pyfuse3 3.5.0 from PyPI with
-# deploy/pyfuse3-passthrough.patch against it (an rpath points the module at that
-# libfuse; the system's libfuse3 and fusermount3 stay as they are).
+# deploy/pyfuse3.patch against it (an rpath points the module at that
+# libfuse; the system's libfuse3 and fusermount3 stay as they are).  The patch also
+# releases the GIL while libfuse reads a request from /dev/fuse, copies a write's data
+# and sends a write's or a read's reply: the kernel's copies of up to 1 MiB no longer
+# keep the mount's other threads (block streams, prefetches) waiting.
 #
 # Usage: deploy/build-pyfuse3.sh VENV
 set -euo pipefail
@@ -21,7 +24,7 @@ FUSE_SHA256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
 PYFUSE3_VERSION=3.5.0
 PYFUSE3_SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 PREFIX="$VENV/opt/libfuse"
-PATCH="$HERE/pyfuse3-passthrough.patch"
+PATCH="$HERE/pyfuse3.patch"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
