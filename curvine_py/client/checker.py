@@ -79,8 +79,10 @@ class Checker:
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
+            # Its own session: a Ctrl-C meant for a foreground mount does not reach it (it
+            # ends when the mount closes the pipe, or dies).
             self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, close_fds=True)
+                                          stdout=subprocess.PIPE, close_fds=True, start_new_session=True)
             self.idle()
         return self._proc
 
