@@ -99,14 +99,15 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     def _blocks(self, rows: Iterable[Row], block_size: int,
                 mode: str = READ) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
-        infos, wids = [], set()
-        for b in rows:
-            holders = self.registry.replicas(b["block_id"])
-            wids.update(holders)
-            infos.append(pb.BlockInfo(block_id=b["block_id"], offset=b["idx"] * block_size, length=b["length"],
-                                      checksum=b["checksum"], workers=holders,
-                                      token=self.tokens.mint(b["block_id"], mode)))
-        return infos, self._addresses(wids)
+        infos = [self._block_info(b, block_size, mode) for b in rows]
+        return infos, self._addresses(w for info in infos for w in info.workers)
+
+    def _block_info(self, b: Row, block_size: int, mode: str | None) -> pb.BlockInfo:
+        """One block as clients see it, with a token for mode (None: none, for a caller
+        that only reads its own host's block file)."""
+        return pb.BlockInfo(block_id=b["block_id"], offset=b["idx"] * block_size, length=b["length"],
+                            checksum=b["checksum"], workers=self.registry.replicas(b["block_id"]),
+                            token=self.tokens.mint(b["block_id"], mode) if mode else "")
 
     def _addresses(self, wids: Iterable[int]) -> list[pb.WorkerAddress]:
         out = []
@@ -138,9 +139,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         reply = pb.AttrReply(attr=to_attr(row))
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
-            for b in self.ns.blocks(a.ino):   # no token: the caller reads its own host's block file
-                reply.blocks.add(block_id=b["block_id"], offset=b["idx"] * a.block_size, length=b["length"],
-                                 checksum=b["checksum"], workers=self.registry.replicas(b["block_id"]))
+            reply.blocks.extend(self._block_info(b, a.block_size, None) for b in self.ns.blocks(a.ino))
         return reply
 
     @rpc_method

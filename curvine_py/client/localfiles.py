@@ -11,10 +11,9 @@ the master for a one-block file's block too (``LookupRequest.one_block``), and a
 that qualifies has its block file checked in the background (``after_lookup``), hashed
 at idle priority by a helper process (client/checker.py).  The open then finds the
 block verified, or waits for the check already running (lending it normal priority)
-instead of starting another; a cold block's disk read
-(``fadvise``) starts at the lookup too.  The queue is bounded, so a listing of a large
-directory of chunks costs at most AHEAD_QUEUE checks at a time, and each file version is
-checked ahead once.
+instead of starting another; a cold block's disk read (``fadvise``) starts at the
+lookup too.  The queue is bounded, so a listing of a large directory of chunks costs at
+most AHEAD_QUEUE checks at a time, and each file version is checked ahead once.
 """
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ class LocalFiles:
         self._pool: ThreadPoolExecutor | None = None
         self._checker = Checker()     # hashes at idle priority in a process of its own
 
-    def block_of(self, attr: pb.Attr, blocks: list[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
+    def block_of(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
         """The file's only block if the kernel may read its local replica's file: a complete
         file that is exactly one block, not opened O_DIRECT (the block file would be read
         with it, which needs aligned reads), with a replica on this host."""
@@ -90,7 +89,7 @@ class LocalFiles:
         read that file from a local block file, check the file in the background."""
         if not (self.wanted and stat.S_ISREG(attr.mode)):
             return
-        block = self.block_of(attr, list(blocks))
+        block = self.block_of(attr, blocks)
         sc = self.core.shortcircuit
         if block is None or sc is None:
             return

@@ -338,7 +338,7 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
-                h.local_block = self.local.block_of(reply.attr, list(reply.blocks), flags)
+                h.local_block = self.local.block_of(reply.attr, reply.blocks, flags)
                 if h.local_block is None:
                     # In the background: it may wait for a free buffer, and the mount's
                     # awaited open runs this on its event loop.
