@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -28,11 +29,14 @@ from curvine_py.common.blockmeta import BlockMeta, file_chunk_sums
 
 log = logging.getLogger(__name__)
 
+ANSWER_TIMEOUT_S = 10.0   # a child silent this long (a stuck disk, a stopped process) is replaced
+
 
 class Checker:
     """The parent's side: chunk sums of an open block file, computed by the child."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -46,11 +50,14 @@ class Checker:
             try:
                 proc.stdin.write(request)
                 proc.stdin.flush()
-                line = proc.stdout.readline()
+                ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+                line = proc.stdout.readline() if ready else None
             except OSError:
                 line = b""
             if not line:
                 self._stop()
+                if line is None:
+                    raise OSError(errno.ETIMEDOUT, f"the block checker did not answer in {self.timeout_s:g} s")
                 raise OSError(errno.EIO, "the block checker process exited")
         if line.startswith(b"!"):
             raise OSError(errno.EIO, f"block checker: {line[1:].decode(errors='replace').strip()}")

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 STAT_TIMEOUT_S = 2.0
 MAX_CACHED_BLOCKS = 4096
+CHECK_WAIT_S = 5.0             # an open waits this long for a check ahead of the same block
 Hasher = Callable[[int, BlockMeta], list[int]]   # (open block file, its meta) -> chunk sums
 PIECE = 256 << 10               # read + hash step: fits the L2 cache
 
@@ -216,18 +217,24 @@ class ShortCircuit:
                     break
             if running[1] is not None:
                 running[1]()
-            running[0].wait()    # then known, or failed: then this caller tries for itself
+            if not running[0].wait(CHECK_WAIT_S):   # a check stuck somewhere: hash it here
+                self._hash_and_remember(key, local, fd, hasher)
+                return
+            # done: known now, or failed, and then this caller tries for itself
         try:
-            if hasher(fd, local.meta) != list(local.meta.chunk_sums):
-                raise CurvineError(errno.EBADMSG, "block checksum mismatch")
-            with self._lock:
-                self._verified[key] = True
-                while len(self._verified) > self.max_blocks:
-                    self._verified.popitem(last=False)
+            self._hash_and_remember(key, local, fd, hasher)
         finally:
             with self._lock:
                 del self._verifying[key]
             running[0].set()
+
+    def _hash_and_remember(self, key: tuple[int, int], local: LocalBlock, fd: int, hasher: Hasher) -> None:
+        if hasher(fd, local.meta) != list(local.meta.chunk_sums):
+            raise CurvineError(errno.EBADMSG, "block checksum mismatch")
+        with self._lock:
+            self._verified[key] = True
+            while len(self._verified) > self.max_blocks:
+                self._verified.popitem(last=False)
 
     def warm(self, addrs: list[pb.WorkerAddress]) -> None:
         """Learn the data dirs of this host's workers now: the first block a reader opens
