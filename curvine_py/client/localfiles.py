@@ -27,7 +27,6 @@ from typing import Sequence
 
 from curvine_py.client.checker import Checker
 from curvine_py.client.core import ClientCore
-from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -61,7 +60,14 @@ class LocalFiles:
         block = blocks[0]
         if block.offset or block.length != attr.size:
             return None
-        return block if any(sc.is_local(a) for a in self.core.replica_order(block)) else None
+        return block if self.replica_here(block) is not None else None
+
+    def replica_here(self, block: pb.BlockInfo) -> pb.WorkerAddress | None:
+        """The block's replica on this host (placement puts at most one on a host)."""
+        sc = self.core.shortcircuit
+        if sc is None:
+            return None
+        return next((a for a in self.core.replica_order(block) if sc.is_local(a)), None)
 
     def warm(self) -> None:
         """Ahead of the first open: what the checks need of this host's workers, and the
@@ -90,8 +96,7 @@ class LocalFiles:
         if not (self.wanted and stat.S_ISREG(attr.mode)):
             return
         block = self.block_of(attr, blocks)
-        sc = self.core.shortcircuit
-        if block is None or sc is None:
+        if block is None:
             return
         key = (attr.ino, attr.generation)
         with self._lock:
@@ -104,16 +109,15 @@ class LocalFiles:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead")
             pool = self._pool
-        pool.submit(self._check, sc, block)
+        pool.submit(self._check, block)
 
-    def _check(self, sc: ShortCircuit, block: pb.BlockInfo) -> None:
+    def _check(self, block: pb.BlockInfo) -> None:
         self._checker.idle()      # again: an open waiting for the last check lent it normal priority
         try:
-            for addr in self.core.replica_order(block):
-                if sc.is_local(addr):
-                    # a failure is logged there; the open tries again
-                    sc.verify(addr, block, self._checker.sums, self._checker.boost)
-                    return
+            sc, addr = self.core.shortcircuit, self.replica_here(block)
+            if sc is not None and addr is not None:
+                # a failure is logged there; the open tries again
+                sc.verify(addr, block, self._checker.sums, self._checker.boost)
         except Exception:   # a background hint: never let it die silently
             log.exception("checking block %d ahead", block.block_id)
         finally:

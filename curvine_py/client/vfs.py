@@ -363,11 +363,10 @@ class VFS:
         block, sc = h.local_block, self.core.shortcircuit
         if block is None or sc is None or h.reader is None:
             return None
-        for addr in self.core.replica_order(block):
-            if sc.is_local(addr):
-                fd = sc.open_verified(addr, block)
-                if fd is not None:
-                    return fd
+        addr = self.local.replica_here(block)
+        fd = sc.open_verified(addr, block) if addr is not None else None
+        if fd is not None:
+            return fd
         self.read_normally(fh)
         return None
 
