@@ -32,6 +32,13 @@ MAX_BLOCK = 1 << 30         # ...up to 1 GiB
 XATTR_MAX = 64 * 1024
 
 
+def _kept(rec: Row, victim: Row) -> bool:
+    """Would removing this name drop a file the caller has open (rec["keep"])?  Then the
+    caller hides it instead (UnlinkRequest.keep): only a regular file's last link counts."""
+    keep = rec.get("keep")
+    return bool(keep) and victim["ino"] in keep and stat.S_ISREG(victim["mode"]) and victim["nlink"] == 1
+
+
 class Namespace(FileOps, CacheOps):
     """Reads answer directly; mutations are op records given to ``apply`` by the journal."""
 
@@ -256,6 +263,8 @@ class Namespace(FileOps, CacheOps):
         if stat.S_ISDIR(victim["mode"]):
             raise err(errno.EISDIR)
         self._check_removable(cred, d, victim)
+        if _kept(rec, victim):
+            return {"freed": [], "kept": True}
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
         self._touch_dir(rec["parent"], now)
         return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec["parent"])}
@@ -327,6 +336,8 @@ class Namespace(FileOps, CacheOps):
                 if not self.is_empty_dir(dst["ino"]):
                     raise err(errno.ENOTEMPTY)
                 self._touch_dir(dp, now, -1)
+            elif _kept(rec, dst):
+                return {"freed": [], "kept": True}
             self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
             freed = self._drop_link(dst, now)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (sp, sn))

@@ -48,6 +48,12 @@ def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
     return [to_attr(d) for d in result.get("dirs", ())]
 
 
+def keep_of(request: pb.UnlinkRequest | pb.RenameRequest) -> dict[str, Any]:
+    """The record field for a request's `keep` inodes (absent when there are none, so the
+    journal records of ordinary calls stay as they were)."""
+    return {"keep": list(request.keep)} if request.keep else {}
+
+
 def cred_of(c: pb.Caller) -> Cred:
     return Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
 
@@ -211,8 +217,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
-        result = self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name))
-        return pb.DirsReply(dirs=dirs_of(result))
+        result = self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name,
+                                        **keep_of(request)))
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
     def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
@@ -223,8 +230,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.DirsReply:
         result = self.submit(caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
                                         new_parent=request.new_parent, new_name=request.new_name,
-                                        flags=request.flags))
-        return pb.DirsReply(dirs=dirs_of(result))
+                                        flags=request.flags, **keep_of(request)))
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
     def SetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:

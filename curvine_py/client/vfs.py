@@ -33,6 +33,7 @@ MasterCall = Callable[[str, Any], Awaitable[Any]]   # (method, request) -> reply
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
 TRASH_NAME = HIDDEN_PREFIX + "trash"
+KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
 
 
 def opens_for_writing(flags: int) -> bool:
@@ -170,21 +171,32 @@ class VFS:
         return self._new_handle(ino, flags, reply, False, ident)
 
     async def unlink_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> bool:
-        """False (nothing done): a file is open here, unlink() may have to hide it."""
-        if self._inodes:
+        """False (nothing done): the name is a file open here (the master said so, or too
+        many are open to tell it), and unlink() hides it instead."""
+        keep = self._keep()
+        if keep is None:
             return False
-        self.meta.saw_dirs(await call("Unlink", self.meta.unlink_request(parent, name, ident)))
-        return True
+        req = self.meta.unlink_request(parent, name, ident)
+        req.keep.extend(keep)
+        return not self.meta.saw_dirs(await call("Unlink", req)).kept
+
+    def _keep(self) -> tuple[int, ...] | None:
+        """The inodes open here, for the master to keep (UnlinkRequest.keep) instead of a
+        lookup of the name first; None when there are more than a request should carry."""
+        keep = tuple(self._inodes)   # one C call: atomic under the GIL
+        return keep if len(keep) <= KEEP_MAX else None
 
     async def rename_async(self, call: MasterCall, parent: int, name: str, new_parent: int, new_name: str,
                            flags: int, ident: Identity) -> bool:
-        """False (nothing done): a replaced file may be open here, rename() may have to hide it."""
-        if self._inodes and not flags:
+        """False (nothing done): the file it would replace is open here (as unlink_async),
+        and rename() hides it first."""
+        keep = self._keep() if not flags else ()   # NOREPLACE and EXCHANGE drop no file
+        if keep is None:
             return False
         self._dir_attrs.clear()
         req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
-        self.meta.saw_dirs(await call("Rename", req))
-        return True
+        req.keep.extend(keep)
+        return not self.meta.saw_dirs(await call("Rename", req)).kept
 
     def cached_dir_attr(self, ino: int) -> pb.Attr | None:
         """A directory's attributes from this client's own recent change of it (no call)."""

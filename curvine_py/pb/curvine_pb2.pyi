@@ -129,10 +129,12 @@ class AttrReply(_message.Message):
     def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ...) -> None: ...
 
 class DirsReply(_message.Message):
-    __slots__ = ("dirs",)
+    __slots__ = ("dirs", "kept")
     DIRS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
-    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ...) -> None: ...
+    kept: bool
+    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., kept: _Optional[bool] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
     __slots__ = ("caller", "ino", "valid", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
@@ -193,30 +195,34 @@ class LinkRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[str] = ...) -> None: ...
 
 class UnlinkRequest(_message.Message):
-    __slots__ = ("caller", "parent", "name")
+    __slots__ = ("caller", "parent", "name", "keep")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     parent: int
     name: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    keep: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., keep: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("caller", "parent", "name", "new_parent", "new_name", "flags")
+    __slots__ = ("caller", "parent", "name", "new_parent", "new_name", "flags", "keep")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
     NEW_NAME_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     parent: int
     name: str
     new_parent: int
     new_name: str
     flags: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[str] = ..., flags: _Optional[int] = ...) -> None: ...
+    keep: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[str] = ..., flags: _Optional[int] = ..., keep: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReadDirRequest(_message.Message):
     __slots__ = ("caller", "ino", "offset", "limit", "plus")

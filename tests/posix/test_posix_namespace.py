@@ -151,6 +151,26 @@ def test_unlinked_file_stays_readable_through_an_open_descriptor(d: Path) -> Non
     assert os.listdir(d) == []
 
 
+def test_unlink_and_rename_beside_open_files(d: Path) -> None:
+    """With files open in the mount, an unlink or rename names them to the master as ones
+    to keep (one call): the others go at once, the open one is hidden and stays readable."""
+    for n in ("open", "b", "c", "dst"):
+        (d / n).write_bytes(n.encode() * 100)
+    fd = os.open(d / "open", os.O_RDONLY)
+    try:
+        os.unlink(d / "b")
+        os.rename(d / "c", d / "dst")
+        assert sorted(os.listdir(d)) == ["dst", "open"]
+        assert (d / "dst").read_bytes() == b"c" * 100
+        os.rename(d / "dst", d / "open")   # replaces the open file: hidden, not dropped
+        assert sorted(os.listdir(d)) == ["open"]
+        assert (d / "open").read_bytes() == b"c" * 100
+        assert os.pread(fd, 8, 0) == b"openopen" and os.fstat(fd).st_nlink == 0
+    finally:
+        os.close(fd)
+    assert os.listdir(d) == ["open"]
+
+
 def test_unlink_of_an_open_file_removes_its_name_at_once(d: Path) -> None:
     """As on ext4 (not NFS's .nfsXXXX): the name is gone from listings while the file is
     still open, and its directory can be removed."""

@@ -120,6 +120,35 @@ def test_hard_links_and_unlink(ns: NS) -> None:
     assert errno_of(lambda: ns.ns.inode(ino)) == errno.ENOENT
 
 
+def _closed_file(ns: NS, name: str) -> int:
+    r = ns.create(ROOT_INO, name)
+    ns.do("commit", ino=r["attr"]["ino"], lease_id=r["lease_id"], size=0, blocks=[], release=True)
+    return int(r["attr"]["ino"])
+
+
+def test_unlink_and_rename_keep_the_callers_open_files(ns: NS) -> None:
+    """UnlinkRequest.keep / RenameRequest.keep: a name that is the last link of an inode
+    the caller has open is left alone (`kept`), in the same transaction as the check;
+    anything else is removed as usual."""
+    f, g, other = _closed_file(ns, "f"), _closed_file(ns, "g"), _closed_file(ns, "other")
+    out = ns.do("unlink", parent=ROOT_INO, name="f", keep=[other, f])
+    assert out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == f
+    out = ns.do("rename", parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[f])
+    assert out.get("kept")
+    assert ns.lookup(ROOT_INO, "f")["ino"] == f and ns.lookup(ROOT_INO, "g")["ino"] == g
+    # a kept name is not a held one: without it in `keep` (the file closed) it goes
+    out = ns.do("rename", parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[other])
+    assert not out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == g
+    assert errno_of(lambda: ns.ns.inode(f)) == errno.ENOENT
+    # one link of two: removing it drops no file, so nothing is kept
+    ns.do("link", ino=g, new_parent=ROOT_INO, new_name="g2")
+    out = ns.do("unlink", parent=ROOT_INO, name="g2", keep=[g])
+    assert not out.get("kept") and ns.ns.inode(g)["nlink"] == 1
+    # errors come first, as without keep
+    assert errno_of(lambda: ns.do("unlink", ALICE, parent=ROOT_INO, name="f", keep=[g])) == errno.EACCES
+    assert errno_of(lambda: ns.do("unlink", parent=ROOT_INO, name="nothing", keep=[g])) == errno.ENOENT
+
+
 def test_permissions_and_sticky_bit(ns: NS) -> None:
     tmp = ns.mkdir(ROOT_INO, "tmp", 0o1777)
     mine = ns.create(tmp, "alice-file", cred=ALICE)
