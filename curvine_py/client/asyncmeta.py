@@ -1,4 +1,4 @@
-"""Read-only master calls awaited on the mount's trio loop, with no thread hop.
+"""Master calls awaited on the mount's trio loop, with no thread hop.
 
 The mount runs every request that needs the master in a worker thread
 (``trio.to_thread``): on two busy cores that hop costs ~0.3 ms, three to four times a
@@ -6,6 +6,10 @@ framed ``Lookup``.  Lookups and attribute reads are the mount's most frequent re
 (LMCache stats every chunk of a prompt before reading any), so they are made here, on
 the loop itself, over trio sockets speaking the same frames as the threads' client
 (``common/metaframes.py``; the master cannot tell them apart).
+
+A call can also be split (``send``, then ``Pending.reply``): the mount puts a new file's
+first ``AllocateBlocks`` on the wire before it answers the write, and takes the answer
+in the background.
 
 One attempt only, never a retry: any transport trouble -- no frame port known yet, a
 refused or dropped connection, the master's UNAVAILABLE, a timeout -- raises
@@ -68,26 +72,28 @@ class AsyncMeta:
 
     async def call(self, method: str, request: typing.Any, timeout: float) -> typing.Any:
         """The reply to one call; FastPathUnavailable or the master's CurvineError."""
+        return await (await self.send(method, request, timeout)).reply()
+
+    async def send(self, method: str, request: typing.Any, timeout: float) -> "Pending":
+        """Put one call's request frame on the wire now; its reply is awaited later
+        (Pending.reply), so a caller can answer the kernel in between."""
         m = mf.BY_NAME[method]
         payload = request.SerializeToString()
         conn = await self._take(timeout)
-        reusable = False   # the exchange completed: the connection is in a clean state
+        cid = conn.call_id()
         try:
-            with trio.move_on_after(timeout):
-                reply = await self._exchange(conn, m, payload)
-                reusable = True
-                return reply
-            raise FastPathUnavailable(f"{method} took longer than {timeout:g} s")
-        except CurvineError as e:
-            reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
-            raise
-        except (OSError, mf.Closed, mf.Unavailable) as e:
+            with trio.fail_after(timeout):
+                await _send_all(conn.sock, mf.request_frame(cid, m.id, payload))
+        except (OSError, trio.TooSlowError) as e:
+            conn.sock.close()
             raise FastPathUnavailable(f"{method}: {e}") from None
-        finally:
-            if reusable and len(self._idle) < MAX_IDLE:
-                self._idle.append(conn)
-            else:
-                conn.sock.close()
+        return Pending(self, conn, m, cid, timeout)
+
+    def _give_back(self, conn: _Conn, reusable: bool) -> None:
+        if reusable and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            conn.sock.close()
 
     def close(self) -> None:
         """Close the idle connections (on the loop: trio sockets belong to it)."""
@@ -127,9 +133,8 @@ class AsyncMeta:
         return conn
 
     # ------------------------------------------------------------------ one exchange
-    async def _exchange(self, conn: _Conn, m: mf.Method, payload: bytes) -> typing.Any:
-        cid = conn.call_id()
-        await _send_all(conn.sock, mf.request_frame(cid, m.id, payload))
+    @staticmethod
+    async def _receive(conn: _Conn, m: mf.Method, cid: int) -> typing.Any:
         length, got_id, status = mf.REPLY.unpack(await conn.reader.afill(mf.REPLY.size))
         if not mf.REPLY_REST <= length <= mf.MAX_FRAME:
             raise mf.Closed(f"bad reply frame length {length}")
@@ -138,6 +143,32 @@ class AsyncMeta:
             return mf.reply_of(m, cid, got_id, status, body)   # UNAVAILABLE: the thread path retries
         finally:
             conn.reader.consume(mf.LENGTH.size + length)
+
+
+class Pending:
+    """A call whose request is on the wire: reply() awaits its answer, once."""
+
+    __slots__ = ("_meta", "_conn", "_m", "_cid", "_timeout")
+
+    def __init__(self, meta: AsyncMeta, conn: _Conn, m: mf.Method, cid: int, timeout: float) -> None:
+        self._meta, self._conn, self._m, self._cid, self._timeout = meta, conn, m, cid, timeout
+
+    async def reply(self) -> typing.Any:
+        """The reply; FastPathUnavailable or the master's CurvineError."""
+        reusable = False   # the exchange completed: the connection is in a clean state
+        try:
+            with trio.move_on_after(self._timeout):
+                reply = await self._meta._receive(self._conn, self._m, self._cid)
+                reusable = True
+                return reply
+            raise FastPathUnavailable(f"{self._m.name} took longer than {self._timeout:g} s")
+        except CurvineError as e:
+            reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
+            raise
+        except (OSError, mf.Closed, mf.Unavailable) as e:
+            raise FastPathUnavailable(f"{self._m.name}: {e}") from None
+        finally:
+            self._meta._give_back(self._conn, reusable)
 
 
 async def _send_all(sock: typing.Any, data: bytes) -> None:

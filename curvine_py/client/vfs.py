@@ -458,22 +458,17 @@ class VFS:
             return None
         return w.try_pwrite(offset, data, append=bool(h.flags & os.O_APPEND))
 
-    async def harden_async(self, call: MasterCall, fh: int) -> bool:
-        """Before the first write of a file created here: make its soft lease binding with
-        the first batch of block ids, asked for over `call` (on the loop, no thread hop),
-        so that write -- and the first full block after it -- need no master call.
-        False: nothing sent (not such a writer); the write's own path does what is needed."""
+    def harden_begin(self, fh: int) -> tuple[FileWriter, pb.AllocateBlocksRequest] | None:
+        """At the first write of a file created here: its writer and the AllocateBlocks that
+        makes its soft lease binding with the first batch of block ids.  The mount sends it
+        before answering that write but takes the answer in the background (then
+        writer.hardened): the writes meanwhile fill the dirty block, and the block's stream
+        starts once the ids are here.  None: not such a writer; the write's own path does
+        what is needed."""
         h = self._handles.get(fh)
         w = h.state.writer if h is not None and h.writes else None
         req = w.harden_request_nowait() if w is not None else None
-        if w is None or req is None:
-            return False
-        reply = None
-        try:
-            reply = await call("AllocateBlocks", req)
-        finally:
-            w.hardened(reply)
-        return True
+        return (w, req) if w is not None and req is not None else None
 
     def _writer_for(self, h: Handle) -> FileWriter:
         """The inode's write state; retaken (a new lease) when a write follows the close that

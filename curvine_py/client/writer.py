@@ -37,6 +37,7 @@ IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
 WRITE_ATTEMPTS = 3
+HARDEN_WAIT_S = 60.0   # a thread waits this long for the first block ids the mount's loop asked for
 NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
 
 
@@ -140,6 +141,7 @@ class FileWriter:
         # implies nothing allocated, and a close with nothing changed commits nothing.
         self.soft = reply.soft_lease
         self._hardening = False      # the mount's loop has that AllocateBlocks on its way
+        self._hardened = threading.Event()   # ...and it came back (or failed)
         core.leases.add(self.lease_id)
 
     @property
@@ -184,7 +186,7 @@ class FileWriter:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._error is not None or self.closed or self.soft:
+            if self._error is not None or self.closed or (self.soft and not self._hardening):
                 return None
             if append:
                 offset = self.size
@@ -222,7 +224,7 @@ class FileWriter:
             stream = self.streams.get(idx)
             completes_stream = stream is not None and within >= stream.ready
             if ((_covers(ranges, self.bs) and not completes_stream) or idx in self.inflight
-                    or (self._wants_stream(idx, ranges) and not self._spare)):
+                    or (self._wants_stream(idx, ranges) and not self._spare and not self._hardening)):
                 self._undo(plan)   # a block to ship whole, or a stream to open: may wait
                 return None
             raw = None
@@ -304,6 +306,7 @@ class FileWriter:
         with self._lock:
             if self.closed:
                 raise CurvineError(errno.EBADF, "file already closed")
+            self._settle_harden()
             if not self.changed and not release:
                 return None
             if release and self._quiet():
@@ -375,18 +378,33 @@ class FileWriter:
 
     def harden_request_nowait(self) -> pb.AllocateBlocksRequest | None:
         """The AllocateBlocks that hardens a soft lease, for the mount to send from its event
-        loop before the first write (then hardened()); None: not soft, or already sent."""
+        loop at the first write without waiting for it (then hardened()); None: not soft,
+        or already sent.  Until its answer, writes fill dirty blocks (try_pwrite) and the
+        blocks' streams wait for their ids; a thread that needs them waits for it."""
         if not self.soft or self._hardening or self.closed:
             return None
+        self._hardened = threading.Event()
         self._hardening = True
         return self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(), ident=self.ident)
 
-    def hardened(self, reply: pb.AllocateBlocksReply | None) -> None:
-        """That AllocateBlocks came back (None: it failed -- taken over, or not sent, and
-        the write's own path then tries again)."""
+    def hardened(self, reply: pb.AllocateBlocksReply | None, error: BaseException | None = None) -> None:
+        """That AllocateBlocks came back (on the mount's loop: takes no lock).  A failure
+        (the file taken over by another writer: ESTALE) fails this writer: the writes
+        accepted meanwhile cannot be committed, so its next write and its close report it."""
         if reply is not None:
             self._spare.extend(self._allocated(reply))   # atomic under the GIL; _next_block pops under the lock
+        elif self._error is None:
+            self._error = error if isinstance(error, CurvineError) else CurvineError(
+                errno.EIO, f"the first block ids of inode {self.ino} did not come: {error!r}")
         self._hardening = False
+        self._hardened.set()
+
+    def _settle_harden(self) -> None:
+        """Wait for a harden the mount's loop has on its way (never called on that loop),
+        then raise its failure, if any."""
+        if self._hardening and not self._hardened.wait(HARDEN_WAIT_S):
+            raise CurvineError(errno.ETIMEDOUT, f"the first block ids of inode {self.ino} did not come")
+        self._check()
 
     def close_sent(self, ok: bool) -> None:
         """The Commit from close_request_nowait succeeded (the writer is done), or failed
@@ -604,8 +622,10 @@ class FileWriter:
     def _harden(self) -> None:
         """Make a soft lease binding before the first change: the first batch of block ids
         (needed anyway) is asked for now, and from then on the master keeps other clients'
-        writers out (EBUSY) as for any lease."""
-        self._spare.extend(self._allocate(self._grow_batch()))
+        writers out (EBUSY) as for any lease.  The mount's loop may have asked already."""
+        self._settle_harden()
+        if self.soft:
+            self._spare.extend(self._allocate(self._grow_batch()))
 
     def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
         try:

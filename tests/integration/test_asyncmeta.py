@@ -48,6 +48,33 @@ def test_answers_match_the_thread_client(client: "Client", remote_dir: str) -> N
     trio.run(main)
 
 
+def test_a_sent_call_is_answered_later_and_its_connection_reused(client: "Client", remote_dir: str) -> None:
+    """send() puts the request on the wire and returns; the master applies it whether or
+    not the reply is awaited yet (the mount answers the kernel in between)."""
+    parent = client.stat(remote_dir).ino
+    client.meta.call("StatFs", pb.Empty())
+    fast = AsyncMeta(client.meta.frame_route)
+    req = client.meta.mknod_request(parent, "made", 0o100644, 0, 0)
+
+    async def main() -> None:
+        pending = await fast.send("Mknod", req, 5)
+        assert len(fast._idle) == 0   # the connection is the pending call's until its reply
+        with trio.fail_after(5):      # applied before anyone awaits the reply
+            while True:
+                try:
+                    client.meta.lookup(parent, "made")
+                    break
+                except CurvineError:
+                    await trio.sleep(0.01)
+        assert (await pending.reply()).attr.ino == client.meta.lookup(parent, "made").ino
+        assert len(fast._idle) == 1
+        with pytest.raises(CurvineError) as e:   # the same name again: the master's answer, later
+            await (await fast.send("Mknod", client.meta.mknod_request(parent, "made", 0o100644, 0, 0), 5)).reply()
+        assert e.value.errno == errno.EEXIST and len(fast._idle) == 1
+        fast.close()
+    trio.run(main)
+
+
 def test_no_route_or_no_server_means_the_thread_path(client: "Client") -> None:
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
