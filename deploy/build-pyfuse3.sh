@@ -10,7 +10,9 @@
 # libfuse; the system's libfuse3 and fusermount3 stay as they are).  The patch also
 # releases the GIL while libfuse reads a request from /dev/fuse, copies a write's data
 # and sends a write's or a read's reply: the kernel's copies of up to 1 MiB no longer
-# keep the mount's other threads (block streams, prefetches) waiting.
+# keep the mount's other threads (block streams, prefetches) waiting.  And a write's data
+# reaches the mount as a read-only memoryview of libfuse's receive buffer, valid until the
+# handler returns, instead of a 1 MiB copy into a new bytes per request.
 #
 # Usage: deploy/build-pyfuse3.sh VENV
 set -euo pipefail

@@ -326,7 +326,9 @@ class CurvineOps(pyfuse3.Operations):
         return view
 
     @_fs_errors
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:
+        """buf: with the patched pyfuse3 a view of the request where libfuse received it,
+        valid until this returns (copied into a dirty block, or shipped and waited for)."""
         n = self.vfs.write_nowait(fh, off, buf)   # a copy into a dirty block: no thread hop
         begun = self.vfs.harden_begin(fh) if n is None else None
         if begun is not None:   # a new file's first write: its block ids come meanwhile

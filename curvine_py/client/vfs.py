@@ -450,7 +450,7 @@ class VFS:
             offset = w.size
         return w.pwrite(offset, data)
 
-    def write_nowait(self, fh: int, offset: int, data: bytes) -> int | None:
+    def write_nowait(self, fh: int, offset: int, data: bytes | memoryview) -> int | None:
         """The write if it can be done without blocking (copied into a dirty block), else None."""
         h = self._handles.get(fh)
         w = h.state.writer if h is not None else None
