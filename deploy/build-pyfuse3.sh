@@ -12,7 +12,8 @@
 # and sends a write's or a read's reply: the kernel's copies of up to 1 MiB no longer
 # keep the mount's other threads (block streams, prefetches) waiting.  And a write's data
 # reaches the mount as a read-only memoryview of libfuse's receive buffer, valid until the
-# handler returns, instead of a 1 MiB copy into a new bytes per request.
+# handler returns, instead of a 1 MiB copy into a new bytes per request.  FileInfo.noflush
+# asks for FOPEN_NOFLUSH: a handle that never writes gets no FLUSH at close(2).
 #
 # Usage: deploy/build-pyfuse3.sh VENV
 set -euo pipefail

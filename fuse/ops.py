@@ -20,7 +20,7 @@ import trio
 
 from curvine_py.client.asyncmeta import AsyncMeta, FastPathUnavailable
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.vfs import VFS
+from curvine_py.client.vfs import VFS, Opened
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time (see _times_are_now)
 _ROOT = Identity(0, 0, ())
+# FOPEN_NOFLUSH (Linux 5.14+) with the pyfuse3 that deploy/build-pyfuse3.sh builds; a stock
+# pyfuse3 has no such field, and every close then sends a FLUSH as before.
+_NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -274,10 +277,12 @@ class CurvineOps(pyfuse3.Operations):
         return None
 
     # ------------------------------------------------------------------ files
-    def _file_info(self, opened: Any) -> pyfuse3.FileInfo:
+    def _file_info(self, opened: Opened) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo(fh=opened.fh)
         fi.keep_cache = opened.keep_cache
         fi.direct_io = self.cfg.direct_io or opened.direct
+        if not opened.writes and _NOFLUSH:
+            fi.noflush = True   # its FLUSH would do nothing: close(2) is one round trip shorter
         return fi
 
     @_fs_errors

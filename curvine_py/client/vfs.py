@@ -72,6 +72,7 @@ class Opened:
     keep_cache: bool
     direct: bool = False      # this handle's reads and writes bypass the kernel page cache
     local: bool = False       # the file is one block with a replica on this host: see local_file
+    writes: bool = False      # a writing handle: its close(2) commits (FLUSH); no other needs one
 
 
 class VFS:
@@ -364,7 +365,7 @@ class VFS:
             # this handle, so the kernel need not cache them (direct I/O skips filling new
             # page-cache pages, the costliest step of a read through the mount).
             direct = self._direct_reads and h.reader is not None and reply.attr.complete
-        return Opened(h.fh, self.overlay(reply.attr), keep, direct, h.local_block is not None)
+        return Opened(h.fh, self.overlay(reply.attr), keep, direct, h.local_block is not None, writer_handle)
 
     def local_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.local: a read-only descriptor of the local
