@@ -162,7 +162,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_signals)
-            nursery.start_soon(trio.to_thread.run_sync, _tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
+            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
             _notify(ready_fd, f"ok {os.getpid()}")
             if not stop:
                 await pyfuse3.main()
@@ -207,7 +207,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     return code
 
 
-def _tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
+def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
     """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
     try:
         dev = os.stat(mountpoint).st_dev

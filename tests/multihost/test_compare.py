@@ -72,3 +72,18 @@ def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> N
     assert header == ["workload", "metric", "curvine", "moosefs", "local", "curvine/moosefs"]
     assert "kvcache   read GB/s (warm)" in r.stdout
     assert os.listdir(tmp_path) == []
+
+
+def test_the_fuse_limit_column(compare_ready: None, tmp_path: Path) -> None:
+    """`--systems fuse`: two pyfuse3 passthrough mounts of one local directory (a writer's and
+    a fresh reader's); every figure is there (every byte verified), nothing stays mounted."""
+    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--json", "--systems", "fuse",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    result = out["systems"]["fuse"]
+    assert out["errors"] == [] and result["kvcache"]["write_GBps"] > 0
+    for temp in ("warm", "cold"):
+        assert result["kvcache"]["read"][temp]["read_GBps"] > 0 and result["seq"]["read"][temp]["read_GBps"] > 0
+    assert all(result["meta"][f"{op}_per_s"] > 0 for op in ("create", "stat", "rename", "unlink"))
+    assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
