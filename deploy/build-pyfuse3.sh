@@ -36,15 +36,29 @@ fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
 
 "$PY" -m pip install -q meson==1.12.1 ninja==1.13.2
 
-if [ ! -e "$PREFIX/lib/libfuse3.so.4" ]; then
+# libfuse sizes its receive buffers, and so the largest request it lets the kernel send,
+# from FUSE_DEFAULT_MAX_PAGES_LIMIT (256 pages: 1 MiB) whenever the buffers are the
+# caller's, as pyfuse3's are.  Linux 6.13+ takes up to /proc/sys/fs/fuse/max_pages_limit
+# (1024 pages by default): built with 1024, a 14 MiB write reaches the mount as 4 requests
+# of 4 MiB instead of 14 of 1 MiB, and reads come in 4 MiB requests (older kernels clamp
+# to their own limit).  The stamp file says which build this prefix holds.
+MAX_PAGES=1024
+STAMP="$PREFIX/.max-pages-$MAX_PAGES"
+if [ ! -e "$PREFIX/lib/libfuse3.so.4" ] || [ ! -e "$STAMP" ]; then
   curl -fsS -m 300 -o "$work/fuse.tar.gz" "$FUSE_URL" || fail "cannot download $FUSE_URL"
   echo "$FUSE_SHA256  $work/fuse.tar.gz" | sha256sum -c --quiet - || fail "checksum mismatch for $FUSE_URL"
   tar xzf "$work/fuse.tar.gz" -C "$work"
+  sed -i "s/^#define FUSE_DEFAULT_MAX_PAGES_LIMIT 256$/#define FUSE_DEFAULT_MAX_PAGES_LIMIT $MAX_PAGES/" \
+    "$work/fuse-$FUSE_VERSION/lib/fuse_i.h"
+  grep -q "^#define FUSE_DEFAULT_MAX_PAGES_LIMIT $MAX_PAGES$" "$work/fuse-$FUSE_VERSION/lib/fuse_i.h" \
+    || fail "cannot set FUSE_DEFAULT_MAX_PAGES_LIMIT in libfuse $FUSE_VERSION"
   # No utils (fusermount3, udev rules) and no examples: only the library is replaced.
   PATH="$VENV/bin:$PATH" "$VENV/bin/meson" setup "$work/fuse-$FUSE_VERSION/build" "$work/fuse-$FUSE_VERSION" \
     --prefix="$PREFIX" --libdir=lib --buildtype=release \
     -Dexamples=false -Dutils=false -Dtests=false -Ddisable-mtab=true >/dev/null
   PATH="$VENV/bin:$PATH" "$VENV/bin/meson" install -C "$work/fuse-$FUSE_VERSION/build" --quiet >/dev/null
+  rm -f "$PREFIX"/.max-pages-*
+  touch "$STAMP"
 fi
 
 "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$PYFUSE3_VERSION"
