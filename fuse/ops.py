@@ -357,14 +357,19 @@ class CurvineOps(pyfuse3.Operations):
 
     @staticmethod
     async def _hardened(w: FileWriter, answer: Callable[[], Awaitable[Any]]) -> None:
+        """A system task: whatever happens, the writer hears of it, and nothing but trio's
+        own cancellation escapes (an exception here would end the mount's loop)."""
+        reply, error = None, None
         try:
             reply = await answer()
         except BaseException as e:   # cancelled too (the mount stopping): nobody may wait for it
-            w.hardened(None, e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        w.hardened(reply)
+            error = e
+        try:
+            w.hardened(reply, error)
+        except Exception:
+            log.exception("the first block ids of inode %d", w.ino)
+        if error is not None and not isinstance(error, Exception):
+            raise error
 
     async def _send_soon(self, method: str, request: Any) -> Callable[[], Awaitable[Any]]:
         """A master call whose request is on its way when this returns; the async function
