@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import threading
 import time
 from concurrent.futures import Future
@@ -29,6 +30,7 @@ from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
+from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
+SMALL = 64 << 10       # a dirty block's bytes are kept outside the pool until a write passes this
 WRITE_ATTEMPTS = 3
 HARDEN_WAIT_S = 60.0   # a thread waits this long for the first block ids the mount's loop asked for
 NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
@@ -75,20 +78,54 @@ def _may_retry(e: CurvineError, attempt: int) -> bool:
 
 
 class DirtyBlock:
-    """A block-sized pooled buffer and the sorted, merged ranges written into it."""
+    """A block's bytes written here and not shipped yet, with the sorted, merged ranges
+    written into it.
 
-    __slots__ = ("raw", "view", "ranges", "streamable")
+    It starts as a small private buffer (SMALL bytes) and takes a block-sized pooled one
+    only when a write reaches past that: LMCache opens every chunk of a prompt and writes
+    each one's 28-byte header before any payload, and a pooled block per header let 16
+    (or 64) open files take every buffer while the payload writes that would free them
+    waited for one (docs/architecture.md, "Bounded buffers")."""
 
-    def __init__(self, raw: object) -> None:
-        self.raw = raw
-        self.view = memoryview(raw)  # type: ignore[arg-type]
+    __slots__ = ("pool", "raw", "view", "ranges", "streamable")
+
+    def __init__(self, pool: BufferPool, raw: mmap.mmap | None = None) -> None:
+        self.pool = pool
+        self.raw = raw               # the pooled buffer, once it has one
+        self.view = memoryview(raw) if raw is not None else memoryview(bytearray(SMALL))
         self.ranges: list[list[int]] = []
         self.streamable = True   # False once a stream of it was dropped: rewritten in place
 
+    @property
+    def pooled(self) -> bool:
+        return self.raw is not None
+
+    def room(self, end: int, raw: mmap.mmap | None = None, requester: object | None = None) -> None:
+        """Make the buffer hold bytes up to end: past SMALL, move into a pooled buffer
+        (raw, or one from the pool, which may wait for one: requester is not asked to give
+        one back)."""
+        if end <= len(self.view):
+            if raw is not None:
+                self.pool.release(raw)
+            return
+        if raw is None:
+            raw = self.pool.acquire(requester)
+        small, self.raw, self.view = self.view, raw, memoryview(raw)
+        self.view[:len(small)] = small
+        small.release()
+
     def write(self, within: int, data: memoryview) -> None:
         end = within + len(data)
+        self.room(end)
         self.view[within:end] = data
         self.ranges = _merge(self.ranges + [[within, end]])
+
+    def release(self) -> None:
+        """Give the memory back (to the pool when it came from there)."""
+        self.view.release()
+        if self.raw is not None:
+            self.pool.release(self.raw)
+            self.raw = None
 
     def covers(self, length: int) -> bool:
         return _covers(self.ranges, length)
@@ -143,6 +180,7 @@ class FileWriter:
         self._hardening = False      # the mount's loop has that AllocateBlocks on its way
         self._hardened = threading.Event()   # ...and it came back (or failed)
         core.leases.add(self.lease_id)
+        self.pool.hold(self, cheap=False)
 
     @property
     def size(self) -> int:
@@ -199,11 +237,12 @@ class FileWriter:
             self._touch()
             done = 0
             for idx, within, n, raw in plan:
-                if raw is not None:
-                    self.dirty[idx] = DirtyBlock(raw)
+                db = self.dirty.get(idx)
+                if db is None:
+                    db = self.dirty[idx] = DirtyBlock(self.pool)
+                db.room(within + n, raw)   # a planned buffer, or none needed: no wait
                 self.size = max(self.size, offset + done + n)   # before a ship: it takes the size
                 self._guard(idx, within)
-                db = self.dirty[idx]
                 db.write(within, mv[done:done + n])
                 if db.covers(self.bs):
                     self._ship_dirty(idx)   # a stream's last piece (the plan checked): no wait
@@ -214,9 +253,10 @@ class FileWriter:
         finally:
             self._lock.release()
 
-    def _plan_nowait(self, offset: int, length: int) -> list[tuple[int, int, int, object]] | None:
-        """Per touched block: (idx, within, n, new buffer or None); None if any step could block."""
-        plan: list[tuple[int, int, int, object]] = []
+    def _plan_nowait(self, offset: int, length: int) -> list[tuple[int, int, int, mmap.mmap | None]] | None:
+        """Per touched block: (idx, within, n, pooled buffer it needs or None); None if any
+        step could block."""
+        plan: list[tuple[int, int, int, mmap.mmap | None]] = []
         new = 0
         for idx, within, _, n in slots(offset, length, self.bs):
             db = self.dirty.get(idx)
@@ -227,28 +267,33 @@ class FileWriter:
                     or (self._wants_stream(idx, ranges) and not self._spare and not self._hardening)):
                 self._undo(plan)   # a block to ship whole, or a stream to open: may wait
                 return None
-            raw = None
             if db is None:
                 new += 1
-                raw = self.pool.try_acquire() if len(self.dirty) + new <= MAX_DIRTY else None
+                if len(self.dirty) + new > MAX_DIRTY:
+                    self._undo(plan)
+                    return None
+            raw = None
+            if within + n > (len(db.view) if db is not None else SMALL):
+                raw = self.pool.try_acquire()
                 if raw is None:
                     self._undo(plan)
                     return None
             plan.append((idx, within, n, raw))
         return plan
 
-    def _undo(self, plan: list[tuple[int, int, int, object]]) -> None:
+    def _undo(self, plan: list[tuple[int, int, int, mmap.mmap | None]]) -> None:
         """Give back the buffers a plan took; the plan is abandoned."""
         for _, _, _, raw in plan:
             if raw is not None:
-                self.pool.release(raw)  # type: ignore[arg-type]
+                self.pool.release(raw)
 
     def _write_dirty(self, idx: int, within: int, piece: memoryview) -> None:
         db = self.dirty.get(idx)
         if db is None:
             if len(self.dirty) >= MAX_DIRTY:
                 self._ship_dirty(next(iter(self.dirty)))
-            db = self.dirty[idx] = DirtyBlock(self.pool.acquire())
+            db = self.dirty[idx] = DirtyBlock(self.pool)
+        db.room(within + len(piece), requester=self)   # may wait: idle files give buffers back
         self._guard(idx, within)
         db.write(within, piece)
         if db.covers(self.bs):
@@ -275,6 +320,7 @@ class FileWriter:
             last = keep - 1
             if rem and size < self.size and (last in self.current or last in self.dirty or last in self.inflight):
                 db = self._materialize(last, min(self.bs, self.size - last * self.bs))
+                db.room(self.bs, requester=self)
                 self._guard(last, rem)
                 db.clip(rem)
                 db.view[rem:] = bytearray(self.bs - rem)
@@ -441,8 +487,38 @@ class FileWriter:
 
     def _finish(self) -> None:
         self.closed = True
+        self.pool.unhold(self)
         self.reader.close()
         self.core.leases.remove(self.lease_id)
+
+    def fail(self, error: BaseException) -> None:
+        """Make this writer fail from now on (a write of it was given up: the mount's
+        watchdog): no later commit may present the file with that write's bytes missing."""
+        if self._error is None:
+            self._error = error
+
+    def reclaim(self) -> bool:
+        """The block pool ran dry (common/buffers.py): ship this writer's oldest part-filled
+        pooled block now, if no thread is inside the writer, rather than hold its buffer
+        until the writer's next request, which may be queued behind the very wait that
+        asks.  Later writes to that block rewrite it whole (read back, completed, shipped
+        again): slower, never stuck.  Called from a thread waiting in the pool."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.closed or self._error is not None or self.soft or self._hardening:
+                return False
+            idx = next((i for i, db in self.dirty.items() if db.pooled), None)
+            if idx is None:
+                return False
+            try:
+                self._ship_dirty(idx)
+            except CurvineError as e:   # recorded: the writer's next write or close reports it
+                log.warning("inode %d: shipping a block early for the pool failed: %s", self.ino, e)
+                return False
+            return True
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------------ shipping
     def _touch(self) -> None:
@@ -464,7 +540,8 @@ class FileWriter:
         """Make slot idx a dirty block holding its full current bytes up to length."""
         db = self.dirty.get(idx)
         if db is None:
-            db = self.dirty[idx] = DirtyBlock(self.pool.acquire())
+            db = self.dirty[idx] = DirtyBlock(self.pool)
+        db.room(length, requester=self)
         gaps = db.gaps(length)
         if gaps:
             if idx in self.inflight:
@@ -549,15 +626,15 @@ class FileWriter:
         lw = self.core.localwrites
         if lw is None:
             return self.core.io.write_block(addrs, target.block_id, data, target.token, target.tier)
-        return lw.write_block(self.core.io, addrs, target, data, owned.view if owned is not None else None)
+        return lw.write_block(self.core.io, addrs, target, data,
+                              owned.view if owned is not None and owned.pooled else None)
 
     def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
         """Give a shipped (or dropped) block's memory back to the pool."""
         if data is not None:
             data.release()
         if owned is not None:
-            owned.view.release()
-            self.pool.release(owned.raw)  # type: ignore[arg-type]
+            owned.release()
 
     # ------------------------------------------------------------------ streams
     def _wants_stream(self, idx: int, ranges: list[list[int]]) -> bool:
