@@ -115,12 +115,13 @@ class _Cached:
     chunk's first 4 KiB no longer waits for the whole first block (docs/performance.md).
     """
 
-    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived")
+    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived", "retired")
 
     def __init__(self, raw: object, view: memoryview) -> None:
         self.raw, self.view = raw, view
         self.future: Future[int] = Future()   # the fetch's, set by the one who starts it
         self.users = 0
+        self.retired = False         # its buffer went back to the pool
         self.got = 0
         self.needs: list[int] = []   # what each waiting reader needs `got` to reach
         self.wanted = 0              # the least of them (0: nobody waits)
@@ -179,16 +180,36 @@ class FileReader:
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._max_end = 0
         self._lock = threading.RLock()
+        self._closed = False
         core.workers.learn(list(reply.workers))
+        self.pool.hold(self, cheap=True)
 
     def prefetch_small(self) -> None:
         """A file no bigger than the read-ahead window is fetched whole at once: the KV-cache
-        reader opens a chunk and reads all of it, so every block is wanted right away."""
+        reader opens a chunk and reads all of it, so every block is wanted right away.
+        Speculative: only with buffers the pool has at hand (a dry pool is not waited for:
+        128 open readers prefetching once took every buffer and every I/O thread), and not
+        once the reader is closed (it runs in the background, possibly after the release)."""
         if 0 < self.size <= self.read_ahead * self.bs:
             with self._lock:
                 for idx in sorted(self.blocks):
-                    if idx not in self._cache:
-                        self._start_fetch(idx)
+                    if idx not in self._cache and not self._start_fetch_nowait(idx):
+                        return
+
+    def reclaim(self) -> bool:
+        """The pool ran dry (common/buffers.py): drop the least recently used fetched block
+        nobody is copying from; a later read fetches it again."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            idx = next((i for i, e in self._cache.items() if e.users == 0 and e.future.done()), None)
+            if idx is None:
+                return False
+            entry = self._cache.pop(idx)
+        finally:
+            self._lock.release()
+        self._retire(entry)
+        return True
 
     def invalidate(self, idx: int) -> None:
         """Slot idx now has another block: drop what was fetched of the old one."""
@@ -321,19 +342,29 @@ class FileReader:
             self._max_end = max(self._max_end, offset)
             if sequential:
                 for nxt in range(idx + 1, idx + 1 + self.read_ahead):
-                    if nxt in self.blocks and nxt not in self._cache:
-                        self._start_fetch(nxt)
+                    if nxt in self.blocks and nxt not in self._cache and not self._start_fetch_nowait(nxt):
+                        return
 
     def _acquire(self, idx: int, offset: int) -> _Cached:
+        """The cache entry of block idx, pinned, its fetch started if need be.  A buffer
+        for it may have to be waited for: never with the lock held (the mount's loop takes
+        it, and so does the pool's reclaim of this reader's idle blocks)."""
         self._note(offset, idx)
-        with self._lock:
-            entry = self._cache.get(idx)
-            if entry is None:
-                entry = self._start_fetch(idx)
-            else:
-                self._cache.move_to_end(idx)
-            entry.users += 1
-            return entry
+        raw = None
+        while True:
+            with self._lock:
+                entry = self._cache.get(idx)
+                if entry is not None:
+                    self._cache.move_to_end(idx)
+                elif raw is not None:
+                    entry = self._start_fetch(idx, raw)
+                    raw = None
+                if entry is not None:
+                    entry.users += 1
+                    if raw is not None:   # another thread started it meanwhile
+                        self.pool.release(raw)
+                    return entry
+            raw = self.pool.acquire()
 
     def _unpin(self, entry: _Cached) -> None:
         with self._lock:
@@ -347,11 +378,18 @@ class FileReader:
         if n < len(out):
             out[n:] = bytearray(len(out) - n)
 
-    def _start_fetch(self, idx: int) -> _Cached:
-        """Called with the lock held."""
+    def _start_fetch_nowait(self, idx: int) -> bool:
+        """Start fetching block idx ahead of its reads if a buffer is at hand (lock held)."""
+        raw = None if self._closed else self.pool.acquire_nowait()
+        if raw is None:
+            return False
+        self._start_fetch(idx, raw)
+        return True
+
+    def _start_fetch(self, idx: int, raw: object) -> _Cached:
+        """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
         block = self.blocks[idx]
-        raw = self.pool.acquire()
-        view = memoryview(raw)
+        view = memoryview(raw)  # type: ignore[arg-type]
         entry = _Cached(raw, view)
         entry.future = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0,
                                                  view[:block.length], entry)
@@ -366,18 +404,20 @@ class FileReader:
         for old in [i for i in self._cache if i != idx][:max(0, len(self._cache) - limit)]:
             victim = self._cache.pop(old)
             if victim.users == 0:
-                self.core.executor.submit(self._retire, victim)
+                self._retire(victim)
         return entry
 
     def _retire(self, entry: _Cached) -> None:
-        """Give a dropped entry's buffer back once its fetch is over and nobody copies from it."""
-        try:
-            entry.future.result()
-        except BaseException:
-            pass
+        """Give a dropped entry's buffer back once its fetch is over and nobody copies from
+        it.  Never waits: a fetch still running retires it when it ends (waiting for it on
+        an I/O thread could wait for a fetch queued behind that very thread)."""
+        if not entry.future.done():
+            entry.future.add_done_callback(lambda _f: self._retire(entry))
+            return
         with self._lock:
-            if entry.users:
+            if entry.users or entry.retired:
                 return   # the last _unpin retires it
+            entry.retired = True
         entry.view.release()
         self.pool.release(entry.raw)  # type: ignore[arg-type]
 
@@ -399,13 +439,20 @@ class FileReader:
         return self.size
 
     def idle(self) -> bool:
-        """No block fetch of this reader is still running (close() would not wait)."""
-        with self._lock:
+        """No block fetch of this reader is still running and no thread is inside it
+        (close() would not wait).  Asked on the mount's loop: never waits for the lock."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             return all(entry.future.done() for entry in self._cache.values())
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             entries = list(self._cache.values())
             self._cache.clear()
+        self.pool.unhold(self)
         for entry in entries:
             self._retire(entry)
