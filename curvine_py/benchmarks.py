@@ -16,12 +16,15 @@ payload generation is (one precomputed buffer, copied into a reused one per file
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
 import os
+import queue
 import random
 import struct
+import threading
 import time
 import typing
 from dataclasses import asdict, dataclass
@@ -56,6 +59,9 @@ class Plan:
     seq_size: int = 1024 * MiB
     meta_files: int = 5000
     seed: int = 0
+    writers: int = 1          # kvcache: threads writing chunks at once (LMCache's put pool)
+    readers: int = 1          # kvcache: threads reading chunks at once (its retrieve)
+    timeout_s: float = 600.0  # kvcache with writers/readers > 1: a phase past this is a hang
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self)))
@@ -178,6 +184,8 @@ def kv_write(directory: Path, plan: Plan) -> dict[str, float]:
     pattern = Pattern(plan.seed, plan.file_size - HEADER_SIZE)
     d = directory / KV_DIR
     d.mkdir(parents=True, exist_ok=True)
+    if plan.writers > 1:
+        return _kv_write_concurrent(d, plan, pattern)
     payload = memoryview(bytearray(plan.file_size - HEADER_SIZE))
     times = []
     for i in range(plan.files):
@@ -191,6 +199,61 @@ def kv_write(directory: Path, plan: Plan) -> dict[str, float]:
         os.rename(tmp, final)
         times.append(time.perf_counter() - t)
     return per_file_figures(plan.files * plan.file_size, times, "write")
+
+
+def _kv_write_concurrent(d: Path, plan: Plan, pattern: Pattern) -> dict[str, float]:
+    """plan.writers threads, as LMCache's put pool: every chunk opened with its header
+    written first, then the payloads, then close and rename.  GB/s over the wall time."""
+    n, local = plan.files, threading.local()
+    files: list[io.RawIOBase | None] = [None] * n
+    starts, times = [0.0] * n, [0.0] * n
+
+    def open_with_header(i: int) -> None:
+        starts[i] = time.perf_counter()
+        f = files[i] = open(d / f"{kv_name(i)}.tmp", "wb", buffering=0)
+        f.write(kv_header(i, plan.file_size, plan.seed))
+
+    def payload_and_rename(i: int) -> None:
+        payload = _thread_buffer(local, plan.file_size - HEADER_SIZE)
+        pattern.fill(payload, i)   # two memcpy into a reused buffer: ~1% of a write
+        f = files[i]
+        assert f is not None
+        with f:
+            _write_all(f, payload)
+        files[i] = None
+        os.rename(d / f"{kv_name(i)}.tmp", d / f"{kv_name(i)}.data")
+        times[i] = time.perf_counter() - starts[i]
+
+    t = time.perf_counter()
+    try:
+        run_staged([(functools.partial(open_with_header, i), functools.partial(payload_and_rename, i))
+                    for i in range(n)], plan.writers, plan.timeout_s, "kvcache write")
+    finally:
+        _close_quietly(files)
+    wall = time.perf_counter() - t
+    return _concurrent_figures(n * plan.file_size, wall, times, "write", plan.writers)
+
+
+def _thread_buffer(local: threading.local, size: int) -> memoryview:
+    """One reused buffer per thread (fresh memory is slow here: BRIEF.md)."""
+    buf = getattr(local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = local.buf = memoryview(bytearray(size))
+    return buf[:size]
+
+
+def _close_quietly(files: typing.Sequence[io.RawIOBase | None]) -> None:
+    """Close what a failed or stalled phase left open (a hung one may block: not waited for)."""
+    for f in files:
+        if f is not None:
+            threading.Thread(target=f.close, daemon=True).start()
+
+
+def _concurrent_figures(nbytes: int, wall: float, times: list[float], prefix: str,
+                        threads: int) -> dict[str, float]:
+    return {f"{prefix}_GBps": gbps(nbytes, wall), f"{prefix}_s": wall,
+            f"{prefix}_p50_ms": percentile_ms(times, 0.50), f"{prefix}_p99_ms": percentile_ms(times, 0.99),
+            f"{prefix}_threads": threads}
 
 
 def _write_all(f: io.RawIOBase, data: memoryview) -> None:
@@ -221,6 +284,8 @@ def kv_read(directory: Path, plan: Plan) -> dict[str, float]:
     digests = [pattern.digest(kv_header(i, plan.file_size, plan.seed), i, payload_len)
                for i in range(plan.files)]
     paths = [d / f"{kv_name(i)}.data" for i in range(plan.files)]
+    if plan.readers > 1:
+        return _kv_read_concurrent(paths, plan, pattern, digests)
     buf = memoryview(bytearray(plan.file_size))
     stat_times, sizes = [], []
     for path in paths:
@@ -243,6 +308,42 @@ def kv_read(directory: Path, plan: Plan) -> dict[str, float]:
     out["prompt_files"] = k
     out["prompt_ms"] = sum(times[:k]) * 1e3
     return out
+
+
+def _kv_read_concurrent(paths: list[Path], plan: Plan, pattern: Pattern, digests: list[int]
+                        ) -> dict[str, float]:
+    """plan.readers threads, as LMCache's retrieve: every chunk stat'ed and opened first
+    (all open at once), then each read whole (4 KiB, the rest), closed and verified."""
+    n, local = plan.files, threading.local()
+    files: list[io.RawIOBase | None] = [None] * n
+    starts, times = [0.0] * n, [0.0] * n
+    payload_len = plan.file_size - HEADER_SIZE
+
+    def stat_and_open(i: int) -> None:
+        starts[i] = time.perf_counter()
+        size = os.stat(paths[i]).st_size
+        if size != plan.file_size:
+            raise WrongData(f"{paths[i]}: size {size}, expected {plan.file_size}")
+        files[i] = open(paths[i], "rb", buffering=0)
+
+    def read_and_check(i: int) -> None:
+        buf = _thread_buffer(local, plan.file_size)
+        f = files[i]
+        assert f is not None
+        with f:
+            got = _read_whole(f, buf)
+        files[i] = None
+        times[i] = time.perf_counter() - starts[i]
+        header = kv_header(i, plan.file_size, plan.seed)
+        check(paths[i], buf[:got], digests[i], lambda: pattern.expected(header, i, payload_len))
+
+    t = time.perf_counter()
+    try:
+        run_staged([(functools.partial(stat_and_open, i), functools.partial(read_and_check, i))
+                    for i in range(n)], plan.readers, plan.timeout_s, "kvcache read")
+    finally:
+        _close_quietly(files)
+    return _concurrent_figures(n * plan.file_size, time.perf_counter() - t, times, "read", plan.readers)
 
 
 # ---------------------------------------------------------------- seq
@@ -340,19 +441,80 @@ def meta_ops(directory: Path, plan: Plan) -> dict[str, float]:
     return out
 
 
+# ---------------------------------------------------------------- concurrency (LMCache's pools)
+
+
+class Stalled(Exception):
+    """A concurrent phase did not finish within its time limit (a hang, not a slow run)."""
+
+
+def run_staged(items: typing.Sequence[typing.Sequence[typing.Callable[[], None]]], threads: int,
+               timeout_s: float, what: str) -> None:
+    """Run each item's stages in order on a pool of `threads` daemon threads, the way an
+    asyncio program on a small executor does (LMCache's put and retrieve pools): every
+    item's first stage is queued at once, and an item's next stage is queued behind
+    whatever is waiting when its previous one ends.  So with more items than threads,
+    many files are open at once, each part-written (or not yet read).
+
+    Daemon threads: a stage stuck in the kernel (a hung mount) cannot keep the process
+    from exiting once Stalled is raised.  The first error of any stage is raised here.
+    """
+    work: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    done = threading.Semaphore(0)
+    errors: list[BaseException] = []
+    finished = [0]
+
+    def worker() -> None:
+        while (job := work.get()) is not None:
+            item, stage = job
+            try:
+                items[item][stage]()
+            except BaseException as e:   # reported by the caller's thread
+                errors.append(e)
+                done.release()
+                continue
+            if stage + 1 < len(items[item]):
+                work.put((item, stage + 1))
+            else:
+                finished[0] += 1
+                done.release()
+
+    for i in range(len(items)):
+        work.put((i, 0))
+    pool = [threading.Thread(target=worker, name=f"bench-{what}-{k}", daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        for _ in range(len(items)):
+            if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise Stalled(f"{what}: {finished[0]} of {len(items)} files done after {timeout_s:.0f} s "
+                              f"({threads} threads): the filesystem stopped answering")
+            if errors:
+                raise errors[0]
+    finally:
+        for _ in pool:
+            work.put(None)
+
+
 # ---------------------------------------------------------------- phases
 
 
 def new_plan(workloads: typing.Sequence[str], files: int, file_size: int, seq_size: int,
-             meta_files: int) -> Plan:
+             meta_files: int, writers: int = 1, readers: int = 1, timeout_s: float = 600.0) -> Plan:
     if file_size <= HEADER_SIZE:
         raise ValueError(f"--file-size must exceed the {HEADER_SIZE}-byte header")
     if seq_size <= 0 or seq_size % 4096:
         raise ValueError("--seq-size must be a positive multiple of 4 KiB")
     if files <= 0 or meta_files <= 0:
         raise ValueError("--files and --meta-files must be positive")
+    if writers <= 0 or readers <= 0:
+        raise ValueError("--writers and --readers must be positive")
+    if timeout_s <= 0:
+        raise ValueError("--timeout must be positive")
     return Plan(workloads=list(workloads), files=files, file_size=file_size, seq_size=seq_size,
-                meta_files=meta_files, seed=int.from_bytes(os.urandom(8), "little"))
+                meta_files=meta_files, seed=int.from_bytes(os.urandom(8), "little"),
+                writers=writers, readers=readers, timeout_s=timeout_s)
 
 
 def write_phase(directory: Path, plan: Plan) -> dict[str, dict[str, float]]:

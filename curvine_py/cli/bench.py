@@ -80,16 +80,16 @@ def format_value(metric: str, value: float) -> str:
 # ---------------------------------------------------------------- phases
 
 
-def run_reader(directory: Path, prefix: typing.Sequence[str]) -> Result:
+def run_reader(directory: Path, prefix: typing.Sequence[str], timeout_s: float = READER_TIMEOUT_S) -> Result:
     """The read phase in a fresh process (under prefix); its one error line becomes ours."""
     argv = [*prefix, sys.executable, "-m", "curvine_py.cli.main", "bench", str(directory),
             "--phase", "read", "--json"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=READER_TIMEOUT_S)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError as e:
         raise CliError(f"--reader-prefix: cannot run {argv[0]!r}: {e.strerror}") from None
     except subprocess.TimeoutExpired:
-        raise CliError(f"{directory}: the read phase did not finish in {READER_TIMEOUT_S:.0f} s") from None
+        raise CliError(f"{directory}: the read phase did not finish in {timeout_s:.0f} s") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         reason = lines[-1].removeprefix("cv: ") if lines else f"exit status {proc.returncode}"
@@ -118,10 +118,10 @@ def run_all(args: argparse.Namespace, plan: bm.Plan) -> Result:
         for workload, figs in bm.write_phase(work, plan).items():
             result[workload] = figs
         if {"kvcache", "seq"} & set(plan.workloads):
-            merge_reads(result, run_reader(reader_work, prefix), "warm")
+            merge_reads(result, run_reader(reader_work, prefix, plan.timeout_s * 2 + 60), "warm")
             if args.drop_caches:
                 if bm.drop_caches():
-                    merge_reads(result, run_reader(reader_work, prefix), "cold")
+                    merge_reads(result, run_reader(reader_work, prefix, plan.timeout_s * 2 + 60), "cold")
                 else:
                     print("cv: bench: not permitted to drop the page cache (needs root): "
                           "no cold read", file=sys.stderr)
@@ -134,17 +134,19 @@ def run_all(args: argparse.Namespace, plan: bm.Plan) -> Result:
 def cmd_bench(ctx: Context) -> int:
     a = ctx.args
     directory = Path(a.dir)
-    if a.phase == "read":
-        try:
+    try:
+        if a.phase == "read":
             result: Result = dict(bm.read_phase(directory, workload_list(a.workloads)))
-        except bm.WrongData as e:
-            raise CliError(f"wrong data: {e}") from None
-    else:
-        plan = make_plan(a)
-        if a.phase == "write":
-            result = {"dir": str(directory), "plan": vars(plan).copy(), **bm.write_phase(directory, plan)}
         else:
-            result = run_all(a, plan)
+            plan = make_plan(a)
+            if a.phase == "write":
+                result = {"dir": str(directory), "plan": vars(plan).copy(), **bm.write_phase(directory, plan)}
+            else:
+                result = run_all(a, plan)
+    except bm.WrongData as e:
+        raise CliError(f"wrong data: {e}") from None
+    except bm.Stalled as e:
+        raise CliError(str(e)) from None
     if a.json:
         output.print_json(result)
     else:
@@ -175,7 +177,7 @@ def make_plan(a: argparse.Namespace) -> bm.Plan:
     workloads = workload_list(a.workloads)
     try:
         return bm.new_plan(workloads, a.files, parse_size(a.file_size), parse_size(a.seq_size),
-                           a.meta_files)
+                           a.meta_files, a.writers, a.readers, a.timeout)
     except (ValueError, ConfigError) as e:
         raise UsageError(str(e)) from None
 
@@ -194,6 +196,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--files", type=int, default=32, help="kvcache: number of chunk files (default 32)")
     p.add_argument("--file-size", default="14MiB", help="kvcache: size of a chunk file incl. its "
                                                          "28-byte header (default 14MiB)")
+    p.add_argument("--writers", type=int, default=1,
+                   help="kvcache: threads writing chunks at once, as LMCache's put pool: every chunk "
+                        "opened with its header first, then the payloads (default 1: one at a time)")
+    p.add_argument("--readers", type=int, default=1,
+                   help="kvcache: threads reading chunks at once, as LMCache's retrieve: every chunk "
+                        "opened first, then read whole (default 1)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="kvcache with --writers/--readers: seconds a phase may take before it counts "
+                        "as a hang and the bench fails (default 600)")
     p.add_argument("--seq-size", default="1GiB", help="seq: file size, 4 MiB requests (default 1GiB)")
     p.add_argument("--meta-files", type=int, default=5000, help="meta: number of files (default 5000)")
     p.add_argument("--reader-dir", metavar="DIR",
