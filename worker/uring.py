@@ -1,47 +1,140 @@
 """One io_uring per worker process: asynchronous pread/pwrite/fsync returning Futures.
 
-Why the shape below (measured on the target machines with the ``liburing`` binding):
+The binding is ``liburing`` 2024.5.3 (Cython; ``io_uring()``, ``io_uring_cqe()``,
+``iovec(buffers)``).  Why the shape below (measured on the target machines):
 
 * ``io_uring_wait_cqe`` holds the GIL while it blocks, which would freeze every other
   thread.  Completions are therefore signalled through an eventfd registered on the
   ring; a reaper thread blocks in ``os.eventfd_read`` (which releases the GIL) and then
-  drains the completion queue with the non-blocking ``io_uring_peek_cqe``.
-* ``io_uring_prep_read/write`` only take ``bytes``/``bytearray``; ``Iovec`` accepts
-  memoryviews (also slices and views of mmaps), so every op is a readv/writev over an
-  ``Iovec``.  That lets callers read into and write from slices of pooled buffers with
-  no copy.  The ``Iovec`` (and the views) stay referenced until the op completes.
+  drains the completion queue with the non-blocking ``io_uring_peek_cqe`` (it returns
+  ``-EAGAIN`` when the queue is empty; it raises nothing).
+* ``io_uring_prep_read/write`` take one contiguous buffer; ``iovec`` takes a list of
+  buffers (it reads them through ``const unsigned char[:]``, so memoryviews of
+  bytearrays, mmaps and read-only bytes all work, slices too), so every op is a
+  readv/writev over an ``iovec``.  That lets callers read into and write from slices of
+  pooled buffers with no copy.  The ``iovec`` (and the views) stay referenced until the
+  op completes.  ``iovec`` refuses a zero-length buffer, so empty views are dropped (an
+  op with nothing left completes at once with 0).
 * Several threads submit, so get_sqe/prep/submit run under one lock; data ops carry
   ``IOSQE_ASYNC`` so ``io_uring_submit`` hands the copy to a kernel worker instead of
   doing it inline while this thread holds the GIL.
 * At most ``entries`` ops are in flight (a semaphore), so the completion queue (twice
   the submission queue) can never overflow and an SQE is almost always available.
-* Reading ``cqe.res`` of a failed op raises ``OSError(errno)``; it is caught, the CQE is
-  still marked seen (or the ring wedges), and the error is set on the op's Future.
+* ``cqe.res`` is the raw result (a negative errno on failure, no exception); the CQE is
+  always marked seen (or the ring wedges), and an error is set on the op's Future.
+
+Importing liburing is not safe for several processes at once: its ``__init__`` runs
+``dynamic_import.importer()``, whose cache check (2024.5.2) always fails, so every import
+deletes and rewrites ``liburing/__pycache__/__init__.importer-311.pyc``; two processes
+importing together race and one dies with ``FileNotFoundError``.  ``load_liburing``
+imports it under an exclusive ``flock`` of the package's ``__init__.py`` (readable by
+everyone who can import it, one inode per installation) and resolves every name used
+here at once, so no extension module is loaded lazily later.  Nothing imports liburing
+at module import: only constructing a ``Uring`` does, after the worker's probe
+(worker/uringprobe.py) passed in a child process.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
+import importlib
+import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import liburing as L
+from curvine_py.worker.ioengine import BlockingHelpers, Buffer, EngineClosed, done_future
 
 log = logging.getLogger(__name__)
 
-Buffer = bytes | bytearray | memoryview
 _TRANSIENT_SUBMIT = (errno.EAGAIN, errno.EBUSY, errno.EINTR)
+# Kernel ABI constants (linux/io_uring.h); the 2024 binding exposes them only inside
+# its Cython enums, whose names differ between releases.
+IOSQE_ASYNC = 1 << 4
+IORING_FSYNC_DATASYNC = 1 << 0
 
 
-class UringClosed(OSError):
+class UringClosed(EngineClosed):
     """An op was submitted after close()."""
 
     def __init__(self) -> None:
-        super().__init__(errno.EBADF, "io_uring executor is closed")
+        super().__init__("io_uring")
 
+
+# ---------------------------------------------------------------- the binding
+
+@dataclass(frozen=True)
+class Liburing:
+    """The binding's names this module uses, resolved once per process."""
+    io_uring: Any
+    io_uring_cqe: Any
+    iovec: Any
+    queue_init: Callable[..., int]
+    queue_exit: Callable[..., Any]
+    register_eventfd: Callable[..., int]
+    get_sqe: Callable[..., Any]
+    prep_readv: Callable[..., None]
+    prep_writev: Callable[..., None]
+    prep_fsync: Callable[..., None]
+    sqe_set_data64: Callable[..., None]
+    sqe_set_flags: Callable[..., None]
+    submit: Callable[..., int]
+    peek_cqe: Callable[..., int]
+    cqe_get_data64: Callable[..., int]
+    cqe_seen: Callable[..., None]
+
+
+_liburing: Liburing | None = None
+_liburing_lock = threading.Lock()
+
+
+def load_liburing() -> Liburing:
+    """Import liburing (once per process) under an exclusive lock shared with every
+    other process importing the same installation; ImportError if unusable."""
+    global _liburing
+    with _liburing_lock:
+        if _liburing is None:
+            _liburing = _bind(_import_locked())
+        return _liburing
+
+
+def _import_locked() -> Any:
+    if "liburing" in sys.modules:
+        return sys.modules["liburing"]
+    spec = importlib.util.find_spec("liburing")
+    if spec is None or not spec.origin:
+        raise ModuleNotFoundError("No module named 'liburing'", name="liburing")
+    fd = os.open(spec.origin, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return importlib.import_module("liburing")
+    finally:
+        os.close(fd)   # drops the lock
+
+
+def _bind(L: Any) -> Liburing:
+    """Every name at once (each first access loads an extension module)."""
+    try:
+        return Liburing(
+            io_uring=L.io_uring, io_uring_cqe=L.io_uring_cqe, iovec=L.iovec,
+            queue_init=L.io_uring_queue_init, queue_exit=L.io_uring_queue_exit,
+            register_eventfd=L.io_uring_register_eventfd, get_sqe=L.io_uring_get_sqe,
+            prep_readv=L.io_uring_prep_readv, prep_writev=L.io_uring_prep_writev,
+            prep_fsync=L.io_uring_prep_fsync, sqe_set_data64=L.io_uring_sqe_set_data64,
+            sqe_set_flags=L.io_uring_sqe_set_flags, submit=L.io_uring_submit,
+            peek_cqe=L.io_uring_peek_cqe, cqe_get_data64=L.io_uring_cqe_get_data64,
+            cqe_seen=L.io_uring_cqe_seen)
+    except AttributeError as e:
+        version = getattr(L, "__version__", "?")
+        raise ImportError(f"liburing {version} lacks the 2024.5 API ({e})".strip()) from None
+
+
+# ---------------------------------------------------------------- the ring
 
 class _Op:
     """What the reaper needs when an op completes; holds the buffers alive until then."""
@@ -53,23 +146,26 @@ class _Op:
         self.keep = keep
 
 
-class Uring:
-    """A shared io_uring with a reaper thread; thread-safe submission."""
+class Uring(BlockingHelpers):
+    """A shared io_uring with a reaper thread; thread-safe submission (an IoEngine)."""
+
+    name = "uring"
 
     def __init__(self, entries: int = 128) -> None:
         if entries < 2:
             raise ValueError("io_uring needs at least 2 entries")
         self.entries = entries
-        self._ring = L.Ring()
-        L.io_uring_queue_init(entries, self._ring)
+        self._L = L = load_liburing()
+        self._ring = L.io_uring()
+        L.queue_init(entries, self._ring, 0)
         self._efd = os.eventfd(0, os.EFD_CLOEXEC)
         try:
-            L.io_uring_register_eventfd(self._ring, self._efd)
+            L.register_eventfd(self._ring, self._efd)
         except OSError:
-            L.io_uring_queue_exit(self._ring)
+            L.queue_exit(self._ring)
             os.close(self._efd)
             raise
-        self._cqe = L.Cqe()
+        self._cqe = L.io_uring_cqe()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(entries)
         self._pending: dict[int, _Op] = {}
@@ -96,48 +192,28 @@ class Uring:
 
     def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
         """Scatter-read into several buffers with one op."""
-        mvs = [memoryview(v).cast("B") for v in views]
+        mvs = _views(views)
         if any(v.readonly for v in mvs):
             raise TypeError("readv_into needs writable buffers")
-        iov = L.Iovec(mvs)
-        return self._submit(lambda sqe: L.io_uring_prep_readv(sqe, fd, iov, offset),
-                            (iov, mvs), L.IOSQE_ASYNC if punt else 0)
+        if not mvs:
+            return self._nothing()
+        L, iov = self._L, self._L.iovec(mvs)
+        return self._submit(lambda sqe: L.prep_readv(sqe, fd, iov, offset),
+                            (iov, mvs), IOSQE_ASYNC if punt else 0)
 
     def writev_from(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
         """Gather-write several buffers with one op."""
-        mvs = [memoryview(v).cast("B") for v in views]
-        iov = L.Iovec(mvs)
-        return self._submit(lambda sqe: L.io_uring_prep_writev(sqe, fd, iov, offset),
-                            (iov, mvs), L.IOSQE_ASYNC)
+        mvs = _views(views)
+        if not mvs:
+            return self._nothing()
+        L, iov = self._L, self._L.iovec(mvs)
+        return self._submit(lambda sqe: L.prep_writev(sqe, fd, iov, len(mvs), offset),
+                            (iov, mvs), IOSQE_ASYNC)
 
     def fsync(self, fd: int, datasync: bool = False) -> Future[int]:
         """Flush fd to stable storage (fdatasync when datasync)."""
-        flags = L.IORING_FSYNC_DATASYNC if datasync else 0
-        return self._submit(lambda sqe: L.io_uring_prep_fsync(sqe, fd, flags), (), 0)
-
-    # ------------------------------------------------------------ blocking helpers
-
-    def pread_full(self, fd: int, view: Buffer, offset: int) -> int:
-        """Fill view from offset, looping on short reads; returns bytes read (< len at EOF)."""
-        mv = memoryview(view).cast("B")
-        got = 0
-        while got < len(mv):
-            n = self.read_into(fd, mv[got:], offset + got).result()
-            if n == 0:
-                break
-            got += n
-        return got
-
-    def pwrite_full(self, fd: int, view: Buffer, offset: int) -> int:
-        """Write all of view at offset, looping on short writes; returns len(view)."""
-        mv = memoryview(view).cast("B")
-        done = 0
-        while done < len(mv):
-            n = self.write_from(fd, mv[done:], offset + done).result()
-            if n <= 0:
-                raise OSError(errno.EIO, f"write made no progress at offset {offset + done}")
-            done += n
-        return done
+        L, flags = self._L, IORING_FSYNC_DATASYNC if datasync else 0
+        return self._submit(lambda sqe: L.prep_fsync(sqe, fd, flags), (), 0)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -158,7 +234,7 @@ class Uring:
             log.error("io_uring closed with %d ops still in flight; ring leaked", len(self._pending))
             return
         self._closed = True
-        L.io_uring_queue_exit(self._ring)
+        self._L.queue_exit(self._ring)
         os.close(self._efd)
 
     def __enter__(self) -> "Uring":
@@ -173,11 +249,17 @@ class Uring:
 
     # ------------------------------------------------------------ internals
 
+    def _nothing(self) -> Future[int]:
+        if self._closing:
+            raise UringClosed()
+        return done_future(0)
+
     def _submit(self, prep: Callable[[Any], None], keep: tuple[Any, ...], flags: int) -> Future[int]:
         if self._closing:
             raise UringClosed()
         self._slots.acquire()
         fut: Future[int] = Future()
+        L = self._L
         try:
             with self._lock:
                 if self._closing:
@@ -186,9 +268,9 @@ class Uring:
                 self._next_id += 1
                 sqe = self._get_sqe()
                 prep(sqe)
-                L.io_uring_sqe_set_data64(sqe, op_id)
+                L.sqe_set_data64(sqe, op_id)
                 if flags:
-                    L.io_uring_sqe_set_flags(sqe, flags)
+                    L.sqe_set_flags(sqe, flags)
                 # Registered before submit: the completion may arrive at once.
                 self._pending[op_id] = _Op(fut, keep)
                 self._submit_locked()
@@ -205,10 +287,11 @@ class Uring:
         return any(op.future is fut for op in self._pending.values())
 
     def _get_sqe(self) -> Any:
-        """An SQE; when the submission queue is full, submit what is queued and retry."""
+        """An SQE (the binding returns an empty one, false, when the queue is full);
+        when the submission queue is full, submit what is queued and retry."""
         for _ in range(1000):
-            sqe = L.io_uring_get_sqe(self._ring)
-            if sqe is not None:
+            sqe = self._L.get_sqe(self._ring)
+            if sqe:
                 return sqe
             self._submit_locked()
             time.sleep(0.0001)
@@ -217,7 +300,7 @@ class Uring:
     def _submit_locked(self) -> None:
         for attempt in range(100):
             try:
-                L.io_uring_submit(self._ring)
+                self._L.submit(self._ring)
                 return
             except OSError as e:
                 if e.errno not in _TRANSIENT_SUBMIT:
@@ -240,25 +323,16 @@ class Uring:
 
     def _drain(self) -> None:
         """Complete every CQE that is ready."""
-        while True:
+        L, ring, cqe = self._L, self._ring, self._cqe
+        while L.peek_cqe(ring, cqe) == 0:
             try:
-                L.io_uring_peek_cqe(self._ring, self._cqe)
-            except BlockingIOError:
-                return
-            cqe = self._cqe[0]
-            op_id = L.io_uring_cqe_get_data64(cqe)
-            res: int | None = None
-            error: OSError | None = None
-            try:
-                res = cqe.res
-            except OSError as e:
-                error = e
+                op_id, res = L.cqe_get_data64(cqe), cqe.res
             finally:
-                L.io_uring_cqe_seen(self._ring, cqe)
-            self._complete(op_id, res, error)
+                L.cqe_seen(ring, cqe)
+            self._complete(op_id, res)
 
-    def _complete(self, op_id: int | None, res: int | None, error: OSError | None) -> None:
-        op = self._pending.pop(op_id, None) if op_id is not None else None
+    def _complete(self, op_id: int, res: int) -> None:
+        op = self._pending.pop(op_id, None)
         if op is None:
             log.warning("io_uring completion for unknown op %s", op_id)
             return
@@ -266,12 +340,15 @@ class Uring:
         if op.future.done():  # failed at submission, or cancelled by its caller
             return
         try:
-            if error is not None:
-                code = error.errno or errno.EIO
-                op.future.set_exception(OSError(code, os.strerror(code)))
-            elif res is not None and res < 0:
+            if res < 0:
                 op.future.set_exception(OSError(-res, os.strerror(-res)))
             else:
-                op.future.set_result(int(res or 0))
+                op.future.set_result(res)
         except InvalidStateError:   # cancelled meanwhile
             pass
+
+
+def _views(views: Sequence[Buffer]) -> list[memoryview]:
+    """Byte views of the non-empty buffers (the binding's iovec refuses empty ones)."""
+    mvs = [memoryview(v).cast("B") for v in views]
+    return [v for v in mvs if len(v)]
