@@ -1,8 +1,9 @@
 """One block file: the streaming writer and the verifying reader.
 
 A block is written through a BlockWriter (pieces are checksummed as they stream by and
-written with io_uring while the next piece arrives; commit verifies and hands the file
-to the store) and read through a BlockReader (1 MiB chunks read with io_uring into
+written by the store's I/O engine (worker/ioengine.py: io_uring or a thread pool) while
+the next piece arrives; commit verifies and hands the file to the store) and read
+through a BlockReader (1 MiB chunks read with the engine into
 pooled buffers, each verified against the meta file's chunk checksum before the caller
 sees it; the next chunk is read while the caller sends the current one).
 
@@ -86,7 +87,7 @@ class PendingWrite:
         try:
             n = self.future.result()
             if n < len(self.view):
-                self.writer.store.uring.pwrite_full(self.fd, self.view[n:], self.offset + n)
+                self.writer.store.io.pwrite_full(self.fd, self.view[n:], self.offset + n)
         except OSError as e:
             raise io_error(e, f"write block {self.writer.block_id}") from None
         finally:
@@ -142,7 +143,7 @@ class BlockWriter:
             cut = n - n % ALIGN
             self._keep_tail(view[cut:], offset + cut)
             view = view[:cut]
-        fut = self.store.uring.write_from(self.fd, view, offset) if len(view) else _done(0)
+        fut = self.store.io.write_from(self.fd, view, offset) if len(view) else _done(0)
         pending = PendingWrite(self, fut, view, offset)
         if len(self._pending) > 16:
             self._settle_done()
@@ -174,7 +175,7 @@ class BlockWriter:
         _finish_data then cuts to the block's length), as it is on a buffered one."""
         assert self._tail is not None
         with memoryview(self._tail) as tail:
-            self.store.uring.pwrite_full(self.fd, tail[:length], self._tail_at)
+            self.store.io.pwrite_full(self.fd, tail[:length], self._tail_at)
         self._tail_len = 0
 
     def _settle_done(self) -> None:
@@ -270,7 +271,7 @@ class BlockWriter:
             if padded or cut or self.initial_size > self.length:
                 os.ftruncate(self.fd, self.length)
             if sync:
-                self.store.uring.fsync(self.fd, datasync=True).result()
+                self.store.io.fsync(self.fd, datasync=True).result()
         except OSError as e:
             raise io_error(e, f"finish block {self.block_id}") from None
         finally:
@@ -279,7 +280,7 @@ class BlockWriter:
             self.fd = -1
 
     def _close_tail(self) -> None:
-        # Not closed by hand: the io_uring may still hold a view of it until the
+        # Not closed by hand: the I/O engine may still hold a view of it until the
         # completion is reaped; the mapping goes with its last reference.
         self._tail = None
 
@@ -291,7 +292,7 @@ class BlockWriter:
             raise io_error(e, f"write meta of block {self.block_id}") from None
         view = memoryview(meta.encode())
         try:
-            fut = self.store.uring.write_from(fd, view, 0)
+            fut = self.store.io.write_from(fd, view, 0)
         except OSError as e:
             os.close(fd)
             raise io_error(e, f"write meta of block {self.block_id}") from None
@@ -415,19 +416,20 @@ class _ChunkRead:
     block fetch of cached chunks ran 15-20% faster than through the shared io_uring,
     whose submit and completion hand-offs cost more than the copy (docs/performance.md).
     A block written with O_DIRECT (not in the page cache) is read with O_DIRECT through
-    the io_uring instead, overlapping the send of the previous chunk, without filling
-    the page cache.  "uring" reads every chunk through the io_uring."""
+    the I/O engine instead, overlapping the send of the previous chunk, without filling
+    the page cache.  "uring" reads every chunk through the I/O engine (io_uring or its
+    thread pool, worker.io_engine)."""
     __slots__ = ("reader", "view", "offset", "future")
 
     def __init__(self, reader: BlockReader, buf: memoryview, n: int, offset: int) -> None:
         self.reader, self.view, self.offset = reader, buf[:n], offset
-        uring = reader.store.uring
+        io = reader.store.io
         if reader.store.read_io != "pread":
-            self.future = uring.read_into(reader.fd, self.view, offset)
+            self.future = io.read_into(reader.fd, self.view, offset)
             return
         want = -(-n // ALIGN) * ALIGN         # O_DIRECT reads whole sectors (past EOF: short)
         if reader.dfd >= 0 and offset % ALIGN == 0 and want <= len(buf):
-            self.future = uring.read_into(reader.dfd, buf[:want], offset, punt=False)
+            self.future = io.read_into(reader.dfd, buf[:want], offset, punt=False)
             return
         try:
             self.future = _done(os.preadv(reader.fd, [self.view], offset))
@@ -440,8 +442,7 @@ class _ChunkRead:
         try:
             got = min(self.future.result(), len(self.view))
             if 0 < got < len(self.view):   # a short read: the rest through the page cache
-                uring = self.reader.store.uring
-                got += uring.pread_full(self.reader.fd, self.view[got:], self.offset + got)
+                got += self.reader.store.io.pread_full(self.reader.fd, self.view[got:], self.offset + got)
             return got
         except OSError as e:
             if quiet:

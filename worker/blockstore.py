@@ -42,7 +42,7 @@ from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, BlockMeta, BlockR
                                          PendingWrite, io_error, remove_tree, supports_direct,
                                          unlink)
 from curvine_py.worker.memtier import MemoryReader, MemoryTier
-from curvine_py.worker.uring import Uring
+from curvine_py.worker.ioengine import IoEngine
 
 __all__ = ["CHUNK", "DEFAULT_BLOCK", "MAX_FREE_FILES", "TIERS", "TIER_INDEX", "BlockEntry", "BlockMeta",
            "BlockReader", "BlockStore", "BlockWriter", "DataDir", "PendingWrite", "parse_dir_spec"]
@@ -177,11 +177,11 @@ class BlockEntry:
 class BlockStore:
     """The index of committed blocks over all data dirs, plus writers and readers."""
 
-    def __init__(self, dir_specs: Iterable[str], uring: Uring, reserve: int = 256 << 20,
+    def __init__(self, dir_specs: Iterable[str], io: IoEngine, reserve: int = 256 << 20,
                  reuse_files: bool = True, max_free_files: int = MAX_FREE_FILES,
                  read_buffers: int = 256, read_io: str = "pread", direct_io: bool = False,
                  memory_cache: int = 0) -> None:
-        self.uring = uring
+        self.io = io             # the disk I/O engine (io_uring or threads) of every block file
         self.memory = MemoryTier(memory_cache)   # recently written blocks in RAM (worker/memtier.py)
         self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
         self.reuse_files = reuse_files

@@ -13,9 +13,9 @@ Exchanges (docs/worker.md has the sequence diagrams):
   sent closes the connection (the reader sees a short read and tries another replica).
 
 Threads beat an event loop here: every step is a blocking syscall (recv_into, sendmsg,
-io_uring completion wait) that releases the GIL, and the measured per-connection rate
+I/O engine completion wait) that releases the GIL, and the measured per-connection rate
 was 2.3 vs 1.5-1.7 GB/s with trio (BRIEF.md).  Payloads are received into pooled
-buffers, forwarded to the next replica, and written with io_uring while the next piece
+buffers, forwarded to the next replica, and written by the I/O engine while the next piece
 arrives (a ring of ``pipeline`` buffers per write).
 """
 from __future__ import annotations

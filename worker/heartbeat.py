@@ -91,8 +91,10 @@ class Heartbeat:
     def __init__(self, cfg: WorkerConfig, store: BlockStore, rpc_port: int, data_port: int,
                  on_registered: Callable[[int], None] | None = None, secret: str = "",
                  report_batch: int = REPORT_BATCH,
-                 on_replicate: Callable[[curvine_pb2.ReplicateCommand], None] | None = None) -> None:
+                 on_replicate: Callable[[curvine_pb2.ReplicateCommand], None] | None = None,
+                 io_engine: str = "") -> None:
         self.cfg = cfg
+        self.io_engine = io_engine   # sent at registration; `cv report` shows it
         self.store = store
         self.rpc_port = rpc_port
         self.data_port = data_port
@@ -159,7 +161,8 @@ class Heartbeat:
         """Register (or re-register) and send the full block report."""
         req = curvine_pb2.RegisterRequest(host=host_identity(self.cfg.host), ip=self.cfg.ip,
                                           rpc_port=self.rpc_port, data_port=self.data_port,
-                                          dirs=data_dirs(self.store), storage_id=self.storage_id)
+                                          dirs=data_dirs(self.store), storage_id=self.storage_id,
+                                          io_engine=self.io_engine)
         reply = self._stub.RegisterWorker(req, timeout=RPC_TIMEOUT_S)
         self.worker_id = reply.worker_id
         if reply.heartbeat_ms:

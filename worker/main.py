@@ -1,7 +1,8 @@
 """``curvine-worker``: the block server process.
 
-Starts, in order: the io_uring executor, the block store (scans the data dirs), the data
-channel, the gRPC control service, and the heartbeat.  When the worker is registered
+Starts, in order: the disk I/O engine (``worker.io_engine``: io_uring, probed first in a
+child process, or a thread pool; worker/ioengine.py), the block store (scans the data
+dirs), the data channel, the gRPC control service, and the heartbeat.  When the worker is registered
 with the master (or at once when ``worker.master`` is empty: standalone mode, used by
 benchmarks) it prints one line to stdout::
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +29,11 @@ from curvine_py.common.security import SecretCheck
 from curvine_py.common.signals import StopSignals
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
-from curvine_py.worker.blockstore import BlockStore
+from curvine_py.worker.blockstore import BlockStore, parse_dir_spec
 from curvine_py.worker.dataserver import DataServer, chain_targets
+from curvine_py.worker.ioengine import ENGINES, EngineChoice, IoEngine, start_engine
 from curvine_py.worker.localwrite import LocalWriteServer
 from curvine_py.worker.replication import CopyQueue
-from curvine_py.worker.uring import Uring
 
 log = logging.getLogger("curvine_py.worker")
 
@@ -44,6 +46,8 @@ def validate(cfg: config.Config) -> None:
             raise ConfigError(f"worker.{name} must be a port number (0 = any)")
     if w.uring_entries < 2 or w.uring_entries > 32768:
         raise ConfigError("worker.uring_entries must be between 2 and 32768")
+    if w.io_engine not in ENGINES:
+        raise ConfigError(f"worker.io_engine must be one of {', '.join(ENGINES)}, not {w.io_engine!r}")
     if w.read_io not in ("pread", "uring"):
         raise ConfigError(f"worker.read_io must be \"pread\" or \"uring\", not {w.read_io!r}")
     if w.buffer_size < 4096 or w.buffer_size > 64 << 20:
@@ -61,7 +65,8 @@ class Worker:
 
     def __init__(self, cfg: config.Config) -> None:
         self.cfg = cfg
-        self.uring: Uring | None = None
+        self.io: IoEngine | None = None
+        self.io_choice: EngineChoice | None = None
         self.store: BlockStore | None = None
         self.data: DataServer | None = None
         self.local: LocalWriteServer | None = None
@@ -73,9 +78,9 @@ class Worker:
 
     def start(self) -> None:
         w = self.cfg.worker
-        self.uring = Uring(w.uring_entries)
+        self.io, self.io_choice = start_engine(w.io_engine, self._probe_dir(), w.uring_entries)
         try:
-            self.store = BlockStore(w.dirs, self.uring, reserve=w.reserve, read_io=w.read_io,
+            self.store = BlockStore(w.dirs, self.io, reserve=w.reserve, read_io=w.read_io,
                                     direct_io=w.direct_io, memory_cache=w.memory_cache)
         except OSError as e:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
@@ -96,10 +101,21 @@ class Worker:
             self.heartbeat = hb.Heartbeat(w, self.store, self.rpc_port, self.data.port,
                                           on_registered=self._registered,
                                           secret=self.cfg.cluster.secret,
-                                          on_replicate=self._replicate).start()
+                                          on_replicate=self._replicate,
+                                          io_engine=self.io_choice.name if self.io_choice else "").start()
         else:
             log.warning("worker.master is empty: standalone mode, no master")
             self._announce(self.data.worker_id)
+
+    def _probe_dir(self) -> str:
+        """Where the io_uring probe writes its test file: the first data dir, so it
+        tries the filesystem (and O_DIRECT) the blocks will use."""
+        path = os.path.abspath(parse_dir_spec(self.cfg.worker.dirs[0])[2])
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot use worker.dirs: {e}") from None
+        return path
 
     def _replicate(self, cmd: "hb.curvine_pb2.ReplicateCommand") -> None:
         """A re-replication order from the master: push a local block to its new holders."""
@@ -149,8 +165,8 @@ class Worker:
             self.local.close()
         if self.data is not None:
             self.data.close()
-        if self.uring is not None:
-            self.uring.close()
+        if self.io is not None:
+            self.io.close()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -67,6 +67,7 @@ class WorkerConfig:
     data_port: int = 8999
     dirs: list[str] = field(default_factory=lambda: ["[SSD]./.curvine/worker/data"])
     reserve: int = 256 * MiB      # free space left untouched on each data dir's disk
+    io_engine: str = "auto"       # disk I/O: "auto" | "uring" | "threads" (worker/ioengine.py, docs/worker.md)
     uring_entries: int = 128
     buffer_size: int = 1 * MiB    # piece size of the data channel
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
