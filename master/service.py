@@ -405,7 +405,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         for w in sorted(self.registry.workers.values(), key=lambda w: w.worker_id):
             statuses.append(pb.WorkerStatus(
                 address=w.address(), state="live" if w.live else "lost", capacity=w.capacity, used=w.used,
-                dirs=w.dirs, blocks=len(w.blocks), last_heartbeat_ms=int((now - w.last_heartbeat) * 1000)))
+                dirs=w.dirs, blocks=len(w.blocks), last_heartbeat_ms=int((now - w.last_heartbeat) * 1000),
+                io_engine=w.io_engine))
         live = self.registry.live_workers()
         files, nblocks = self.ns.counts()
         return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,

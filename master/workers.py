@@ -28,6 +28,7 @@ class Worker:
     live: bool = True
     blocks: set[int] = field(default_factory=set)
     pending_deletes: set[int] = field(default_factory=set)
+    io_engine: str = ""           # its disk I/O engine ("uring", "threads"), from its registration
 
     @property
     def capacity(self) -> int:
@@ -62,9 +63,10 @@ class Registry:
             if old is not None:
                 self._forget_blocks(old)
             self.workers[wid] = Worker(wid, req.host, req.ip, req.rpc_port, req.data_port, list(req.dirs),
-                                       time.monotonic())
+                                       time.monotonic(), io_engine=req.io_engine)
             self.membership_version += 1
-        log.info("worker %d registered: host %s data %s:%d", wid, req.host, req.ip, req.data_port)
+        log.info("worker %d registered: host %s data %s:%d io engine %s", wid, req.host, req.ip, req.data_port,
+                 req.io_engine or "?")
 
     def heartbeat(self, wid: int, dirs: list[pb.DataDir]) -> tuple[Worker | None, bool]:
         """(the worker, None if unknown; whether it was lost until this heartbeat)."""

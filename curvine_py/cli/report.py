@@ -40,6 +40,7 @@ def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
             "used": w.used,
             "blocks": w.blocks,
             "last_heartbeat_ms": w.last_heartbeat_ms,  # age: ms since the last heartbeat
+            "io_engine": w.io_engine,   # "uring" or "threads" ("" = the worker did not say)
             "dirs": [{"path": d.path, "tier": d.tier, "capacity": d.capacity, "used": d.used}
                      for d in w.dirs],
         } for w in rep.workers],
@@ -64,11 +65,11 @@ def format_report(rep: "curvine_pb2.ReportReply") -> str:
         return summary + "\n\nno workers registered"
     rows = [(w.address.worker_id, w.address.host, f"{w.address.ip}:{w.address.rpc_port}",
              w.state, output.format_size(w.capacity), output.format_size(w.used),
-             output.format_percent(w.used, w.capacity), w.blocks,
+             output.format_percent(w.used, w.capacity), w.blocks, w.io_engine or "-",
              output.format_age_ms(w.last_heartbeat_ms))
             for w in sorted(rep.workers, key=lambda w: w.address.worker_id)]
     workers = output.table(rows, headers=("ID", "HOST", "ADDRESS", "STATE", "CAPACITY", "USED",
-                                          "USE%", "BLOCKS", "HEARTBEAT"), right={0, 4, 5, 6, 7})
+                                          "USE%", "BLOCKS", "IO", "HEARTBEAT"), right={0, 4, 5, 6, 7})
     return f"{summary}\n\n{workers}"
 
 

@@ -419,20 +419,22 @@ class DataDir(_message.Message):
     def __init__(self, path: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("host", "ip", "rpc_port", "data_port", "dirs", "storage_id")
+    __slots__ = ("host", "ip", "rpc_port", "data_port", "dirs", "storage_id", "io_engine")
     HOST_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
     RPC_PORT_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    IO_ENGINE_FIELD_NUMBER: _ClassVar[int]
     host: str
     ip: str
     rpc_port: int
     data_port: int
     dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
     storage_id: str
-    def __init__(self, host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., storage_id: _Optional[str] = ...) -> None: ...
+    io_engine: str
+    def __init__(self, host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., storage_id: _Optional[str] = ..., io_engine: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("worker_id", "heartbeat_ms")
@@ -503,7 +505,7 @@ class BadBlockRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., block_id: _Optional[int] = ..., worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms")
+    __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms", "io_engine")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +513,7 @@ class WorkerStatus(_message.Message):
     DIRS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    IO_ENGINE_FIELD_NUMBER: _ClassVar[int]
     address: WorkerAddress
     state: str
     capacity: int
@@ -518,7 +521,8 @@ class WorkerStatus(_message.Message):
     dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
     blocks: int
     last_heartbeat_ms: int
-    def __init__(self, address: _Optional[_Union[WorkerAddress, _Mapping]] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ...) -> None: ...
+    io_engine: str
+    def __init__(self, address: _Optional[_Union[WorkerAddress, _Mapping]] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., io_engine: _Optional[str] = ...) -> None: ...
 
 class RingNode(_message.Message):
     __slots__ = ("worker_id", "host")
