@@ -4,11 +4,19 @@ Every cluster a fixture starts is stopped at teardown, also when the test failed
 its daemons are started with ``die_with_parent`` so that even a killed pytest run
 leaves no orphans.  When a test using ``cluster`` fails, the tails of the daemons'
 logs are printed (pytest shows them with the failure).
+
+Disk I/O engines (worker/ioengine.py): io_uring is probed once per session in a child
+process (a binding that dies with SIGILL must not abort the run); tests that need it
+skip with the probe's reason.  ``io_engine`` runs a test on both engines.  A run with
+``CURVINE_WORKER_IO_ENGINE=threads`` (or ``uring``) keeps that variable for the
+clusters it starts and runs the engine-parametrized tests on that engine only.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import tempfile
 import time
 import typing
 from pathlib import Path
@@ -17,6 +25,7 @@ import pytest
 
 from curvine_py.common.config import Config
 from curvine_py.localcluster import LocalCluster, log_tail
+from curvine_py.worker.ioengine import IoEngine, ProbeResult, liburing_installed
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -28,6 +37,10 @@ FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
 START_TIMEOUT_S = 60.0
 CV = str(Path(sys.executable).parent / "cv")  # the console script of this venv
 TEST_SECRET = "test-" + os.urandom(8).hex()
+# Read before _isolated_environment drops every CURVINE_* variable: the one a run may set
+# on purpose ("run the worker tests on threads"), forwarded to the clusters it starts.
+IO_ENGINE_ENV = "CURVINE_WORKER_IO_ENGINE"
+FORCED_IO_ENGINE = os.environ.get(IO_ENGINE_ENV, "")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,6 +55,67 @@ def _isolated_environment() -> None:
         del os.environ[name]
     os.environ["CURVINE_CONF"] = os.devnull
     os.environ["CURVINE_CLUSTER_SECRET"] = TEST_SECRET
+    if FORCED_IO_ENGINE:   # deliberately kept: LocalCluster's daemons inherit os.environ
+        os.environ[IO_ENGINE_ENV] = FORCED_IO_ENGINE
+
+
+# ---------------------------------------------------------------- disk I/O engines
+
+@functools.cache
+def uring_probe() -> ProbeResult:
+    """Does io_uring work on this machine?  Asked once, of a child process (the
+    worker's own probe), in a scratch dir of the temp filesystem."""
+    if not liburing_installed():
+        return ProbeResult(False, "the liburing package is not installed")
+    from curvine_py.worker.uringprobe import probe_uring
+    with tempfile.TemporaryDirectory(prefix="cv-uring-probe-") as d:
+        return probe_uring(d)
+
+
+def skip_without_uring() -> None:
+    result = uring_probe()
+    if not result.ok:
+        pytest.skip(f"io_uring does not work here: {result.reason}")
+
+
+@pytest.fixture(scope="session")
+def uring_ok() -> ProbeResult:
+    """Skip the test unless the io_uring probe passed (its reason is the skip's)."""
+    skip_without_uring()
+    return uring_probe()
+
+
+def open_engine(name: str, entries: int = 128) -> IoEngine:
+    """A fresh engine by name; skips for "uring" where the probe failed, and for the
+    engine a CURVINE_WORKER_IO_ENGINE run does not test."""
+    if FORCED_IO_ENGINE and FORCED_IO_ENGINE not in ("auto", name):
+        pytest.skip(f"{IO_ENGINE_ENV}={FORCED_IO_ENGINE}: {name} is not tested in this run")
+    if name == "uring":
+        skip_without_uring()
+        from curvine_py.worker.uring import Uring
+        return Uring(entries)
+    from curvine_py.worker.threadio import ThreadIO
+    return ThreadIO(entries)
+
+
+@pytest.fixture(scope="module", params=["uring", "threads"])
+def io_engine(request: pytest.FixtureRequest) -> typing.Iterator[IoEngine]:
+    """The worker's disk I/O engine, once per engine (module-wide: engines are shared
+    by every block store a module builds, as in one worker process)."""
+    engine = open_engine(request.param)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests of modules that construct Uring themselves (tests/unit/test_uring.py and the
+    data-server tests) skip, with the probe's reason, where io_uring does not work."""
+    module = getattr(item, "module", None)
+    if module is not None and getattr(module, "Uring", None) is not None and \
+            getattr(module.Uring, "__module__", "") == "curvine_py.worker.uring":
+        skip_without_uring()
 
 
 def wait_until(what: str, check: typing.Callable[[], object], timeout: float = 60.0,

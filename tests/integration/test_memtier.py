@@ -16,13 +16,13 @@ from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
 from curvine_py.worker.memtier import MemoryReader
-from curvine_py.worker.uring import Uring
+from curvine_py.worker.ioengine import IoEngine
 from tests.integration.test_worker_dataserver import MiB, Op, connect, read, send_block, write
 
 
 class Node:
-    def __init__(self, ring: Uring, root: Path, name: str, worker_id: int, memory: int) -> None:
-        self.store = BlockStore([str(root / name)], ring, reserve=0, direct_io=True, memory_cache=memory)
+    def __init__(self, engine: IoEngine, root: Path, name: str, worker_id: int, memory: int) -> None:
+        self.store = BlockStore([str(root / name)], engine, reserve=0, direct_io=True, memory_cache=memory)
         self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id).start()
         self.target = chain_targets([("127.0.0.1", self.server.port, worker_id)])
 
@@ -31,16 +31,15 @@ class Node:
 
 
 @pytest.fixture(scope="module")
-def ring():
-    r = Uring(128)
-    yield r
-    r.close()
+def engine(io_engine: IoEngine) -> IoEngine:
+    """Both disk I/O engines (tests/conftest.py: io_engine)."""
+    return io_engine
 
 
 @pytest.fixture
-def nodes(ring, tmp_path):
-    a = Node(ring, tmp_path, "a", 11, 8 * MiB)   # room for two 4 MiB blocks
-    b = Node(ring, tmp_path, "b", 22, 8 * MiB)
+def nodes(engine, tmp_path):
+    a = Node(engine, tmp_path, "a", 11, 8 * MiB)   # room for two 4 MiB blocks
+    b = Node(engine, tmp_path, "b", 22, 8 * MiB)
     yield a, b
     a.close()
     b.close()
@@ -132,8 +131,8 @@ def test_a_block_longer_than_its_hint_and_a_failed_write_are_not_kept(nodes):
         assert a.store.memory.usage()[0] == 1
 
 
-def test_no_memory_tier_reads_from_disk(ring, tmp_path):
-    node = Node(ring, tmp_path, "n", 1, 0)
+def test_no_memory_tier_reads_from_disk(engine, tmp_path):
+    node = Node(engine, tmp_path, "n", 1, 0)
     try:
         data = os.urandom(2 * MiB)
         with connect(node.server) as s:

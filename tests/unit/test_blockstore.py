@@ -15,20 +15,19 @@ import xxhash
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.worker.blockstore import (CHUNK, TIER_INDEX, BlockMeta, BlockStore,
                                           parse_dir_spec, unshared)
-from curvine_py.worker.uring import Uring
+from curvine_py.worker.ioengine import IoEngine
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def ring():
-    r = Uring(64)
-    yield r
-    r.close()
+def engine(io_engine: IoEngine) -> IoEngine:
+    """Every test here runs on both disk I/O engines (tests/conftest.py: io_engine)."""
+    return io_engine
 
 
-def make(ring, *specs, **kw) -> BlockStore:
-    return BlockStore(list(specs), ring, reserve=0, **kw)
+def make(engine, *specs, **kw) -> BlockStore:
+    return BlockStore(list(specs), engine, reserve=0, **kw)
 
 
 def put(store: BlockStore, block_id: int, data: bytes, piece: int = MiB, **kw):
@@ -70,8 +69,8 @@ def test_meta_roundtrip_and_self_check():
 @pytest.mark.parametrize("size,piece", [(0, MiB), (1, MiB), (4 * MiB, MiB), (3 * MiB + 777, 300_000),
                                         (2 * MiB, 4 * MiB)])
 @pytest.mark.parametrize("read_io", ["pread", "uring"])
-def test_write_commit_read_back(ring, tmp_path, size, piece, read_io):
-    store = make(ring, f"[SSD]{tmp_path}/d", read_io=read_io)
+def test_write_commit_read_back(engine, tmp_path, size, piece, read_io):
+    store = make(engine, f"[SSD]{tmp_path}/d", read_io=read_io)
     data = os.urandom(size)
     entry = put(store, 7, data, piece)
     assert (entry.length, entry.checksum) == (size, xxhash.xxh3_64_intdigest(data))
@@ -85,8 +84,8 @@ def test_write_commit_read_back(ring, tmp_path, size, piece, read_io):
     assert os.path.exists(entry.path) and os.path.exists(entry.path + ".meta")
 
 
-def test_read_errors(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+def test_read_errors(engine, tmp_path):
+    store = make(engine, str(tmp_path / "d"))
     put(store, 1, b"abc")
     with pytest.raises(CurvineError) as e:
         store.open_reader(2)
@@ -97,8 +96,8 @@ def test_read_errors(ring, tmp_path):
     assert store.read_range(1, 3) == b""
 
 
-def test_checksum_mismatch_on_commit_discards(ring, tmp_path):
-    store = make(ring, f"[SSD:64MiB]{tmp_path}/d")
+def test_checksum_mismatch_on_commit_discards(engine, tmp_path):
+    store = make(engine, f"[SSD:64MiB]{tmp_path}/d")
     w = store.create(9)
     w.append(b"x" * 1000)
     with pytest.raises(CurvineError) as e:
@@ -115,8 +114,8 @@ def test_checksum_mismatch_on_commit_discards(ring, tmp_path):
 
 
 @pytest.mark.parametrize("read_io", ["pread", "uring"])
-def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path, read_io):
-    store = make(ring, str(tmp_path / "d"), read_io=read_io)
+def test_flipped_byte_on_disk_is_detected_and_block_dropped(engine, tmp_path, read_io):
+    store = make(engine, str(tmp_path / "d"), read_io=read_io)
     data = os.urandom(3 * MiB)
     entry = put(store, 5, data)
     store.drain_changes()
@@ -135,8 +134,8 @@ def test_flipped_byte_on_disk_is_detected_and_block_dropped(ring, tmp_path, read
 
 
 @pytest.mark.parametrize("read_io", ["pread", "uring"])
-def test_truncated_file_is_corrupt(ring, tmp_path, read_io):
-    store = make(ring, str(tmp_path / "d"), read_io=read_io)
+def test_truncated_file_is_corrupt(engine, tmp_path, read_io):
+    store = make(engine, str(tmp_path / "d"), read_io=read_io)
     entry = put(store, 5, os.urandom(2 * MiB))
     os.truncate(entry.path, MiB + 1)
     with pytest.raises(CurvineError) as e:
@@ -147,9 +146,9 @@ def test_truncated_file_is_corrupt(ring, tmp_path, read_io):
 
 # ---------------------------------------------------------------- restart
 
-def test_index_reload_and_staging_cleanup(ring, tmp_path):
+def test_index_reload_and_staging_cleanup(engine, tmp_path):
     spec = f"[SSD:1GiB]{tmp_path}/d"
-    store = make(ring, spec)
+    store = make(engine, spec)
     blobs = {i: os.urandom(i * 100_000 + 1) for i in range(1, 6)}
     for i, data in blobs.items():
         put(store, i, data)
@@ -157,7 +156,7 @@ def test_index_reload_and_staging_cleanup(ring, tmp_path):
     w.append(b"partial")
     w.flush()
     assert staging_files(store)
-    again = make(ring, spec)
+    again = make(engine, spec)
     assert staging_files(again) == []
     assert sorted(e.block_id for e in again.snapshot()) == sorted(blobs)
     for i, data in blobs.items():
@@ -167,9 +166,9 @@ def test_index_reload_and_staging_cleanup(ring, tmp_path):
     assert again.dir_usage()[0][3] == sum(map(len, blobs.values()))
 
 
-def test_scan_drops_uncommitted_and_broken_blocks(ring, tmp_path):
+def test_scan_drops_uncommitted_and_broken_blocks(engine, tmp_path):
     spec = str(tmp_path / "d")
-    store = make(ring, spec)
+    store = make(engine, spec)
     good = put(store, 1, b"good" * 1000)
     half = put(store, 2, b"half" * 1000)
     os.unlink(half.path + ".meta")          # crash between the data and the meta rename
@@ -180,7 +179,7 @@ def test_scan_drops_uncommitted_and_broken_blocks(ring, tmp_path):
         f.write(b"JUNK")
     orphan_meta = put(store, 5, b"m" * 10)
     os.unlink(orphan_meta.path)
-    again = make(ring, spec, reuse_files=False)
+    again = make(engine, spec, reuse_files=False)
     assert [e.block_id for e in again.snapshot()] == [1]
     assert again.read_range(1) == b"good" * 1000
     for e in (half, short, bad, orphan_meta):
@@ -190,8 +189,8 @@ def test_scan_drops_uncommitted_and_broken_blocks(ring, tmp_path):
 
 # ---------------------------------------------------------------- capacity and tiers
 
-def test_enospc_with_tiny_capacity(ring, tmp_path):
-    store = make(ring, f"[SSD:8MiB]{tmp_path}/d")
+def test_enospc_with_tiny_capacity(engine, tmp_path):
+    store = make(engine, f"[SSD:8MiB]{tmp_path}/d")
     put(store, 1, os.urandom(4 * MiB))
     put(store, 2, os.urandom(4 * MiB))
     with pytest.raises(CurvineError) as e:
@@ -202,8 +201,8 @@ def test_enospc_with_tiny_capacity(ring, tmp_path):
     assert store.dir_usage()[0][2:] == (8 * MiB, 8 * MiB)
 
 
-def test_enospc_when_a_block_outgrows_its_reservation(ring, tmp_path):
-    store = make(ring, f"[SSD:6MiB]{tmp_path}/d")
+def test_enospc_when_a_block_outgrows_its_reservation(engine, tmp_path):
+    store = make(engine, f"[SSD:6MiB]{tmp_path}/d")
     w = store.create(1, size_hint=MiB)
     w.append(os.urandom(4 * MiB))           # grows the reservation to 5 MiB
     with pytest.raises(CurvineError) as e:
@@ -213,8 +212,8 @@ def test_enospc_when_a_block_outgrows_its_reservation(ring, tmp_path):
     assert store.dir_usage()[0][3] == 0
 
 
-def test_tier_preference_and_most_free_space(ring, tmp_path):
-    store = make(ring, f"[MEM:32MiB]{tmp_path}/mem", f"[SSD:64MiB]{tmp_path}/ssd")
+def test_tier_preference_and_most_free_space(engine, tmp_path):
+    store = make(engine, f"[MEM:32MiB]{tmp_path}/mem", f"[SSD:64MiB]{tmp_path}/ssd")
     assert put(store, 1, b"m", tier=TIER_INDEX["MEM"]).dir.tier == "MEM"
     assert put(store, 2, b"s").dir.tier == "SSD"              # no preference: most room
     assert put(store, 3, b"s", tier=TIER_INDEX["SSD"]).dir.tier == "SSD"
@@ -225,8 +224,8 @@ def test_tier_preference_and_most_free_space(ring, tmp_path):
 
 # ---------------------------------------------------------------- delete, recycle, reports
 
-def test_delete_recycles_files(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+def test_delete_recycles_files(engine, tmp_path):
+    store = make(engine, str(tmp_path / "d"))
     big = os.urandom(3 * MiB)
     put(store, 1, big)
     assert store.delete(1) and not store.delete(1)
@@ -236,15 +235,15 @@ def test_delete_recycles_files(ring, tmp_path):
     assert store.dirs[0].free_files == []
     assert os.path.getsize(e.path) == len(small)
     assert store.read_range(2) == small
-    again = make(ring, str(tmp_path / "d"))
+    again = make(engine, str(tmp_path / "d"))
     assert again.read_range(2) == small
 
 
-def test_a_block_file_open_elsewhere_is_not_recycled(ring, tmp_path):
+def test_a_block_file_open_elsewhere_is_not_recycled(engine, tmp_path):
     """A mount's FUSE passthrough (or a short-circuit reader in another process) may hold a
     deleted block's file open: recycling would overwrite the bytes it reads, so such a
     file is only unlinked, and its reader keeps the old bytes."""
-    store = make(ring, str(tmp_path / "d"))
+    store = make(engine, str(tmp_path / "d"))
     old = os.urandom(2 * MiB)
     path = put(store, 1, old).path
     reader = subprocess.Popen([sys.executable, "-c",
@@ -294,16 +293,16 @@ def test_unshared_sees_other_openers_and_holds_them_off(tmp_path):
     assert alone and waited >= 0.2               # it waited for the lease to be let go
 
 
-def test_recycled_files_survive_a_restart(ring, tmp_path):
+def test_recycled_files_survive_a_restart(engine, tmp_path):
     """A restarted worker adopts the free files its predecessor kept; the files it
     recycles itself must not take (and overwrite) their names, or two free-list entries
     would share one file and the second block created on it fails with ENOENT."""
-    first = make(ring, str(tmp_path / "d"))
+    first = make(engine, str(tmp_path / "d"))
     for i in range(1, 11):
         put(first, i, os.urandom(1000))
     for i in range(1, 6):
         first.delete(i)
-    second = make(ring, str(tmp_path / "d"))     # adopts 5 free files
+    second = make(engine, str(tmp_path / "d"))     # adopts 5 free files
     for i in range(6, 11):
         second.delete(i)                         # recycles 5 more
     for i in range(11, 16):                      # churn: the newest free files are reused...
@@ -318,17 +317,17 @@ def test_recycled_files_survive_a_restart(ring, tmp_path):
         assert second.read_range(i) == data
 
 
-def test_rewrite_same_block_id(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+def test_rewrite_same_block_id(engine, tmp_path):
+    store = make(engine, str(tmp_path / "d"))
     put(store, 1, b"first" * 100)
     put(store, 1, b"second")
     assert store.read_range(1) == b"second"
     assert store.dir_usage()[0][3] == 6
-    assert make(ring, str(tmp_path / "d")).read_range(1) == b"second"
+    assert make(engine, str(tmp_path / "d")).read_range(1) == b"second"
 
 
-def test_change_log(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"))
+def test_change_log(engine, tmp_path):
+    store = make(engine, str(tmp_path / "d"))
     put(store, 1, b"a")
     put(store, 2, b"b")
     store.delete(1)
@@ -342,8 +341,8 @@ def test_change_log(ring, tmp_path):
     assert store.snapshot()[0].block_id in (2, 3)
 
 
-def test_early_closed_readers_return_buffers(ring, tmp_path):
-    store = make(ring, str(tmp_path / "d"), read_buffers=4)
+def test_early_closed_readers_return_buffers(engine, tmp_path):
+    store = make(engine, str(tmp_path / "d"), read_buffers=4)
     put(store, 1, os.urandom(3 * MiB))
     for _ in range(50):
         with store.open_reader(1) as r:
@@ -391,8 +390,8 @@ def cached(path: str) -> int:
 
 @pytest.mark.parametrize("size", [4 * MiB, 3 * MiB + 777, 5000, 100])
 @pytest.mark.parametrize("read_io", ["pread", "uring"])
-def test_direct_writes_skip_the_page_cache_and_read_back(ring, tmp_path, size, read_io):
-    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True, read_io=read_io)
+def test_direct_writes_skip_the_page_cache_and_read_back(engine, tmp_path, size, read_io):
+    store = make(engine, f"[SSD]{tmp_path}/d", direct_io=True, read_io=read_io)
     assert store.dirs[0].direct            # ext4 under pytest's tmp_path takes O_DIRECT
     data = os.urandom(size)
     entry, w = aligned_put(store, 7, data)
@@ -409,8 +408,8 @@ def test_direct_writes_skip_the_page_cache_and_read_back(ring, tmp_path, size, r
         assert not cached(entry.path)       # misses are read O_DIRECT, not into the cache
 
 
-def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(ring, tmp_path):
-    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(engine, tmp_path):
+    store = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)
     data = os.urandom(3 * MiB + 777)
     entry, w = aligned_put(store, 1, data, piece=300_000)   # the first piece leaves a tail
     assert not w.direct
@@ -419,8 +418,8 @@ def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(ring, tmp_path)
     assert store.read_range(2) == data
 
 
-def test_direct_write_into_a_longer_recycled_file(ring, tmp_path):
-    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+def test_direct_write_into_a_longer_recycled_file(engine, tmp_path):
+    store = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)
     aligned_put(store, 1, os.urandom(4 * MiB))
     store.delete(1)
     assert store.dirs[0].free_files
@@ -429,12 +428,12 @@ def test_direct_write_into_a_longer_recycled_file(ring, tmp_path):
     assert w.initial_size == 4 * MiB and w.direct
     assert os.path.getsize(entry.path) == 5000
     assert store.read_range(2) == small
-    store2 = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)   # a restart reads the meta back
+    store2 = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)   # a restart reads the meta back
     assert store2.read_range(2) == small
 
 
-def test_an_empty_piece_keeps_a_block_direct(ring, tmp_path):
-    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+def test_an_empty_piece_keeps_a_block_direct(engine, tmp_path):
+    store = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)
     w = store.create(3)
     w.append(b"")                         # e.g. a zero-length data frame
     m = mmap.mmap(-1, MiB)
@@ -445,11 +444,11 @@ def test_an_empty_piece_keeps_a_block_direct(ring, tmp_path):
     assert store.read_range(3) == m[:] and entry.length == MiB
 
 
-def test_a_restart_reads_direct_blocks_direct(ring, tmp_path):
-    store = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+def test_a_restart_reads_direct_blocks_direct(engine, tmp_path):
+    store = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)
     data = os.urandom(2 * MiB)
     entry, _ = aligned_put(store, 4, data)
-    again = make(ring, f"[SSD]{tmp_path}/d", direct_io=True)
+    again = make(engine, f"[SSD]{tmp_path}/d", direct_io=True)
     adopted = again.get(4)
     assert adopted is not None and not adopted.cached
     assert again.read_range(4) == data
