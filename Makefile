@@ -19,16 +19,28 @@ test: install peer-deps
 
 install: $(STAMP)
 
+# Nothing optional stops the install: deploy/build-pyfuse3.sh falls back to PyPI's pyfuse3
+# (no FUSE passthrough, 1 MiB requests) with one warning; the io_uring binding is built in
+# a step of its own that, when it cannot build (no compiler, offline), leaves none behind
+# (a wheel compiled for another CPU would kill the workers with SIGILL) and says so once.
 $(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3.patch | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	deploy/build-pyfuse3.sh $(VENV)
-	$(PY) -m pip install -q -e '.[fuse,dev]'
-	$(PY) -c "import pyfuse3; pyfuse3.session_fd_number" || (echo "pyfuse3 lacks the passthrough patch" >&2; exit 1)
+	bash deploy/build-pyfuse3.sh $(VENV)
+	@if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('pyfuse3') is None)"; then \
+	  extras=fuse,dev; else extras=dev; fi; \
+	  echo "$(PY) -m pip install -q -e '.[$$extras]'"; $(PY) -m pip install -q -e ".[$$extras]"
+	@$(PY) -c "import pyfuse3; pyfuse3.session_fd_number" 2>/dev/null || test -e $(VENV)/opt/pyfuse3-stock \
+	  || echo "warning: pyfuse3 lacks deploy/pyfuse3.patch: FUSE passthrough and 4 MiB requests are off" >&2
+	@echo "$(PY) -m pip install -q -e '.[uring]'  (log: $(VENV)/uring-build.log)"; \
+	  $(PY) -m pip install -q -e '.[uring]' >$(VENV)/uring-build.log 2>&1 || { \
+	    $(PY) -m pip uninstall -q -y liburing >>$(VENV)/uring-build.log 2>&1; \
+	    echo "warning: io_uring binding not built: workers use the thread engine (log: $(VENV)/uring-build.log)" >&2; }
 	touch $(STAMP)
 
 # Debian packages the mount needs (fusermount3 to mount; a compiler, curl and patch to build
-# libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh).
+# libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh; the compiler also
+# builds the io_uring binding, liburing, from its source for this machine's CPU).
 system-deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -15,26 +15,152 @@
 # handler returns, instead of a 1 MiB copy into a new bytes per request.  FileInfo.noflush
 # asks for FOPEN_NOFLUSH: a handle that never writes gets no FLUSH at close(2).
 #
-# Usage: deploy/build-pyfuse3.sh VENV
+# Where libfuse's tarball comes from: the Debian mirror(s) this machine's apt is configured
+# with (deb822 `URIs:` in /etc/apt/sources.list.d/*.sources, `deb` lines of
+# /etc/apt/sources.list and *.list), or $FUSE_MIRROR when set.  A mirror's pool/ is the
+# same for every suite, so the 3.17.2 orig tarball (a trixie-era upload) is found under the
+# base URI of a bookworm mirror too.  (`apt-get source` would need deb-src entries and a
+# suite that has 3.17.2; neither is there on a stock bookworm.)  apt's own downloader
+# (apt-helper, with apt's proxy settings) fetches it when present, else curl; the sha256 is
+# checked either way.
+#
+# When the patched build cannot happen (offline, no compiler, checksum mismatch, a patch
+# that no longer applies) the script does not fail: it prints one warning line, installs
+# PyPI's pyfuse3 3.5.0 against the system's libfuse3 (a mount that works without FUSE
+# passthrough, FOPEN_NOFLUSH and 4 MiB requests), and exits 0.  The details are in
+# VENV/pyfuse3-build.log; VENV/opt/pyfuse3-stock marks such an install.
+#
+# Usage: deploy/build-pyfuse3.sh VENV      (FUSE_MIRROR=BASE to name the Debian mirror)
 set -euo pipefail
 
 VENV=$(realpath "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY="$VENV/bin/python"
 FUSE_VERSION=3.17.2
-FUSE_URL="http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${FUSE_VERSION}.orig.tar.gz"
+FUSE_POOL_PATH="pool/main/f/fuse3/fuse3_${FUSE_VERSION}.orig.tar.gz"
 FUSE_SHA256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
 PYFUSE3_VERSION=3.5.0
 PYFUSE3_SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 PREFIX="$VENV/opt/libfuse"
 PATCH="$HERE/pyfuse3.patch"
+LOG="$VENV/pyfuse3-build.log"
+STOCK_MARK="$VENV/opt/pyfuse3-stock"
 
+fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
+# The installed pyfuse3's extension module, found without importing it (its dependency,
+# trio, comes later, with the package's own install); fails when there is none.
+pyfuse3_so() { "$PY" -c "import importlib.util as u, sys; s = u.find_spec('pyfuse3'); sys.exit(s is None or print(s.origin))"; }
+
+# ---------------------------------------------------------------- the fallback (the parent)
+# The patched build runs as a child of this script with errexit; when it fails, the
+# parent installs the stock pyfuse3 instead.
+if [ "${BUILD_PYFUSE3_STAGE:-}" != patched ]; then
+  mkdir -p "$VENV/opt"
+  : >"$LOG"
+  if BUILD_PYFUSE3_STAGE=patched bash "$0" "$@" >>"$LOG" 2>&1; then
+    rm -f "$STOCK_MARK"
+    exit 0
+  fi
+  why=$(sed -n 's/^build-pyfuse3: //p' "$LOG" | tail -n 1)
+  why=${why:-"the build failed"}
+  touch "$STOCK_MARK"
+  if pyfuse3_so >/dev/null 2>&1; then
+    # a pyfuse3 is there already (an earlier build, patched or not): keep it
+    :
+  elif ! "$PY" -m pip install -q --no-deps "pyfuse3==$PYFUSE3_VERSION" >>"$LOG" 2>&1; then
+    echo "warning: pyfuse3 not built ($why; stock pyfuse3 $PYFUSE3_VERSION failed too; log: $LOG):" \
+         "no FUSE mount on this machine (cv mount is unavailable)" >&2
+    exit 0
+  fi
+  if so=$(pyfuse3_so 2>/dev/null) && grep -q session_fd_number "$so"; then
+    echo "warning: patched pyfuse3 not rebuilt ($why; log: $LOG): keeping the one already installed" >&2
+    rm -f "$STOCK_MARK"
+  else
+    echo "warning: patched pyfuse3 not built ($why; log: $LOG): stock pyfuse3 $PYFUSE3_VERSION with the" \
+         "system's libfuse3, so FUSE passthrough and 4 MiB requests are off" >&2
+  fi
+  exit 0
+fi
+
+# ---------------------------------------------------------------- the patched build (the child)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
+# The base URIs of the Debian mirrors apt uses, those serving this release's suites first
+# (then any other; the security archive's pool has no fuse3 3.17.2, a try costs one 404).
+debian_mirrors() {
+  local codename="" f
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}") || true
+  {
+    for f in /etc/apt/sources.list.d/*.sources; do
+      [ -r "$f" ] || continue
+      # deb822: stanzas separated by blank lines; print "rank uri" for each URI of a stanza
+      awk -v cn="$codename" '
+        function flush(   i, n, u, rank) {
+          if (uris != "" && types ~ /(^| )deb( |$)/) {
+            rank = 1
+            n = split(suites, s, " ")
+            for (i = 1; i <= n; i++) if (cn != "" && (s[i] == cn || index(s[i], cn "-") == 1)) rank = 0
+            n = split(uris, u, " ")
+            for (i = 1; i <= n; i++) print rank, u[i]
+          }
+          uris = ""; suites = ""; types = ""
+        }
+        /^[ \t]*#/ { next }
+        /^[ \t]*$/ { flush(); next }
+        tolower($1) == "uris:"   { $1 = ""; uris = $0 }
+        tolower($1) == "suites:" { $1 = ""; suites = $0 }
+        tolower($1) == "types:"  { $1 = ""; types = $0 " " }
+        END { flush() }' "$f"
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+      [ -r "$f" ] || continue
+      # one-line format: deb [options] URI SUITE COMPONENT...
+      awk -v cn="$codename" '
+        $1 != "deb" { next }
+        { i = 2; if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ } }
+        { rank = (cn != "" && ($(i+1) == cn || index($(i+1), cn "-") == 1)) ? 0 : 1; print rank, $i }' "$f"
+    done
+  } | sort -s -k1,1n | awk '!seen[$2]++ { print $2 }' | sed 's:/*$::'
+}
 
-"$PY" -m pip install -q meson==1.12.1 ninja==1.13.2
+# Download libfuse's orig tarball from the first mirror that has it with the right sha256.
+fetch_libfuse() {
+  local dest="$1" base url tried=""
+  local bases
+  if [ -n "${FUSE_MIRROR:-}" ]; then
+    bases=${FUSE_MIRROR%/}
+  else
+    bases=$(debian_mirrors)
+  fi
+  for base in $bases; do
+    case "$base" in
+      http:/* | https:/*) ;;
+      *) continue ;;            # cdrom:, file:, mirror+file: ... : not a place to fetch from
+    esac
+    url="$base/$FUSE_POOL_PATH"
+    tried="$tried $base"
+    rm -f "$dest"
+    if [ -x /usr/lib/apt/apt-helper ]; then
+      /usr/lib/apt/apt-helper download-file "$url" "$dest" "SHA256:$FUSE_SHA256" >&2 || continue
+    else
+      curl -fsS --connect-timeout 20 -m 300 -o "$dest" "$url" >&2 || continue
+    fi
+    if echo "$FUSE_SHA256  $dest" | sha256sum -c --quiet - >&2; then
+      echo "build-pyfuse3: libfuse $FUSE_VERSION from $url" >&2
+      return 0
+    fi
+    echo "build-pyfuse3: checksum mismatch for $url" >&2
+  done
+  if [ -z "$tried" ]; then
+    fail "no Debian mirror (http or https) in apt's sources to fetch libfuse $FUSE_VERSION from"
+  fi
+  fail "cannot download libfuse $FUSE_VERSION with the right sha256 from:$tried"
+}
+
+command -v cc >/dev/null || command -v gcc >/dev/null || fail "no C compiler (gcc)"
+command -v patch >/dev/null || fail "no patch(1)"
+"$PY" -m pip install -q meson==1.12.1 ninja==1.13.2 || fail "cannot install meson and ninja"
 
 # libfuse sizes its receive buffers, and so the largest request it lets the kernel send,
 # from FUSE_DEFAULT_MAX_PAGES_LIMIT (256 pages: 1 MiB) whenever the buffers are the
@@ -45,8 +171,7 @@ fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
 MAX_PAGES=1024
 STAMP="$PREFIX/.max-pages-$MAX_PAGES"
 if [ ! -e "$PREFIX/lib/libfuse3.so.4" ] || [ ! -e "$STAMP" ]; then
-  curl -fsS -m 300 -o "$work/fuse.tar.gz" "$FUSE_URL" || fail "cannot download $FUSE_URL"
-  echo "$FUSE_SHA256  $work/fuse.tar.gz" | sha256sum -c --quiet - || fail "checksum mismatch for $FUSE_URL"
+  fetch_libfuse "$work/fuse.tar.gz"
   tar xzf "$work/fuse.tar.gz" -C "$work"
   sed -i "s/^#define FUSE_DEFAULT_MAX_PAGES_LIMIT 256$/#define FUSE_DEFAULT_MAX_PAGES_LIMIT $MAX_PAGES/" \
     "$work/fuse-$FUSE_VERSION/lib/fuse_i.h"
@@ -55,13 +180,16 @@ if [ ! -e "$PREFIX/lib/libfuse3.so.4" ] || [ ! -e "$STAMP" ]; then
   # No utils (fusermount3, udev rules) and no examples: only the library is replaced.
   PATH="$VENV/bin:$PATH" "$VENV/bin/meson" setup "$work/fuse-$FUSE_VERSION/build" "$work/fuse-$FUSE_VERSION" \
     --prefix="$PREFIX" --libdir=lib --buildtype=release \
-    -Dexamples=false -Dutils=false -Dtests=false -Ddisable-mtab=true >/dev/null
-  PATH="$VENV/bin:$PATH" "$VENV/bin/meson" install -C "$work/fuse-$FUSE_VERSION/build" --quiet >/dev/null
+    -Dexamples=false -Dutils=false -Dtests=false -Ddisable-mtab=true \
+    || fail "cannot configure libfuse $FUSE_VERSION (meson)"
+  PATH="$VENV/bin:$PATH" "$VENV/bin/meson" install -C "$work/fuse-$FUSE_VERSION/build" --quiet \
+    || fail "cannot build libfuse $FUSE_VERSION"
   rm -f "$PREFIX"/.max-pages-*
   touch "$STAMP"
 fi
 
-"$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$PYFUSE3_VERSION"
+"$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$PYFUSE3_VERSION" \
+  || fail "cannot download pyfuse3 $PYFUSE3_VERSION's source"
 echo "$PYFUSE3_SHA256  $work/pyfuse3-$PYFUSE3_VERSION.tar.gz" | sha256sum -c --quiet - \
   || fail "checksum mismatch for pyfuse3 $PYFUSE3_VERSION"
 tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
@@ -69,6 +197,8 @@ src="$work/pyfuse3-$PYFUSE3_VERSION"
 patch -s -p1 -d "$src" < "$PATCH" || fail "cannot apply $PATCH"
 rm -f "$src/src/pyfuse3/__init__.c"     # generated from the patched .pyx instead
 PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
-  "$PY" -m pip install -q --force-reinstall --no-deps "$src"
-# (its dependency, trio, comes with the package's own install; `make install` then checks
-# that `import pyfuse3` finds session_fd_number, i.e. this build)
+  "$PY" -m pip install -q --force-reinstall --no-deps "$src" || fail "cannot build the patched pyfuse3"
+# The module is the patched one and finds this libfuse.
+so=$(pyfuse3_so) || fail "the patched pyfuse3 is not installed"
+grep -q session_fd_number "$so" || fail "the installed pyfuse3 is not the patched one"
+ldd "$so" | grep -q "$PREFIX/lib/libfuse3.so" || fail "the patched pyfuse3 does not load libfuse from $PREFIX"
