@@ -11,7 +11,8 @@ runs the same workloads against a local directory in the same run:
 - meta: M files created, stat'ed, renamed, unlinked.
 - dd: a 1 GiB sequential write and read with dd, as the disk's own reference.
 
-    .venv/bin/python bench/mount_bench.py [--files 32] [--meta 10000] [--direct-io-reads] [--json]
+    .venv/bin/python bench/mount_bench.py [--files 32] [--size 14680064] [--meta 10000] [--dd-mib 1024]
+        [--direct-io-reads] [--json]
 """
 from __future__ import annotations
 
@@ -120,15 +121,18 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=32)
     ap.add_argument("--size", type=int, default=14 << 20)
     ap.add_argument("--meta", type=int, default=10000)
+    ap.add_argument("--dd-mib", type=int, default=1024, help="MiB of the dd reference (a multiple of 4)")
     ap.add_argument("--dir", default=None, help="where the cluster and the local reference dir live")
     ap.add_argument("--direct-io-reads", action="store_true",
                     help="mount with fuse.direct_io_reads (read-only opens of complete files skip the page cache)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.dd_mib <= 0 or args.dd_mib % 4 or args.size <= HEADER:
+        ap.error("--dd-mib must be a positive multiple of 4, --size larger than the 28-byte header")
     from curvine_py.localcluster import LocalCluster
 
     base = Path(tempfile.mkdtemp(prefix="mount-bench-", dir=args.dir or "."))
-    cluster = LocalCluster(base / "cluster", workers=2, master_port=None).start()
+    cluster = LocalCluster(base / "cluster", workers=2, master_port=None, die_with_parent=True).start()
     mounts = [base / "mnt-a", base / "mnt-b"]
     run_dir = base / "run"
     env = {**os.environ, "CURVINE_RUN_DIR": str(run_dir), "CURVINE_CLUSTER_SECRET": cluster.secret}
@@ -147,7 +151,7 @@ def main() -> int:
         results["curvine_cold"] = run_kv(mounts[0] / "kv2", mounts[1] / "kv2", args.files, args.size, cold=True)
         results["local_meta"] = meta_ops(local / "meta", args.meta)
         results["curvine_meta"] = meta_ops(mounts[0] / "meta", args.meta)
-        results["disk"] = dd(local / "dd.bin", 1024)
+        results["disk"] = dd(local / "dd.bin", args.dd_mib)
     finally:
         for m in mounts:
             subprocess.run([cv, "umount", str(m)], env=env, capture_output=True)
@@ -156,7 +160,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"kvcache: {args.files} files x {args.size >> 20} MiB (write through mount A, read through mount B)")
+    print(f"kvcache: {args.files} files x {args.size / (1 << 20):g} MiB (write through mount A, read through mount B)")
     print(f"{'':14} {'write GB/s':>11} {'read GB/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
     for k in ("local", "curvine", "curvine_cold"):
         r = results[k]
@@ -167,7 +171,7 @@ def main() -> int:
         r = results[k]
         print(f"{k:14} " + " ".join(f"{r[o + '_per_s']:9.0f}" for o in ("create", "stat", "rename", "unlink")))
     d = results["disk"]
-    print(f"\ndd 1 GiB on the local disk: write {d['dd_write_GiBps']:.2f} GiB/s, cold read {d['dd_read_cold_GiBps']:.2f} GiB/s")
+    print(f"\ndd {args.dd_mib} MiB on the local disk: write {d['dd_write_GiBps']:.2f} GiB/s, cold read {d['dd_read_cold_GiBps']:.2f} GiB/s")
     return 0
 
 

@@ -11,7 +11,7 @@ sees it right after another replica wrote it):
   worker 0's replicas are read from their block files (verified with the .meta checksums);
 * network: ``get_into`` with ``client.short_circuit = false`` (the framed TCP channel).
 
-    .venv/bin/python bench/shortcircuit_bench.py [--runs 7] [--dir /dev/shm] [--json]
+    .venv/bin/python bench/shortcircuit_bench.py [--runs 7] [--size 103000000] [--dir /dev/shm] [--json]
 """
 from __future__ import annotations
 
@@ -77,15 +77,18 @@ def sdk_read(master: str, secret: str, host: str, short_circuit: bool, data: byt
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--size", type=int, default=KV_BYTES, help="bytes of the object (default 103 MB, BRIEF.md's prompt)")
     ap.add_argument("--dir", help="where the cluster and the local file live (default: the current dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.size <= 0 or args.runs <= 0:
+        ap.error("--size and --runs must be positive")
     from curvine_py import Client
     from curvine_py.localcluster import LocalCluster
     tmp = tempfile.mkdtemp(prefix="bench-sc-", dir=args.dir or ".")
-    cluster = LocalCluster(tmp, workers=2, master_port=None).start()
+    cluster = LocalCluster(tmp, workers=2, master_port=None, die_with_parent=True).start()
     try:
-        data = os.urandom(KV_BYTES)
+        data = os.urandom(args.size)
         from curvine_py.common.config import Config
         cfg = Config()
         cfg.cluster.secret = cluster.secret
@@ -93,7 +96,7 @@ def main() -> int:
         w.mkdir("/bench", exist_ok=True)
         w.put_bytes("/bench/kv.data", data)
         w.close()
-        buf = bytearray(KV_BYTES)
+        buf = bytearray(args.size)
         out: dict[str, Any] = {}
         series = {
             "local_dir": local_dir(os.path.join(tmp, "plain.data"), data, buf, args.runs),
@@ -104,8 +107,8 @@ def main() -> int:
         series["network"], _ = sdk_read(*args_, False, data, buf, args.runs)
         assert sc_stats.get("reads", 0) > 0 and sc_stats.get("fallbacks", 1) == 0, sc_stats
         for name, ts in series.items():
-            out[f"{name}_GBps"] = KV_BYTES / min(ts) / 1e9
-            out[f"{name}_median_GBps"] = KV_BYTES / statistics.median(ts) / 1e9
+            out[f"{name}_GBps"] = args.size / min(ts) / 1e9
+            out[f"{name}_median_GBps"] = args.size / statistics.median(ts) / 1e9
             out[f"{name}_ms"] = min(ts) * 1e3
         out["short_circuit_vs_local"] = out["short_circuit_GBps"] / out["local_dir_GBps"]
         out["short_circuit_vs_network"] = out["short_circuit_GBps"] / out["network_GBps"]
