@@ -37,7 +37,9 @@ _FAILED = 3            # the child's exit status when it caught an exception
 
 def probe_uring(directory: str, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Run the probe in a child process and judge how it ended."""
-    cmd = [sys.executable, "-m", "curvine_py.worker.uringprobe", directory]
+    # -P: the working directory is not put on sys.path (a checkout or a data dir could
+    # shadow the installed package); PYTHONPATH still counts, as for the worker.
+    cmd = [sys.executable, "-P", "-m", "curvine_py.worker.uringprobe", directory]
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout, errors="replace")
