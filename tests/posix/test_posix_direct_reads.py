@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pyfuse3_features import needs_direct_io_mmap
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -98,6 +99,7 @@ def test_a_file_written_here_reads_its_new_bytes(d: Path) -> None:
     assert p.read_bytes() == b"c" * 5000
 
 
+@needs_direct_io_mmap
 def test_private_and_shared_mmaps_of_a_direct_read_work(d: Path) -> None:
     """The mount asks the kernel for FUSE_DIRECT_IO_ALLOW_MMAP (deploy/pyfuse3.patch): a
     shared mmap of a file opened with direct I/O (numpy memmap, safetensors) works

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from pyfuse3_features import needs_passthrough
+
 from curvine_py.common import config as cfgmod
 from curvine_py.worker.blockstore import unshared
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), needs_passthrough]   # the patched pyfuse3 (deploy/build-pyfuse3.sh)
 
 MiB = 1 << 20
 BS = 16 * MiB
