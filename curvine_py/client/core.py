@@ -100,9 +100,11 @@ class ClientCore:
         self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s,
                                    congestion=cfg.cluster.data_congestion)
         self.io = BlockIO(self.pool, read_timeout_s=cfg.client.read_timeout_s)
-        self.buffers = BufferPool(cfg.master.block_size, max_buffers=64)
+        self.buffers = BufferPool(cfg.master.block_size, max_buffers=self._pool_buffers(cfg.master.block_size))
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
         self.workers = WorkerDirectory()
+        self._pools: dict[int, BufferPool] = {}   # other block sizes than the master's default
+        self._pools_lock = threading.Lock()
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
         self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
             if cfg.client.short_circuit else None
@@ -123,11 +125,20 @@ class ClientCore:
         """The shared pool when sizes match; files with other block sizes get their own."""
         if block_size == self.buffers.size:
             return self.buffers
-        with _pools_lock:
-            pool = _pools.get(block_size)
+        with self._pools_lock:
+            pool = self._pools.get(block_size)
             if pool is None:
-                pool = _pools[block_size] = BufferPool(block_size, max_buffers=16)
+                pool = self._pools[block_size] = BufferPool(block_size, self._pool_buffers(block_size))
             return pool
+
+    def _pool_buffers(self, block_size: int) -> int:
+        """client.buffer_pool_bytes worth of blocks, at least 2 (one being filled, one shipped)."""
+        return max(2, self.cfg.client.buffer_pool_bytes // max(1, block_size))
+
+    def pools(self) -> list[BufferPool]:
+        """Every block pool of this client (for the mount's watchdog and describe)."""
+        with self._pools_lock:
+            return [self.buffers, *self._pools.values()]
 
     def replica_order(self, block: pb.BlockInfo) -> list[pb.WorkerAddress]:
         """Replicas to try, local host first, others rotated by block id to spread load;
@@ -153,5 +164,3 @@ class ClientCore:
         self.meta.close()
 
 
-_pools: dict[int, BufferPool] = {}
-_pools_lock = threading.Lock()

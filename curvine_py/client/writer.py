@@ -293,13 +293,27 @@ class FileWriter:
             if len(self.dirty) >= MAX_DIRTY:
                 self._ship_dirty(next(iter(self.dirty)))
             db = self.dirty[idx] = DirtyBlock(self.pool)
-        db.room(within + len(piece), requester=self)   # may wait: idle files give buffers back
+        self._room(idx, db, within + len(piece))
         self._guard(idx, within)
         db.write(within, piece)
         if db.covers(self.bs):
             self._ship_dirty(idx)
         else:
             self._feed(idx, nowait=False)
+
+    def _room(self, idx: int, db: DirtyBlock, end: int) -> None:
+        """db.room(end) for slot idx.  When that has to wait for the pool, this writer's
+        other pooled dirty blocks are shipped first: a writer never waits for a buffer while
+        holding ones that only it could give back (its lock is held here, so the pool cannot
+        take them): 8 writers each holding one and waiting for one more hung a flush."""
+        if end <= len(db.view):
+            return
+        raw = self.pool.acquire_nowait()
+        if raw is None:
+            for other in [i for i, d in self.dirty.items() if i != idx and d.pooled]:
+                self._ship_dirty(other)
+            raw = self.pool.acquire(requester=self)
+        db.room(end, raw)
 
     def truncate(self, size: int) -> None:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
@@ -320,7 +334,7 @@ class FileWriter:
             last = keep - 1
             if rem and size < self.size and (last in self.current or last in self.dirty or last in self.inflight):
                 db = self._materialize(last, min(self.bs, self.size - last * self.bs))
-                db.room(self.bs, requester=self)
+                self._room(last, db, self.bs)
                 self._guard(last, rem)
                 db.clip(rem)
                 db.view[rem:] = bytearray(self.bs - rem)
@@ -358,8 +372,8 @@ class FileWriter:
             if release and self._quiet():
                 self._finish()
                 return None
-            for idx in list(self.dirty):
-                self._ship_dirty(idx)
+            while self.dirty:   # (making room for one may ship others first: _room)
+                self._ship_dirty(next(iter(self.dirty)))
             infos = self.uncommitted + self._wait_all()
             self._check()
             try:
@@ -541,7 +555,7 @@ class FileWriter:
         db = self.dirty.get(idx)
         if db is None:
             db = self.dirty[idx] = DirtyBlock(self.pool)
-        db.room(length, requester=self)
+        self._room(idx, db, length)
         gaps = db.gaps(length)
         if gaps:
             if idx in self.inflight:

@@ -1,0 +1,101 @@
+"""LMCache's own concurrency through real mounts on network-namespace hosts (issue 20).
+
+The writer mount is on a worker's host (1); the chunks are read back through fresh mounts
+on the other worker's host (2: a replica is local, read by short-circuit or, for one-block
+files with direct-I/O reads, by FUSE passthrough) and on a host with no worker (3: every
+block over the network).  `cv bench kvcache --writers/--readers` drives them as LMCache's
+pools do (every chunk opened first, then the payloads or whole reads) and verifies every
+byte.  The mounts' block pools are shrunk (client.buffer_pool_bytes) so that at test size
+more files are open part-written, or being read, than there are buffers: the state in
+which the mounts used to hang (shared/findings/lmcache-concurrency).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.netcluster import NetCluster
+from tests.conftest import CV
+
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
+
+MiB = 1 << 20
+PHASE_TIMEOUT_S = 120   # a phase past this is a hang: cv bench fails it (--timeout)
+
+# name -> (writer mount flags, reader mount flags, file size)
+SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
+    # 4 MiB blocks, 4 buffers: 3-block chunks, 8 writers, 24 files open at once
+    "defaults": (("--client-buffer-pool-bytes", str(16 * MiB)),
+                 ("--client-buffer-pool-bytes", str(16 * MiB)), 10 * MiB),
+    # docs/config.md's KV settings: one 16 MiB block per chunk, direct-I/O reads; 2 buffers
+    "kv": (("--client-block-size", str(16 * MiB), "--client-buffer-pool-bytes", str(32 * MiB)),
+           ("--fuse-direct-io-reads", "true", "--client-buffer-pool-bytes", str(32 * MiB)), 14 * MiB),
+}
+
+
+def bench(directory: Path, *args: str) -> dict[str, typing.Any]:
+    """One cv bench phase in a fresh process; its figures (a failure names the reason)."""
+    argv = [CV, "bench", str(directory), "--workloads", "kvcache", "--timeout", str(PHASE_TIMEOUT_S),
+            "--json", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=3 * PHASE_TIMEOUT_S)
+    assert proc.returncode == 0, f"{' '.join(args)}: {proc.stderr.strip()}"
+    return typing.cast(dict[str, typing.Any], json.loads(proc.stdout))
+
+
+def write_chunks(directory: Path, files: int, size: int, writers: int) -> None:
+    figures = bench(directory, "--phase", "write", "--files", str(files), "--file-size", str(size),
+                    "--writers", str(writers), "--readers", str(files))
+    assert figures["kvcache"]["write_threads"] == writers
+
+
+def read_chunks(directory: Path) -> None:
+    """Every chunk read whole, all opened at once, every byte verified (the manifest says
+    how many readers: one per file)."""
+    figures = bench(directory, "--phase", "read")
+    assert figures["kvcache"]["read_threads"] > 1
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_lmcache_pools_finish_byte_exact_on_every_read_path(net_cluster: NetCluster, tmp_path: Path,
+                                                            setting: str) -> None:
+    writer_flags, reader_flags, size = SETTINGS[setting]
+    c = net_cluster
+    w = c.mount(1, tmp_path / "w", *writer_flags)
+    (w / "kv").mkdir()
+    write_chunks(w / "kv", files=24, size=size, writers=8)
+
+    for host in (2, 3):   # a replica on the reader's host, and none
+        r = c.mount(host, tmp_path / f"r{host}", *reader_flags)
+        read_chunks(r / "kv")
+        if host == 3:
+            read_chunks(r / "kv")   # a second reader process on the same mount (it used to hang)
+        c.unmount(r)
+    c.unmount(w)
+
+
+def test_32_writers_read_back_exactly_while_block_files_are_recycled(net_cluster: NetCluster,
+                                                                     tmp_path: Path) -> None:
+    """Three rounds of 32 concurrent writers; each round's chunks are read through the
+    three paths and then deleted, so the next round's blocks land in recycled block files
+    (worker/blockstore.py reuses freed ones) while earlier readers' mounts are still up."""
+    c = net_cluster
+    w = c.mount(1, tmp_path / "w", "--client-block-size", str(16 * MiB))
+    readers = {"passthrough": c.mount(2, tmp_path / "pt", "--fuse-direct-io-reads", "true"),
+               "short-circuit": c.mount(2, tmp_path / "sc", "--fuse-passthrough", "false"),
+               "network": c.mount(3, tmp_path / "net", "--fuse-direct-io-reads", "true")}
+    for round_ in range(3):
+        d = w / f"round{round_}"
+        d.mkdir()
+        write_chunks(d, files=32, size=6 * MiB, writers=32)
+        for path, r in readers.items():
+            read_chunks(r / f"round{round_}")
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+    for r in readers.values():
+        c.unmount(r)
+    c.unmount(w)
