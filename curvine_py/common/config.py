@@ -85,6 +85,7 @@ class ClientConfig:
     host: str = ""                # this client's host identity (local-replica preference); "" = hostname
     block_size: int = 0           # block size of files this client creates; 0 = inherit from the directory
     read_ahead_blocks: int = 4    # blocks fetched ahead of a sequential reader
+    buffer_pool_bytes: int = 256 * MiB  # block buffers per block size (64 of 4 MiB, 16 of 16 MiB); docs/config.md
     rpc_timeout_s: float = 30.0   # one attempt of a metadata call
     retry_s: float = 120.0        # how long a metadata call keeps retrying an unreachable master
     data_timeout_s: float = 10.0  # a data-channel socket silent this long fails (writes)
@@ -106,6 +107,7 @@ class FuseConfig:
     max_read_ahead: int = 16 * MiB
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
+    request_timeout_s: float = 60.0  # a request unanswered this long fails with EIO, logged with the state (fuse/watchdog.py); 0 = never
 
 
 @dataclass
