@@ -105,14 +105,20 @@ class ThreadIO(BlockingHelpers):
                 raise EngineClosed(self.name)
             self._in_flight += 1
         try:
-            fut = self._pool.submit(fn, *args)
+            return self._pool.submit(self._run, fn, args)
         except BaseException:
-            self._finished(None)
+            self._finished()
             raise
-        fut.add_done_callback(self._finished)
-        return fut  # type: ignore[return-value]
 
-    def _finished(self, _fut: object) -> None:
+    def _run(self, fn: Callable[..., int | None], args: tuple[object, ...]) -> int:
+        """The op on a pool thread; it counts as finished before its Future is done, so
+        a caller woken by the result sees in_flight without it."""
+        try:
+            return int(fn(*args) or 0)
+        finally:
+            self._finished()
+
+    def _finished(self) -> None:
         with self._lock:
             self._in_flight -= 1
         self._slots.release()
