@@ -1,9 +1,10 @@
 """The worker's disk I/O engine as a process sees it: liburing imported safely by many
 processes at once, an io_uring that crashes its probe (a real native crash: a stand-in
-``liburing`` package that dies with SIGILL or SIGSEGV when imported, as the 2026.3.30
-wheel does on a CPU without AVX-512) never takes a worker down, ``uring`` then refuses to
-start with one line, ``auto`` and ``threads`` run, and ``cv report`` names each worker's
-engine."""
+``liburing`` package on PYTHONPATH that dies with SIGILL or SIGSEGV when imported, as the
+2026.3.30 wheel does on a CPU without AVX-512; one whose ring setup fails with EPERM, as
+under docker's seccomp profile; one that hangs) never takes a worker down, ``uring`` then
+refuses to start with one line, ``auto`` and ``threads`` run, and ``cv report`` names
+each worker's engine."""
 from __future__ import annotations
 
 import json
@@ -26,17 +27,40 @@ CRASHES = {
     # what the stand-in liburing's __init__ does: the native crashes of a bad binding
     "SIGILL": "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n",
     "SIGSEGV": "import ctypes\nctypes.string_at(0)\n",
+    "hang": "import time\ntime.sleep(60)\n",
+    # the 2024 API, with a kernel that refuses the ring (docker's seccomp profile)
+    "EPERM": textwrap.dedent("""\
+        import errno, os
+        class io_uring: pass
+        class io_uring_cqe: pass
+        class iovec:
+            def __init__(self, buffers): pass
+        def io_uring_queue_init(entries, ring, flags=0):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        def _unused(*args): raise AssertionError("never reached")
+        io_uring_queue_exit = io_uring_register_eventfd = io_uring_get_sqe = _unused
+        io_uring_prep_readv = io_uring_prep_writev = io_uring_prep_fsync = _unused
+        io_uring_sqe_set_data64 = io_uring_sqe_set_flags = io_uring_submit = _unused
+        io_uring_peek_cqe = io_uring_cqe_get_data64 = io_uring_cqe_seen = _unused
+        """),
 }
+REASONS = {"SIGILL": "killed by SIGILL", "SIGSEGV": "killed by SIGSEGV",
+           "EPERM": "PermissionError: [Errno 1] Operation not permitted"}
 
 
-def crashing_liburing(root: Path, how: str) -> dict[str, str]:
-    """An environment whose `import liburing` dies with the given native crash."""
+def fake_liburing(root: Path, how: str) -> str:
+    """A directory whose liburing package misbehaves as CRASHES[how] says."""
     pkg = root / f"fake-{how}" / "liburing"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text(CRASHES[how])
+    return str(pkg.parent)
+
+
+def crashing_liburing(root: Path, how: str) -> dict[str, str]:
+    """An environment whose `import liburing` (or its first ring) fails as `how` says."""
     env = dict(os.environ)
     env.pop(IO_ENGINE_ENV, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(pkg.parent), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([fake_liburing(root, how), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
@@ -91,14 +115,21 @@ def test_importing_the_worker_does_not_import_liburing(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- a probe that crashes
 
-@pytest.mark.parametrize("how", sorted(CRASHES))
-def test_uring_with_a_crashing_probe_fails_the_start_with_one_line(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize("how", sorted(REASONS))
+def test_uring_with_a_failing_probe_fails_the_start_with_one_line(tmp_path: Path, how: str) -> None:
     proc = subprocess.run(worker_cmd(tmp_path / "data", "uring"), env=crashing_liburing(tmp_path, how),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=START_TIMEOUT_S)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"curvine-worker: worker.io_engine = uring, but io_uring does not work here: killed by {how}"]
+        f"curvine-worker: worker.io_engine = uring, but io_uring does not work here: {REASONS[how]}"]
+
+
+def test_a_hanging_probe_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from curvine_py.worker.uringprobe import probe_uring
+    monkeypatch.setenv("PYTHONPATH", fake_liburing(tmp_path, "hang"))
+    assert probe_uring(str(tmp_path), timeout=1.0) == \
+        ioengine.ProbeResult(False, "the probe did not finish in 1 s")
 
 
 def test_auto_runs_on_threads_and_says_why_in_one_line(tmp_path: Path) -> None:
