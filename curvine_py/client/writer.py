@@ -92,7 +92,9 @@ class DirtyBlock:
     def __init__(self, pool: BufferPool, raw: mmap.mmap | None = None) -> None:
         self.pool = pool
         self.raw = raw               # the pooled buffer, once it has one
-        self.view = memoryview(raw) if raw is not None else memoryview(bytearray(SMALL))
+        # Small or pooled, the memory is page-aligned (an anonymous mmap), so a short last
+        # block still goes to a local replica with O_DIRECT (client/localwrite.py).
+        self.view = memoryview(raw if raw is not None else mmap.mmap(-1, SMALL))
         self.ranges: list[list[int]] = []
         self.streamable = True   # False once a stream of it was dropped: rewritten in place
 
@@ -640,8 +642,7 @@ class FileWriter:
         lw = self.core.localwrites
         if lw is None:
             return self.core.io.write_block(addrs, target.block_id, data, target.token, target.tier)
-        return lw.write_block(self.core.io, addrs, target, data,
-                              owned.view if owned is not None and owned.pooled else None)
+        return lw.write_block(self.core.io, addrs, target, data, owned.view if owned is not None else None)
 
     def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
         """Give a shipped (or dropped) block's memory back to the pool."""
