@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import typing
 from pathlib import Path
 
 from curvine_py.common import config
@@ -61,8 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     log_file = args.log_file or str(default_log)
     if args.foreground:
         _setup_logging(None, args.debug)
-        return serve(cfg, args.mountpoint, pid_file, None)
+        _exit(serve(cfg, args.mountpoint, pid_file, None))
     return _daemonize(cfg, args.mountpoint, pid_file, log_file, args.debug)
+
+
+def _exit(code: int) -> typing.NoReturn:
+    """End the daemon once serve() is done, as the background one does (os._exit): an I/O
+    thread stuck on a hung worker (a read the watchdog gave up) must not keep a daemon that
+    has unmounted alive until its socket times out (the interpreter joins those threads)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _setup_logging(log_file: str | None, debug: bool) -> None:
@@ -117,6 +131,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     from curvine_py.client.core import ClientCore
     from curvine_py.client.vfs import VFS
     from curvine_py.fuse.ops import CurvineOps
+    from curvine_py.fuse.watchdog import MountCheck, Requests, watch
     from curvine_py.pb import curvine_pb2 as pb
 
     try:
@@ -145,6 +160,8 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(f"{os.getpid()}\n{real}\n")
     log.info("mounted %s (master %s)", mountpoint, cfg.client.master)
+    mount = MountCheck.find(real)   # by device number: the watchdog notices a detached mount
+    detached: list[bool] = []
 
     # A stop signal that arrives while the trio loop does not listen (before it starts, or
     # re-delivered by trio when the loop ends, or during the flush after it) must neither kill
@@ -161,11 +178,21 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+            def on_detach() -> None:   # the watchdog found the mount gone (its connection aborted)
+                detached.append(True)
+                pyfuse3.terminate()
+                nursery.cancel_scope.cancel()   # every request still waiting, too
             nursery.start_soon(_signals)
+            nursery.start_soon(watch, ops.requests or Requests(0), vfs, mount, on_detach, ops._hop_limits)
             nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
             _notify(ready_fd, f"ok {os.getpid()}")
             if not stop:
-                await pyfuse3.main()
+                try:
+                    await pyfuse3.main()
+                except Exception as e:   # (an ExceptionGroup too) a session loop reading the aborted connection
+                    if not detached:
+                        raise
+                    log.info("FUSE loop ended on the aborted connection: %r", e)
             nursery.cancel_scope.cancel()
 
     async def _signals() -> None:
@@ -194,7 +221,8 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         # a flush can wait long for an unreachable master; a process touching the mount in
         # that time must get an error at once, not hang.
         try:
-            pyfuse3.close(unmount=True)
+            # Detached: nothing of ours is mounted there now (something else may be).
+            pyfuse3.close(unmount=not detached)
         except Exception as e:
             log.warning("unmount: %s", e)
         vfs.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import itertools
 import logging
 import os
@@ -30,10 +31,12 @@ from curvine_py.common.types import (
 )
 from curvine_py.fuse import passthrough
 from curvine_py.fuse.passthrough import Passthrough
+from curvine_py.fuse.watchdog import CURRENT, Abandoned, Hop, Request, Requests
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_monotonic = time.monotonic
 NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time (see _times_are_now)
 _ROOT = Identity(0, 0, ())
 # FOPEN_NOFLUSH (Linux 5.14+) with the pyfuse3 that deploy/build-pyfuse3.sh builds; a stock
@@ -42,20 +45,50 @@ _NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """CurvineError -> FUSEError(errno); anything else is a bug -> EIO (logged), never a crash."""
+    """CurvineError -> FUSEError(errno); anything else is a bug -> EIO (logged), never a crash.
+
+    And the request is registered with the mount's watchdog while it runs (fuse/watchdog.py:
+    op, what it works on, since when); one the watchdog gave up (Abandoned) is answered EIO."""
+    params = list(inspect.signature(fn).parameters)
+    name = params[1] if len(params) > 1 and params[1] != "ctx" else ""
+    op = fn.__name__
+
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(self: "CurvineOps", *args: Any, **kwargs: Any) -> Any:
+        requests = self.requests
+        req = None
+        if requests is not None:   # Requests.begin, inlined (every request passes here)
+            req = Request(op, name, args[0] if args else None, _monotonic())
+            requests.active.add(req)
+            req.token = CURRENT.set(req)
         try:
-            return await fn(*args, **kwargs)
+            return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
+        except Abandoned:   # logged by the watchdog, with the state that held it up
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:   # CurvineError included
             code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
             raise pyfuse3.FUSEError(code) from None
         except Exception:
-            log.exception("%s failed", fn.__name__)
+            log.exception("%s failed", op)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if req is not None:
+                requests.active.discard(req)  # type: ignore[union-attr]
+                CURRENT.reset(req.token)
     return wrapper
+
+
+def _close_fd(fd: int | None) -> None:
+    """An abandoned passthrough hop's block file descriptor: nobody will hand it to the kernel."""
+    if fd is not None:
+        os.close(fd)
+
+
+def _unpin(pinned: tuple[memoryview, Callable[[], None]]) -> None:
+    """An abandoned read's view into the block cache: let the cache have it back."""
+    pinned[1]()
 
 
 class CurvineOps(pyfuse3.Operations):
@@ -78,16 +111,45 @@ class CurvineOps(pyfuse3.Operations):
         self._dir_fhs = itertools.count(1)
         self.enable_passthrough = cfg.passthrough   # asked of the kernel at init (patched pyfuse3)
         self.passthrough: Passthrough | None = None
+        # the requests in flight, for the watchdog (fuse/watchdog.py); None: it is off
+        self.requests = Requests(cfg.request_timeout_s) if cfg.request_timeout_s > 0 else None
 
     def init(self) -> None:
         """The kernel's INIT was answered: passthrough is known to work or not now."""
         if self.enable_passthrough:
-            self.passthrough = passthrough.start(self.vfs, self._run)
+            self.passthrough = passthrough.start(self.vfs, self._run_local_file)
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
 
     # ------------------------------------------------------------------ helpers
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    async def _run(self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None) -> T:
+        """fn(*args) in a worker thread.  Within a request the watchdog can give up: the
+        hop is cancelled, the thread abandoned (it runs on; what it returns then goes to
+        discard, if given), and Abandoned raised.  Outside requests (system tasks) never."""
+        req = CURRENT.get() if self.requests is not None else None
+        if req is None:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        if req.expired:
+            raise Abandoned()
+        hop = Hop(fn, args, discard)
+        req.scope, req.waits = trio.CancelScope(), getattr(fn, "__name__", "?")
+        try:
+            with req.scope:
+                return await trio.to_thread.run_sync(hop, limiter=self._limiter, abandon_on_cancel=True)
+        except trio.Cancelled:   # from outside (the loop stopping): the thread is abandoned too
+            hop.abandon()
+            raise
+        finally:
+            req.scope = None
+        hop.abandon()   # the watchdog cancelled it
+        raise Abandoned()
+
+    async def _run_local_file(self, fn: Callable[..., T], *args: Any) -> T:
+        """The passthrough's hops (VFS.local_file): an abandoned one's descriptor is closed."""
+        return await self._run(fn, *args, discard=_close_fd)  # type: ignore[arg-type]
+
+    def _hop_limits(self) -> str:
+        s = self._limiter.statistics()
+        return f"  thread hops: {s.borrowed_tokens} of {s.total_tokens} busy, {s.tasks_waiting} waiting for one"
 
     def _ident(self, ctx: pyfuse3.RequestContext) -> Identity:
         """The caller, with its supplementary groups (cached per pid for a second)."""
@@ -323,7 +385,7 @@ class CurvineOps(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         pinned = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
         if pinned is None:
-            pinned = await self._run(self.vfs.read_view, fh, off, size)   # waits for the bytes
+            pinned = await self._run(self.vfs.read_view, fh, off, size, discard=_unpin)   # waits for the bytes
         view, unpin = pinned
         # pyfuse3 copies the reply to the kernel right after this returns, within the same
         # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
@@ -340,8 +402,38 @@ class CurvineOps(pyfuse3.Operations):
             await self._harden(*begun)
             n = self.vfs.write_nowait(fh, off, buf)
         if n is None:
-            n = await self._run(self.vfs.write, fh, off, buf)
+            n = await self._write_in_thread(fh, off, buf)
         return n
+
+    async def _write_in_thread(self, fh: int, off: int, buf: bytes | memoryview) -> int:
+        """A write that may wait (a block to ship, a lease to take) in a worker thread.
+        The watchdog may abandon that thread while it runs, so it gets a copy of a view of
+        libfuse's receive buffer: the view is valid only until this returns, and libfuse
+        reuses (or frees) that memory for the next request.  And a write given up fails its
+        file's writer: the file must never be committed without that write's bytes."""
+        data = bytes(buf) if isinstance(buf, memoryview) and self.requests is not None else buf
+        try:
+            return await self._run(self.vfs.write, fh, off, data, discard=lambda _n: self._fail_writer(fh))
+        except (Abandoned, trio.Cancelled):
+            self._fail_writer(fh)
+            raise
+
+    def _fail_writer(self, fh: int) -> None:
+        """Fail the writer of fh's file (a write of it was given up); its later writes, its
+        flush and its close fail with EIO and it commits nothing more."""
+        try:
+            w = self.vfs.handle(fh).state.writer
+        except CurvineError:
+            return
+        if w is None or w.closed:
+            return
+        error = CurvineError(errno.EIO, "a write was given up by the mount's watchdog (fuse.request_timeout_s)")
+        fail = getattr(w, "fail", None)
+        if fail is not None:
+            fail(error)
+        elif w._error is None:
+            w._error = error
+        log.error("inode %d: a write request was given up; the file's writer fails from now on", w.ino)
 
     async def _harden(self, w: FileWriter, req: pb.AllocateBlocksRequest) -> None:
         """Send the AllocateBlocks that binds a new file's lease before answering its first
