@@ -22,6 +22,7 @@ Rules that keep it safe:
 """
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -44,9 +45,10 @@ class BlockStream:
 
     def __init__(self, io: BlockIO, executor: Executor, target: pb.BlockInfo, addrs: list[pb.WorkerAddress],
                  offset: int, view: memoryview, block_size: int,
-                 fallback: Callable[[int], pb.BlockInfo], done: Callable[[int], None],
+                 fallback: Callable[[int, int | None], pb.BlockInfo], done: Callable[[int], None],
                  local: LocalWrites | None = None) -> None:
-        """fallback(length) ships view[:length] the ordinary way (and frees the buffer);
+        """fallback(length, expect) ships view[:length] the ordinary way (and frees the
+        buffer), after checking it still hashes to expect (None: no check);
         done(length) frees the buffer after a successful stream; local: short-circuit
         writes of a replica on this host (None: all replicas over the network)."""
         self.io = io
@@ -63,6 +65,7 @@ class BlockStream:
         self._ready = 0                  # bytes the writer has handed over, in order
         self._sent = 0                   # bytes on the wire (or given up after a failure)
         self._length: int | None = None  # set by finish: the block's final length
+        self._expect: int | None = None  # set by finish: the xxh3 the writes gave (None: unknown)
         self._aborted = False
         self._pumping = False
         self.local = local
@@ -86,11 +89,14 @@ class BlockStream:
                 self._ready = ready
                 self._kick()
 
-    def finish(self, length: int) -> Future[pb.BlockInfo]:
+    def finish(self, length: int, expect: int | None = None) -> Future[pb.BlockInfo]:
         """The block is complete at length bytes; the buffer now belongs to the stream.
+        expect: the xxh3 of those bytes as the writer's writes handed them over; a stream
+        that sent anything else is not committed (the block goes whole, checked again).
         The future gives the block's BlockInfo once it is on its workers."""
         with self._lock:
             self._length = self._ready = length
+            self._expect = expect
             self._kick()
         return self.future
 
@@ -179,6 +185,10 @@ class BlockStream:
     def _complete(self, length: int) -> None:
         """Commit the streamed block, or ship it again the ordinary way if the stream broke."""
         try:
+            if self._expect is not None and self._failed is None and self._checksum() != self._expect:
+                log.error("block %d: the streamed bytes hash %x, the writes gave %x: not committed, "
+                          "sent again whole", self.target.block_id, self._checksum(), self._expect)
+                self._fail(CurvineError(errno.EIO, "streamed bytes differ from the bytes written"))
             if self._failed is None and (self._sock is not None or self._file is not None):
                 try:
                     acked = self._commit(length)
@@ -191,7 +201,7 @@ class BlockStream:
                                                         length=length, checksum=self._checksum(), workers=acked,
                                                         token=self.target.token))
                     return
-            self.future.set_result(self.fallback(length))   # an empty block, or a broken stream
+            self.future.set_result(self.fallback(length, self._expect))   # empty, or a broken stream
         except BaseException as e:
             self.future.set_exception(e)
 

@@ -25,6 +25,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+import xxhash
+
 from curvine_py.client.blockio import PIECE
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
@@ -87,7 +89,7 @@ class DirtyBlock:
     (or 64) open files take every buffer while the payload writes that would free them
     waited for one (docs/architecture.md, "Bounded buffers")."""
 
-    __slots__ = ("pool", "raw", "view", "ranges", "streamable")
+    __slots__ = ("pool", "raw", "view", "ranges", "streamable", "_seq", "_seq_end")
 
     def __init__(self, pool: BufferPool, raw: mmap.mmap | None = None) -> None:
         self.pool = pool
@@ -97,6 +99,19 @@ class DirtyBlock:
         self.view = memoryview(raw if raw is not None else mmap.mmap(-1, SMALL))
         self.ranges: list[list[int]] = []
         self.streamable = True   # False once a stream of it was dropped: rewritten in place
+        # The xxh3 of the bytes as the writes handed them over, while they come in order
+        # from the block's start (the KV chunk's case): what is shipped must hash the same.
+        self._seq: xxhash.xxh3_64 | None = xxhash.xxh3_64()
+        self._seq_end = 0
+
+    def digest(self, length: int) -> int | None:
+        """The xxh3 the block's first length bytes must have, as written; None when the
+        writes did not come in order from the start up to exactly there."""
+        return self._seq.intdigest() if self._seq is not None and self._seq_end == length else None
+
+    def unordered(self) -> None:
+        """Bytes went into the buffer other than by an in-order write: no digest."""
+        self._seq = None
 
     @property
     def pooled(self) -> bool:
@@ -121,6 +136,12 @@ class DirtyBlock:
         self.room(end)
         self.view[within:end] = data
         self.ranges = _merge(self.ranges + [[within, end]])
+        if self._seq is not None:
+            if within == self._seq_end:
+                self._seq.update(data)
+                self._seq_end = end
+            else:
+                self._seq = None
 
     def release(self) -> None:
         """Give the memory back (to the pool when it came from there)."""
@@ -145,6 +166,7 @@ class DirtyBlock:
     def clip(self, length: int) -> None:
         """Forget bytes at or past length (truncate inside this block)."""
         self.ranges = [[a, min(b, length)] for a, b in self.ranges if a < length]
+        self._seq = None
 
 
 class FileWriter:
@@ -568,6 +590,7 @@ class FileWriter:
             for a, b in gaps:
                 db.view[a:b] = base[a:b]
             db.ranges = [[0, length]]
+            db.unordered()
         return db
 
     def _apply(self, idx: int) -> None:
@@ -582,7 +605,7 @@ class FileWriter:
         del self.dirty[idx]
         stream = self.streams.pop(idx, None)
         if stream is not None and length >= stream.ready:
-            fut = stream.finish(length)
+            fut = stream.finish(length, db.digest(length))
             self.shipped.append(fut)
             self.inflight[idx] = fut
             return
@@ -684,8 +707,15 @@ class FileWriter:
             self._spare.insert(0, target)
             return None
 
-        def fallback(length: int) -> pb.BlockInfo:
-            return self._send(idx, db.view[:length], self._allocate(1)[0], db)
+        def fallback(length: int, expect: int | None) -> pb.BlockInfo:
+            data = db.view[:length]
+            if expect is not None and xxhash.xxh3_64_intdigest(data) != expect:
+                self._free(data, db)
+                self._error = self._error or CurvineError(
+                    errno.EIO, f"inode {self.ino}: block {idx}'s buffer no longer holds the bytes written")
+                log.error("%s", self._error)
+                raise self._error
+            return self._send(idx, data, self._allocate(1)[0], db)
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
                              fallback, lambda length: self._free(None, db), self.core.localwrites)

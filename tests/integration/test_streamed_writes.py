@@ -3,13 +3,15 @@ real cluster: bytes leave before the block is complete, and every way a stream c
 spoiled (an overwrite, a truncate, a dead worker) still leaves the file exactly as written."""
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 
+import pytest
 import xxhash
 
-from curvine_py import Client
+from curvine_py import Client, CurvineError
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.writer import FileWriter
 from curvine_py.localcluster import LocalCluster
@@ -92,3 +94,22 @@ def test_a_stream_whose_worker_dies_is_sent_again_whole(cluster: LocalCluster) -
         assert c.get_bytes("/survives") == data
         for b in c.block_locations("/survives"):
             assert b.checksum == xxhash.xxh3_64_intdigest(data[b.offset:b.offset + b.length])
+
+
+def test_a_block_buffer_changed_under_the_writer_is_never_committed(client: Client) -> None:
+    """The bytes a stream ships must hash as the in-order writes handed them over
+    (DirtyBlock.digest).  A buffer changed behind the writer's back (what a buffer handed
+    to two owners would do) fails the close; the file is never presented with bytes
+    nobody wrote."""
+    data = os.urandom(3 * MiB)
+    client.put_bytes("/spoiled", b"before")
+    with pytest.raises(CurvineError) as e:
+        with client.open("/spoiled", "wb") as f:
+            f.write(data[:28])
+            f.write(data[28:2 * MiB + 4096])
+            w = writer_of(f)
+            wait_sent(w.streams[0], 2 * MiB)
+            w.dirty[0].view[2 * MiB + 10] ^= 0xFF   # written, not yet on the wire
+            f.write(data[2 * MiB + 4096:])
+    assert e.value.errno == errno.EIO
+    assert client.get_bytes("/spoiled") in (b"", b"before")   # truncated by the open, or as before
