@@ -1,4 +1,5 @@
-"""Two real data servers on ephemeral ports: chain writes, reads, corruption, garbage.
+"""Two real data servers on ephemeral ports, on both disk I/O engines: chain writes, reads,
+corruption, garbage.
 
 Also: the worker process itself (standalone, signals, bad config), the gRPC
 WorkerService, and the heartbeat against a minimal in-test MasterService.
@@ -28,7 +29,7 @@ from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.worker.replication import push_block
-from curvine_py.worker.uring import Uring
+from curvine_py.worker.ioengine import IoEngine
 
 Op = data_pb2.Op
 MiB = 1 << 20
@@ -80,16 +81,16 @@ def read(sock: socket.socket, block_id: int, offset: int = 0, length: int = (1 <
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def ring():
-    r = Uring(128)
-    yield r
-    r.close()
+def engine(io_engine: IoEngine) -> IoEngine:
+    """The data servers' disk I/O engine: every test using it runs on both engines
+    (tests/conftest.py: io_engine; uring skips with the probe's reason where it cannot work)."""
+    return io_engine
 
 
 class Node:
-    def __init__(self, ring: Uring, root, name: str, worker_id: int, spec: str = "",
+    def __init__(self, engine: IoEngine, root, name: str, worker_id: int, spec: str = "",
                  cache_writes: bool = False) -> None:
-        self.store = BlockStore([spec or str(root / name)], ring, reserve=0, direct_io=True)   # as worker.direct_io
+        self.store = BlockStore([spec or str(root / name)], engine, reserve=0, direct_io=True)   # as worker.direct_io
         self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id, cache_writes=cache_writes).start()
         self.target = chain_targets([("127.0.0.1", self.server.port, worker_id)])
 
@@ -98,9 +99,9 @@ class Node:
 
 
 @pytest.fixture
-def nodes(ring, tmp_path):
-    a = Node(ring, tmp_path, "a", A_ID)
-    b = Node(ring, tmp_path, "b", B_ID)
+def nodes(engine, tmp_path):
+    a = Node(engine, tmp_path, "a", A_ID)
+    b = Node(engine, tmp_path, "b", B_ID)
     yield a, b
     a.close()
     b.close()
@@ -147,11 +148,11 @@ def test_chain_write_reaches_both_replicas(nodes):
     assert len(a.store) == len(b.store) == 11
 
 
-def test_received_blocks_can_be_kept_in_the_page_cache(ring, tmp_path):
+def test_received_blocks_can_be_kept_in_the_page_cache(engine, tmp_path):
     """worker.cache_received: what arrives over the network is written through the page
     cache (this host's readers find it in memory), even in an O_DIRECT dir."""
-    a = Node(ring, tmp_path, "a", A_ID)
-    b = Node(ring, tmp_path, "b", B_ID, cache_writes=True)
+    a = Node(engine, tmp_path, "a", A_ID)
+    b = Node(engine, tmp_path, "b", B_ID, cache_writes=True)
     try:
         assert a.store.dirs[0].direct and b.store.dirs[0].direct
         data = os.urandom(3 * MiB + 5)
@@ -211,9 +212,9 @@ def test_downstream_failing_midway_is_left_out(nodes):
     assert a.store.read_range(6) == data
 
 
-def test_three_replica_chain(nodes, ring, tmp_path):
+def test_three_replica_chain(nodes, engine, tmp_path):
     a, b = nodes
-    c = Node(ring, tmp_path, "c", 33)
+    c = Node(engine, tmp_path, "c", 33)
     try:
         with connect(a.server) as s:
             h = write(s, 8, b"abc" * 1000, b.target + c.target)
@@ -233,8 +234,8 @@ def test_checksum_mismatch_rejected_everywhere_and_connection_survives(nodes):
     assert wait_for(lambda: 3 not in b.store and not os.listdir(b.store.dirs[0].staging_dir))
 
 
-def test_enospc_reply_keeps_connection_usable(ring, tmp_path):
-    small = Node(ring, tmp_path, "s", 44, spec=f"[SSD:8MiB]{tmp_path}/s")
+def test_enospc_reply_keeps_connection_usable(engine, tmp_path):
+    small = Node(engine, tmp_path, "s", 44, spec=f"[SSD:8MiB]{tmp_path}/s")
     try:
         with connect(small.server) as s:
             assert write(s, 1, os.urandom(4 * MiB)).errno == 0
@@ -354,10 +355,10 @@ def test_garbage_and_bad_ops_close_only_that_connection(nodes):
         assert read(s, 61)[1] == b"still serving"
 
 
-def test_block_tokens(ring, tmp_path):
+def test_block_tokens(engine, tmp_path):
     """With a cluster secret, only blocks handed out by the master (a token minted from the
     secret for that block and mode) can be written or read; the secret itself is no token."""
-    store = BlockStore([str(tmp_path / "x")], ring, reserve=0)
+    store = BlockStore([str(tmp_path / "x")], engine, reserve=0)
     server = DataServer(store, "127.0.0.1", 0, worker_id=1, secret="s3cret").start()
     tokens = BlockTokens("s3cret")
     try:
@@ -378,7 +379,7 @@ def test_block_tokens(ring, tmp_path):
 
 # ---------------------------------------------------------------- re-replication push
 
-def test_push_block_copies_a_local_block(nodes, ring, tmp_path):
+def test_push_block_copies_a_local_block(nodes, engine, tmp_path):
     a, b = nodes
     data = os.urandom(2 * MiB + 3)
     with connect(a.server) as s:
@@ -444,9 +445,9 @@ class FakeMaster(curvine_pb2_grpc.MasterServiceServicer):
         return self.replies.pop(0) if self.replies else curvine_pb2.HeartbeatReply()
 
 
-def test_heartbeat_registers_reports_and_obeys(ring, tmp_path):
+def test_heartbeat_registers_reports_and_obeys(engine, tmp_path):
     port = dead_port()
-    store = BlockStore([str(tmp_path / "h")], ring, reserve=0)
+    store = BlockStore([str(tmp_path / "h")], engine, reserve=0)
     for i in range(5):
         w = store.create(i)
         w.append(b"x" * (i + 1))

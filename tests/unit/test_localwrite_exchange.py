@@ -23,8 +23,8 @@ from curvine_py.common.security import BlockTokens
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import BlockStore
+from curvine_py.worker.ioengine import IoEngine
 from curvine_py.worker.localwrite import LocalWriteServer
-from curvine_py.worker.uring import Uring
 
 MiB = 1 << 20
 WORKER_ID = 7
@@ -32,15 +32,15 @@ SECRET = "s3cret"
 
 
 @pytest.fixture(scope="module")
-def ring() -> typing.Iterator[Uring]:
-    r = Uring(64)
-    yield r
-    r.close()
+def engine(io_engine: IoEngine) -> IoEngine:
+    """The block store's disk I/O engine: every test runs on both engines
+    (tests/conftest.py: io_engine; uring skips with the probe's reason where it cannot work)."""
+    return io_engine
 
 
 @pytest.fixture
-def served(tmp_path, ring) -> typing.Iterator[tuple[BlockStore, LocalWriteServer, pb.WorkerAddress]]:
-    store = BlockStore([str(tmp_path / "data")], ring, reserve=0)
+def served(tmp_path, engine) -> typing.Iterator[tuple[BlockStore, LocalWriteServer, pb.WorkerAddress]]:
+    store = BlockStore([str(tmp_path / "data")], engine, reserve=0)
     port = random.randrange(20000, 60000)   # only names the abstract socket
     server = LocalWriteServer(store, port, lambda: WORKER_ID, secret=SECRET).start()
     addr = pb.WorkerAddress(worker_id=WORKER_ID, host="here", ip="127.0.0.1", data_port=port)

@@ -1,4 +1,7 @@
-"""The io_uring executor: real files, real ring, several threads."""
+"""The io_uring executor: real files, real ring, several threads.
+
+Uring itself (skips through the session's io_uring probe where it cannot work); every
+IoEngine-contract test here has its counterpart on both engines in test_ioengine.py."""
 from __future__ import annotations
 
 import errno
