@@ -31,7 +31,7 @@ from curvine_py.common.types import (
 )
 from curvine_py.fuse import passthrough
 from curvine_py.fuse.passthrough import Passthrough
-from curvine_py.fuse.watchdog import CURRENT, Abandoned, Hop, Request, Requests
+from curvine_py.fuse.watchdog import CURRENT, Abandoned, Request, Requests, hop
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -123,25 +123,12 @@ class CurvineOps(pyfuse3.Operations):
     # ------------------------------------------------------------------ helpers
     async def _run(self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None) -> T:
         """fn(*args) in a worker thread.  Within a request the watchdog can give up: the
-        hop is cancelled, the thread abandoned (it runs on; what it returns then goes to
-        discard, if given), and Abandoned raised.  Outside requests (system tasks) never."""
+        thread is abandoned (it runs on; what it returns then goes to discard, if given)
+        and Abandoned raised (fuse/watchdog.py hop).  Outside requests (system tasks) never."""
         req = CURRENT.get() if self.requests is not None else None
         if req is None:
             return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-        if req.expired:
-            raise Abandoned()
-        hop = Hop(fn, args, discard)
-        req.scope, req.waits = trio.CancelScope(), getattr(fn, "__name__", "?")
-        try:
-            with req.scope:
-                return await trio.to_thread.run_sync(hop, limiter=self._limiter, abandon_on_cancel=True)
-        except trio.Cancelled:   # from outside (the loop stopping): the thread is abandoned too
-            hop.abandon()
-            raise
-        finally:
-            req.scope = None
-        hop.abandon()   # the watchdog cancelled it
-        raise Abandoned()
+        return await hop(req, self._limiter, fn, *args, discard=discard)
 
     async def _run_local_file(self, fn: Callable[..., T], *args: Any) -> T:
         """The passthrough's hops (VFS.local_file): an abandoned one's descriptor is closed."""

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+import trio
+
+from curvine_py.fuse.watchdog import Abandoned, Requests, hop
 from curvine_py.localcluster import LocalCluster, is_mounted
 from tests.posix.conftest import Mount, start_mount
 
@@ -217,3 +220,74 @@ def test_a_write_given_up_is_never_committed(mounts: Mounts) -> None:
     time.sleep(2 * LIMIT_S)
     fresh = mounts.start("fresh")
     assert os.stat(fresh.path / d.name / "z").st_size == 0
+
+
+# ---------------------------------------------------------------------- the hop itself
+def test_an_abandoned_hop_answers_at_once_and_drops_its_late_result() -> None:
+    """The watchdog gives a request up while its thread still waits: the request goes on
+    at once (Abandoned), the thread's later result is handed to discard, and the thread's
+    limiter token is held until the thread really ended."""
+    release, dropped = threading.Event(), threading.Event()
+    seen: list[typing.Any] = []
+
+    def blocked() -> str:
+        release.wait(30)
+        return "late"
+
+    def discard(value: str) -> None:
+        seen.append(("discarded", value))
+        dropped.set()
+
+    async def main() -> None:
+        requests, limiter = Requests(60.0), trio.CapacityLimiter(4)
+        req = requests.begin("read", "fh", 1)
+
+        async def give_up() -> None:   # as the watchdog does, from another task
+            await trio.sleep(0.2)
+            requests.expire(req)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(give_up)
+                start = time.monotonic()
+                try:
+                    await hop(req, limiter, blocked, discard=discard)
+                except Abandoned:
+                    seen.append("abandoned")
+                seen.append(("waited", time.monotonic() - start < 5))
+        finally:
+            requests.end(req)
+        seen.append(("tokens while the thread runs", limiter.borrowed_tokens))
+        release.set()
+        with trio.fail_after(10):
+            while limiter.borrowed_tokens:
+                await trio.sleep(0.01)
+        assert await trio.to_thread.run_sync(dropped.wait, 10)
+
+    trio.run(main)
+    assert seen == ["abandoned", ("waited", True), ("tokens while the thread runs", 1),
+                    ("discarded", "late")], seen
+
+
+def test_a_hop_cancelled_from_outside_is_abandoned_too() -> None:
+    """The loop stopping (an outer cancel scope) does not wait for the thread either."""
+    release, dropped = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    async def main() -> None:
+        requests, limiter = Requests(60.0), trio.CapacityLimiter(4)
+        req = requests.begin("read", "fh", 1)
+        try:
+            with trio.move_on_after(0.2) as scope:
+                await hop(req, limiter, lambda: release.wait(30) and "late",
+                          discard=lambda v: (seen.append(v), dropped.set()))
+        finally:
+            requests.end(req)
+        assert scope.cancelled_caught and not seen
+        release.set()
+        assert await trio.to_thread.run_sync(dropped.wait, 10)
+        with trio.fail_after(10):
+            while limiter.borrowed_tokens:
+                await trio.sleep(0.01)
+
+    trio.run(main)
+    assert seen == ["late"]
