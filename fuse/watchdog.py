@@ -27,7 +27,9 @@ client/asyncmeta.py), and one around each thread hop added 25-40 us to a ~170 us
 (measured here).  A thread hop a request may abandon is instead made with trio's low-level
 thread API (``hop``): the request's task waits in ``wait_task_rescheduled``, and the
 watchdog reschedules it with ``Abandoned`` itself; the thread's result, when it comes,
-finds nobody waiting and is dropped (``discard``).
+finds nobody waiting and is dropped (``discard``).  (A request that finds every thread
+busy -- abandoned threads keep theirs until they end -- waits for one under a cancel
+scope of its own, the one case the watchdog ends with a cancellation.)
 """
 from __future__ import annotations
 
@@ -60,13 +62,14 @@ class Abandoned(Exception):
 class Request:
     """One request being served: what, since when, and the thread hop it waits in."""
 
-    __slots__ = ("op", "name", "value", "start", "hop", "waits", "expired", "token")
+    __slots__ = ("op", "name", "value", "start", "hop", "scope", "waits", "expired", "token")
 
     def __init__(self, op: str, name: str, value: typing.Any, start: float) -> None:
         self.op = op
         self.name, self.value = name, value           # what it works on: "fh", 3
         self.start = start
         self.hop: Hop | None = None                   # set while the request waits in a thread hop
+        self.scope: trio.CancelScope | None = None    # ...or for a thread to be free (every one busy)
         self.waits = ""                               # ...and the function that hop runs
         self.expired = False                          # past the limit: fails with EIO
         self.token: typing.Any = None                 # CURRENT's, reset at its end
@@ -77,7 +80,9 @@ class Request:
 
     def describe(self, now: float) -> tuple[str, float, str]:
         what = f"{self.op} {self.target}".rstrip()
-        waits = f"thread hop {self.waits}" if self.hop is not None else "on the loop"
+        waits = (f"thread hop {self.waits}" if self.hop is not None
+                 else f"a free thread for {self.waits} (every one busy)" if self.scope is not None
+                 else "on the loop")
         return what + (" (timed out)" if self.expired else ""), now - self.start, waits
 
 
@@ -128,6 +133,8 @@ class Requests:
         r.expired = True
         if r.hop is not None:
             r.hop.abandon()
+        elif r.scope is not None:
+            r.scope.cancel()
 
     def snapshot(self, now: float) -> list[tuple[str, float, str]]:
         return sorted((r.describe(now) for r in list(self.active)), key=lambda d: -d[1])
@@ -173,7 +180,7 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
               discard: typing.Callable[[T], None] | None = None) -> T:
     """fn(*args) in a worker thread for request req, as trio.to_thread.run_sync with
     abandon_on_cancel=True, but given up by the watchdog (Hop.abandon: Abandoned raised
-    here) without a cancel scope.  An outer cancellation (the loop stopping) abandons it
+    here) without a cancel scope (but for a wait for a free thread).  An outer cancellation (the loop stopping) abandons it
     too.  A result that comes after the request was given up goes to discard (an unpin, a
     descriptor to close, a writer to fail), in a thread.  The limiter's token is held until
     the thread really ends."""
@@ -181,10 +188,21 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
         raise Abandoned()
     task = trio.lowlevel.current_task()
     h = Hop(task, discard)
-    await limiter.acquire_on_behalf_of(h)   # a checkpoint
-    if req.expired:   # given up while it waited for a thread
-        limiter.release_on_behalf_of(h)
-        raise Abandoned()
+    req.waits = getattr(fn, "__name__", "?")
+    try:
+        limiter.acquire_on_behalf_of_nowait(h)
+    except trio.WouldBlock:   # every thread busy (abandoned ones hold theirs): a wait the watchdog can end
+        with trio.CancelScope() as scope:
+            req.scope = scope
+            try:
+                await limiter.acquire_on_behalf_of(h)
+            finally:
+                req.scope = None
+        if scope.cancelled_caught:   # no token was taken
+            raise Abandoned() from None
+        if req.expired:
+            limiter.release_on_behalf_of(h)
+            raise Abandoned() from None
     token = trio.lowlevel.current_trio_token()
 
     def report(result: outcome.Outcome[T]) -> None:   # in the thread
@@ -201,7 +219,7 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
         h.task = None        # cancelled from outside: abandon the thread
         return trio.lowlevel.Abort.SUCCEEDED
 
-    req.hop, req.waits = h, getattr(fn, "__name__", "?")
+    req.hop = h
     try:   # trio unwraps the outcome it is rescheduled with: fn's value, its error, or Abandoned
         return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
     finally:
@@ -285,9 +303,14 @@ async def watch(requests: Requests, vfs: typing.Any, mount: MountCheck | None,
 def report(requests: Requests, vfs: typing.Any, late: list[Request], now: float,
            extra: typing.Callable[[], str] = lambda: "") -> str:
     """The one log record of requests found past the limit, with the mount's state."""
-    heads = "; ".join(f"{r.op} {r.target} after {now - r.start:.1f} s, "
-                      + ("its thread hop %s abandoned" % r.waits if r.hop is not None
-                         else "waiting on the loop (fails at its next thread hop)") for r in late)
+    def how(r: Request) -> str:
+        if r.hop is not None:
+            return f"its thread hop {r.waits} abandoned"
+        if r.scope is not None:
+            return f"its wait for a free thread (for {r.waits}) ended"
+        return "waiting on the loop (fails at its next thread hop)"
+    heads = "; ".join(" ".join(f"{r.op} {r.target}".split()) + f" after {now - r.start:.1f} s, {how(r)}"
+                      for r in late)
     lines = [f"request timed out (fuse.request_timeout_s={requests.timeout_s:g}), failing it with EIO: {heads}",
              describe(vfs, requests.snapshot(now))]
     with contextlib.suppress(Exception):

@@ -291,3 +291,41 @@ def test_a_hop_cancelled_from_outside_is_abandoned_too() -> None:
 
     trio.run(main)
     assert seen == ["late"]
+
+
+def test_a_request_waiting_for_a_free_thread_is_given_up_too() -> None:
+    """Abandoned threads keep their limiter tokens until they end: a request that finds
+    every thread busy waits for one, and the watchdog ends that wait as well."""
+    release = threading.Event()
+    seen: list[str] = []
+
+    async def main() -> None:
+        requests, limiter = Requests(60.0), trio.CapacityLimiter(1)
+        first = requests.begin("read", "fh", 1)
+        second = requests.begin("read", "fh", 2)
+
+        async def give_up() -> None:
+            await trio.sleep(0.2)
+            requests.expire(first)     # its thread runs on, holding the only token
+            await trio.sleep(0.2)
+            seen.append(second.describe(time.monotonic())[2])
+            requests.expire(second)
+
+        async def call(req: typing.Any, name: str) -> None:
+            try:
+                await hop(req, limiter, lambda: release.wait(30))
+            except Abandoned:
+                seen.append(f"{name} abandoned")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(give_up)
+            nursery.start_soon(call, first, "first")
+            await trio.sleep(0.1)
+            nursery.start_soon(call, second, "second")
+        release.set()
+        with trio.fail_after(10):
+            while limiter.borrowed_tokens:
+                await trio.sleep(0.01)
+
+    trio.run(main)
+    assert seen == ["first abandoned", "a free thread for <lambda> (every one busy)", "second abandoned"], seen
