@@ -224,14 +224,21 @@ def _kv_write_concurrent(d: Path, plan: Plan, pattern: Pattern) -> dict[str, flo
         os.rename(d / f"{kv_name(i)}.tmp", d / f"{kv_name(i)}.data")
         times[i] = time.perf_counter() - starts[i]
 
+    wall = _run_pool(n, open_with_header, payload_and_rename, plan.writers, plan.timeout_s, "kvcache write", files)
+    return _concurrent_figures(n * plan.file_size, wall, times, "write", plan.writers)
+
+
+def _run_pool(n: int, first: typing.Callable[[int], None], second: typing.Callable[[int], None], threads: int,
+              timeout_s: float, what: str, files: typing.Sequence[io.RawIOBase | None]) -> float:
+    """first(i) then second(i) for every file i on the pool (run_staged); what a failed or
+    stalled run left open is closed; returns the wall time."""
     t = time.perf_counter()
     try:
-        run_staged([(functools.partial(open_with_header, i), functools.partial(payload_and_rename, i))
-                    for i in range(n)], plan.writers, plan.timeout_s, "kvcache write")
+        run_staged([(functools.partial(first, i), functools.partial(second, i)) for i in range(n)],
+                   threads, timeout_s, what)
     finally:
         _close_quietly(files)
-    wall = time.perf_counter() - t
-    return _concurrent_figures(n * plan.file_size, wall, times, "write", plan.writers)
+    return time.perf_counter() - t
 
 
 def _thread_buffer(local: threading.local, size: int) -> memoryview:
@@ -337,13 +344,8 @@ def _kv_read_concurrent(paths: list[Path], plan: Plan, pattern: Pattern, digests
         header = kv_header(i, plan.file_size, plan.seed)
         check(paths[i], buf[:got], digests[i], lambda: pattern.expected(header, i, payload_len))
 
-    t = time.perf_counter()
-    try:
-        run_staged([(functools.partial(stat_and_open, i), functools.partial(read_and_check, i))
-                    for i in range(n)], plan.readers, plan.timeout_s, "kvcache read")
-    finally:
-        _close_quietly(files)
-    return _concurrent_figures(n * plan.file_size, time.perf_counter() - t, times, "read", plan.readers)
+    wall = _run_pool(n, stat_and_open, read_and_check, plan.readers, plan.timeout_s, "kvcache read", files)
+    return _concurrent_figures(n * plan.file_size, wall, times, "read", plan.readers)
 
 
 # ---------------------------------------------------------------- seq

@@ -1,6 +1,11 @@
 """The pieces of `cv bench` that decide whether a read is right, and how figures are shown."""
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
+import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,3 +64,29 @@ def test_figures_rows_and_formats() -> None:
                     ("kvcache", "1,925-token prompt read ms (8 files) (cold)", 90.0),
                     ("meta", "create/s", 1234.4)]
     assert [format_value(m, v) for _, m, v in rows] == ["1.250", "2.000", "1.000", "55.5", "90.0", "1,234"]
+
+
+def test_lmcache_pools_on_a_local_directory_open_every_chunk_first(tmp_path: Path) -> None:
+    """--writers/--readers: with more chunks than threads every chunk is open (its header
+    written) before any payload goes, and the read-back is verified."""
+    plan = bm.new_plan(["kvcache"], files=12, file_size=100_000, seq_size=4096, meta_files=1,
+                       writers=3, readers=12)
+    figs = bm.write_phase(tmp_path, plan)["kvcache"]
+    assert figs["write_threads"] == 3
+    read = bm.read_phase(tmp_path)["kvcache"]
+    assert read["read_threads"] == 12 and read["read_GBps"] > 0
+    victim = next((tmp_path / bm.KV_DIR).iterdir())
+    with open(victim, "r+b") as f:
+        f.seek(50_000)
+        f.write(b"\0")
+    with pytest.raises(bm.WrongData):
+        bm.read_phase(tmp_path)
+
+
+def test_a_pool_that_stops_answering_is_reported_not_waited_for() -> None:
+    never = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(bm.Stalled, match="0 of 3 files done"):
+        bm.run_staged([(lambda: never.wait(30),)] * 3, threads=2, timeout_s=0.5, what="kvcache write")
+    assert time.monotonic() - started < 5
+    never.set()
