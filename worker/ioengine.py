@@ -76,13 +76,27 @@ class IoEngine(Protocol):
 
 
 class BlockingHelpers:
-    """pread_full/pwrite_full on top of read_into/write_from, shared by both engines."""
+    """The one-buffer and blocking forms on top of readv_into/writev_from, shared by both
+    engines."""
+
+    def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
+        raise NotImplementedError
+
+    def writev_from(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
+        raise NotImplementedError
 
     def read_into(self, fd: int, view: Buffer, offset: int, punt: bool = True) -> Future[int]:
-        raise NotImplementedError
+        """Read up to len(view) bytes at offset into view; the Future gives the count.
+        punt=False lets io_uring issue the read at submit (O_DIRECT reads do not block
+        there) instead of handing it to an io-wq thread; a pool thread always runs it."""
+        mv = memoryview(view)
+        if mv.readonly:
+            raise TypeError("read_into needs a writable buffer")
+        return self.readv_into(fd, [mv], offset, punt)
 
     def write_from(self, fd: int, view: Buffer, offset: int) -> Future[int]:
-        raise NotImplementedError
+        """Write view at offset; the Future gives the count (may be short)."""
+        return self.writev_from(fd, [view], offset)
 
     def pread_full(self, fd: int, view: Buffer, offset: int) -> int:
         """Fill view from offset, looping on short reads; returns bytes read (< len at EOF)."""

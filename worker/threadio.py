@@ -41,18 +41,6 @@ class ThreadIO(BlockingHelpers):
 
     # ------------------------------------------------------------ async ops
 
-    def read_into(self, fd: int, view: Buffer, offset: int, punt: bool = True) -> Future[int]:
-        """Read up to len(view) bytes at offset into view; the Future gives the count.
-        punt is the io_uring's hint (issue at submit); a pool thread always runs it."""
-        mv = memoryview(view)
-        if mv.readonly:
-            raise TypeError("read_into needs a writable buffer")
-        return self.readv_into(fd, [mv], offset, punt)
-
-    def write_from(self, fd: int, view: Buffer, offset: int) -> Future[int]:
-        """Write view at offset; the Future gives the count (may be short)."""
-        return self.writev_from(fd, [view], offset)
-
     def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
         """Scatter-read into several buffers with one preadv."""
         mvs = [memoryview(v).cast("B") for v in views]

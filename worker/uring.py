@@ -177,19 +177,6 @@ class Uring(BlockingHelpers):
 
     # ------------------------------------------------------------ async ops
 
-    def read_into(self, fd: int, view: Buffer, offset: int, punt: bool = True) -> Future[int]:
-        """Read up to len(view) bytes at offset into view; the Future gives the count.
-        punt=False lets the kernel issue the read at submit (O_DIRECT reads do not block
-        there), instead of handing it to an io-wq thread."""
-        mv = memoryview(view)
-        if mv.readonly:
-            raise TypeError("read_into needs a writable buffer")
-        return self.readv_into(fd, [mv], offset, punt)
-
-    def write_from(self, fd: int, view: Buffer, offset: int) -> Future[int]:
-        """Write view at offset; the Future gives the count (may be short)."""
-        return self.writev_from(fd, [view], offset)
-
     def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
         """Scatter-read into several buffers with one op."""
         mvs = _views(views)
