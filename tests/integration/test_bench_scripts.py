@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
+from tests.conftest import uring_probe
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 pytestmark = pytest.mark.timeout(150)
 
@@ -30,6 +32,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "worker_bench.py": ("--total", "8MiB", "--rounds", "1"),
     "mount_bench.py": ("--files", "2", "--size", str(1 << 20), "--meta", "20", "--dd-mib", "4", "--json"),
     "eviction_bench.py": ("--capacity", "32MiB", "--files", "2", "--size", "1MiB", "--runs", "1", "--json"),
+    "io_engines.py": ("--small", "--rounds", "1", "--json"),
 }
 NO_DIR = {"meta_rpc_bench.py"}          # makes its cluster under the system temp dir, removes it
 MOUNTS = {"mount_bench.py", "eviction_bench.py"}
@@ -76,6 +79,13 @@ def test_script_runs_at_its_smallest_size(script: str, tmp_path: Path) -> None:
     check_figures(script, out)
     assert list(work.iterdir()) == [], f"{script} left {list(work.iterdir())} behind"
     assert [p.name for p in tmp_path.iterdir()] == ["work"], f"{script} left files in its cwd"
+    assert not mounts_under(tmp_path), f"{script} left mounts behind: {mounts_under(tmp_path)}"
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
 
 
 def check_figures(script: str, out: str) -> None:
@@ -101,10 +111,31 @@ def check_figures(script: str, out: str) -> None:
     elif script == "meta_rpc_bench.py":
         rows = [ln for ln in out.splitlines() if ln.startswith(("GetAttr", "Lookup", "Create+Unlink"))]
         assert len(rows) == 3 and all(ln.rstrip().endswith("x") for ln in rows), out
+    elif script == "io_engines.py":
+        check_io_engines(json.loads(out))
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
         raise AssertionError(f"no figures check for {script}")
+
+
+def check_io_engines(res: dict[str, Any]) -> None:
+    """Both engines measured where io_uring works (else threads only, and why), the mount's
+    rows where a mount works, every figure positive."""
+    probe = uring_probe()
+    assert ("uring_unavailable" in res) == (not probe.ok), (res.get("uring_unavailable"), probe)
+    engines = ["uring", "threads"] if probe.ok else ["threads"]
+    assert [set(r) for r in res["per_round"]] == [set(engines)], res["per_round"]
+    rows = {row["metric"]: row for row in res["table"]}
+    wanted = ["sdk kv_put_GBps", "sdk kv_get_GBps", "sdk seq_write_GBps", "sdk seq_read_GBps",
+              "sdk create_per_s"]
+    if mount_unavailable() is None:
+        wanted += ["mount kvcache write GB/s", "mount kvcache read GB/s (warm)", "mount seq write GB/s",
+                   "mount seq read GB/s (warm)"]
+    for metric in wanted:
+        for engine in engines:
+            assert rows[metric][engine] > 0, rows.get(metric)
+        assert (rows[metric]["uring/threads"] is not None) == probe.ok, rows[metric]
 
 
 def test_compare_starts(tmp_path: Path) -> None:
