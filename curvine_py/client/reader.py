@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client.core import ClientCore
+from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -179,6 +180,8 @@ class FileReader:
         self.read_ahead = core.cfg.client.read_ahead_blocks
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._max_end = 0
+        self._last_idx = -1              # the block the latest read was in
+        self._used = time.monotonic()    # when that was (the pool takes from idle readers)
         self._lock = threading.RLock()
         self._closed = False
         core.workers.learn(list(reply.workers))
@@ -198,11 +201,14 @@ class FileReader:
 
     def reclaim(self) -> bool:
         """The pool ran dry (common/buffers.py): drop the least recently used fetched block
-        nobody is copying from; a later read fetches it again."""
+        nobody is copying from, if the reads have gone past it or have paused (IDLE_S); a
+        later read fetches it again."""
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            idx = next((i for i, e in self._cache.items() if e.users == 0 and e.future.done()), None)
+            paused = time.monotonic() - self._used >= IDLE_S
+            idx = next((i for i, e in self._cache.items()
+                        if e.users == 0 and e.future.done() and (paused or i < self._last_idx)), None)
             if idx is None:
                 return False
             entry = self._cache.pop(idx)
@@ -338,6 +344,7 @@ class FileReader:
     def _note(self, offset: int, idx: int) -> None:
         """Reads near the furthest point read so far are sequential: fetch the next blocks."""
         with self._lock:
+            self._last_idx, self._used = idx, time.monotonic()
             sequential = offset <= self._max_end + self.bs
             self._max_end = max(self._max_end, offset)
             if sequential:

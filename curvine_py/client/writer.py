@@ -32,7 +32,7 @@ from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
-from curvine_py.common.buffers import BufferPool
+from curvine_py.common.buffers import IDLE_S, BufferPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -204,6 +204,7 @@ class FileWriter:
         self._hardening = False      # the mount's loop has that AllocateBlocks on its way
         self._hardened = threading.Event()   # ...and it came back (or failed)
         core.leases.add(self.lease_id)
+        self._used = time.monotonic()   # the last write (the pool takes from idle writers only)
         self.pool.hold(self, cheap=False)
 
     @property
@@ -544,7 +545,8 @@ class FileWriter:
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if self.closed or self._error is not None or self.soft or self._hardening:
+            if (self.closed or self._error is not None or self.soft or self._hardening
+                    or time.monotonic() - self._used < IDLE_S):
                 return False
             idx = next((i for i, db in self.dirty.items() if db.pooled), None)
             if idx is None:
@@ -562,6 +564,7 @@ class FileWriter:
     def _touch(self) -> None:
         self.changed = True
         self.mtime_ns = time.time_ns()
+        self._used = time.monotonic()
 
     def _check(self) -> None:
         if self._error is not None:

@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 
+# A holder in a request less than this ago is busy, not idle: a KV chunk's payload comes
+# as 1 MiB requests back to back, and taking a buffer between two of them (a part-filled
+# block shipped early, a fetched block dropped before its next 1 MiB is copied) costs a
+# whole block's rewrite or refetch: 32 writers or 128 readers on 16 buffers then thrashed
+# (KV write 0.05 GB/s).  A holder that really holds buffers across a wait is idle longer.
+IDLE_S = 0.5
+
 # O_DIRECT needs offsets, lengths and buffer addresses on a multiple of the device's
 # logical block size: 4 KiB covers every device (512 B or 4 KiB).
 ALIGN = 4096
@@ -39,7 +46,8 @@ class Holder(Protocol):
 
     def reclaim(self) -> bool:
         """Give back (or start giving back: a block shipped, its buffer freed when it is on
-        its workers) one buffer, without waiting for any lock; False: none can go now."""
+        its workers) one buffer it is not using (idle for IDLE_S, or a block a reader has
+        gone past), without waiting for any lock; False: none can go now."""
 
 
 @dataclass(frozen=True)
