@@ -8,7 +8,8 @@ kvcache,seq`` on the mount and bench/sdk_bench.py against the cluster, stops it,
 does the same with ``threads``; the next round starts with the other engine, so machine
 noise hits both.  Prints one table, metric | uring | threads | uring/threads, medians over
 --rounds (``ms`` rows: lower is better; ``worker CPU`` rows: the two workers' user+system
-seconds per GB the bench wrote).  Where io_uring does not work (the worker's own probe
+seconds per GB the bench wrote; ``load average`` rows: the machine's 1-minute load when each
+cluster started and stopped, the noise the figures carry).  Where io_uring does not work (the worker's own probe
 fails) it says so in one line and measures threads only.
 
 As the default setup, the mount and the SDK are clients on worker 0's host: they read and
@@ -170,7 +171,7 @@ def one_cluster(base: Path, engine: str, args: argparse.Namespace, sizes: dict[s
     cluster = LocalCluster(d / "cluster", workers=2, master_port=None, mount=str(mnt) if sizes["mount"] else None,
                            die_with_parent=True,
                            env={"CURVINE_WORKER_IO_ENGINE": engine, "CURVINE_RUN_DIR": str(d / "run"), **extra})
-    figs: dict[str, float] = {}
+    figs: dict[str, float] = {"load average (1 min) at the start": os.getloadavg()[0]}   # noise
     try:
         t = time.monotonic()
         cluster.start()
@@ -212,6 +213,7 @@ def one_cluster(base: Path, engine: str, args: argparse.Namespace, sizes: dict[s
         figs["sdk worker CPU s/GB written"] = cpu / (sizes["sdk_bytes"] / 1e9)
         log(f"{engine}: sdk_bench done (kv put {sdk['kv_put_GBps']:.3f} GB/s, "
             f"seq write {sdk['seq_write_GBps']:.3f} GB/s)")
+        figs["load average (1 min) at the end"] = os.getloadavg()[0]
         return figs
     finally:
         with signals_held():
@@ -245,6 +247,7 @@ def table_rows(rounds: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]
     for r in rounds:
         for figs in r.values():
             names += [n for n in figs if n not in names]
+    names.sort(key=lambda n: n.startswith("load"))   # the noise rows last
     rows = []
     for name in names:
         if name.startswith("sdk ") and name[4:] not in SDK_METRICS and "CPU" not in name:
@@ -263,7 +266,7 @@ def fmt(metric: str, v: float | None) -> str:
         return f"{v:,.0f}"
     if " ms" in metric or metric.endswith("_ms"):
         return f"{v:.1f}"
-    if "CPU" in metric:
+    if "CPU" in metric or metric.startswith("load"):
         return f"{v:.2f}"
     return f"{v:.3f}"
 
