@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
+from curvine_py.testhosts import unavailable_reason
 from tests.conftest import uring_probe
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -33,9 +34,11 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "mount_bench.py": ("--files", "2", "--size", str(1 << 20), "--meta", "20", "--dd-mib", "4", "--json"),
     "eviction_bench.py": ("--capacity", "32MiB", "--files", "2", "--size", "1MiB", "--runs", "1", "--json"),
     "io_engines.py": ("--small", "--rounds", "1", "--json"),
+    "kv_concurrency.py": ("--small", "--json"),
 }
-NO_DIR = {"meta_rpc_bench.py"}          # makes its cluster under the system temp dir, removes it
-MOUNTS = {"mount_bench.py", "eviction_bench.py"}
+NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py"}   # under the system temp dir, removed after
+MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py"}
+NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testhosts.py)
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
 
@@ -71,6 +74,8 @@ def test_every_script_has_a_smoke_run() -> None:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_script_runs_at_its_smallest_size(script: str, tmp_path: Path) -> None:
     if script in MOUNTS and (why := mount_unavailable()):
+        pytest.skip(why)
+    if script in NETNS and (why := unavailable_reason()):
         pytest.skip(why)
     work = tmp_path / "work"
     work.mkdir()
@@ -113,6 +118,15 @@ def check_figures(script: str, out: str) -> None:
         assert len(rows) == 3 and all(ln.rstrip().endswith("x") for ln in rows), out
     elif script == "io_engines.py":
         check_io_engines(json.loads(out))
+    elif script == "kv_concurrency.py":
+        res = json.loads(out)
+        assert set(res) == {"curvine defaults", "curvine kv", "local"}, res
+        for system, by_size in res.items():
+            for row in by_size.values():
+                assert set(row) == {"write", "replica here", "no replica", "no replica, 2nd process"}, row
+                for phase, figs in row.items():
+                    assert "error" not in figs, (system, phase, figs)
+                    positive(figs, "write_GBps" if phase == "write" else "read_GBps")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
