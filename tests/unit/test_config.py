@@ -50,6 +50,7 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_round_trip_through_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CURVINE_CLUSTER_SECRET", raising=False)  # the tests' shared secret
+    monkeypatch.delenv("CURVINE_WORKER_IO_ENGINE", raising=False)   # a run on one engine keeps it
     cfg = config.Config()
     cfg.worker.dirs = ["[SSD:1GiB]/x"]
     f = tmp_path / "out.toml"
