@@ -115,31 +115,6 @@ def test_more_ops_than_entries_in_flight(ring, fd):
     assert ring.in_flight == 0
 
 
-def test_concurrent_threads(tmp_path):
-    ring = Uring(8)
-    errors: list[BaseException] = []
-
-    def worker(n: int) -> None:
-        try:
-            wfd = os.open(tmp_path / f"t{n}", os.O_RDWR | os.O_CREAT, 0o644)
-            data = os.urandom(256 * 1024)
-            buf = bytearray(len(data))
-            for i in range(30):
-                ring.pwrite_full(wfd, data, i * 4096)
-                assert ring.pread_full(wfd, buf, i * 4096) == len(data)
-                assert buf == data
-            os.close(wfd)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    ring.close()
-    assert not errors, errors
-
 
 def test_closed_ring_refuses_ops(fd):
     ring = Uring(4)
