@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import threading
 
 import pytest
 
