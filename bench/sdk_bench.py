@@ -180,9 +180,12 @@ def _meta_worker(master: str, secret: str | None, idx: int, n: int, q: Any, star
 
 
 def meta_bench(master: str, secret: str | None, clients: int, n: int) -> dict[str, float]:
-    q: Any = mp.Queue()
-    start = mp.Barrier(clients + 1)
-    procs = [mp.Process(target=_meta_worker, args=(master, secret, i, n, q, start)) for i in range(clients)]
+    # spawned, not forked: this process has run a gRPC client, and a forked child creating
+    # its own channel once hung for 10 minutes (gRPC is not fork-safe)
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
+    start = ctx.Barrier(clients + 1)
+    procs = [ctx.Process(target=_meta_worker, args=(master, secret, i, n, q, start)) for i in range(clients)]
     for p in procs:
         p.start()
     start.wait(timeout=120)

@@ -110,8 +110,8 @@ def io_engine(request: pytest.FixtureRequest) -> typing.Iterator[IoEngine]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests of modules that construct Uring themselves (tests/unit/test_uring.py and the
-    data-server tests) skip, with the probe's reason, where io_uring does not work."""
+    """Tests of modules that construct Uring themselves (tests/unit/test_uring.py) skip,
+    with the probe's reason, where io_uring does not work."""
     module = getattr(item, "module", None)
     if module is not None and getattr(module, "Uring", None) is not None and \
             getattr(module.Uring, "__module__", "") == "curvine_py.worker.uring":
