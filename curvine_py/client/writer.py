@@ -117,23 +117,22 @@ class DirtyBlock:
     def pooled(self) -> bool:
         return self.raw is not None
 
-    def room(self, end: int, raw: mmap.mmap | None = None, requester: object | None = None) -> None:
-        """Make the buffer hold bytes up to end: past SMALL, move into a pooled buffer
-        (raw, or one from the pool, which may wait for one: requester is not asked to give
-        one back)."""
+    def room(self, end: int, raw: mmap.mmap | None) -> None:
+        """Make the buffer hold bytes up to end: past SMALL, move into raw, a pooled buffer
+        the caller took (FileWriter._room, or try_pwrite's plan); raw goes back to the pool
+        when it is not needed."""
         if end <= len(self.view):
             if raw is not None:
                 self.pool.release(raw)
             return
-        if raw is None:
-            raw = self.pool.acquire(requester)
+        assert raw is not None, f"a dirty block needs a pooled buffer for {end} bytes"
         small, self.raw, self.view = self.view, raw, memoryview(raw)
         self.view[:len(small)] = small
         small.release()
 
     def write(self, within: int, data: memoryview) -> None:
         end = within + len(data)
-        self.room(end)
+        assert end <= len(self.view), "room() first"
         self.view[within:end] = data
         self.ranges = _merge(self.ranges + [[within, end]])
         if self._seq is not None:
