@@ -19,7 +19,7 @@ import importlib.util
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Self, Sequence
 
 from curvine_py.common.errors import ConfigError
 
@@ -76,14 +76,23 @@ class IoEngine(Protocol):
 
 
 class BlockingHelpers:
-    """The one-buffer and blocking forms on top of readv_into/writev_from, shared by both
-    engines."""
+    """The one-buffer and blocking forms on top of readv_into/writev_from, and the context
+    manager over close, shared by both engines."""
 
     def readv_into(self, fd: int, views: Sequence[Buffer], offset: int, punt: bool = True) -> Future[int]:
         raise NotImplementedError
 
     def writev_from(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
         raise NotImplementedError
+
+    def close(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def read_into(self, fd: int, view: Buffer, offset: int, punt: bool = True) -> Future[int]:
         """Read up to len(view) bytes at offset into view; the Future gives the count.

@@ -71,12 +71,6 @@ class ThreadIO(BlockingHelpers):
             time.sleep(0.005)
         self._pool.shutdown(wait=not self._in_flight)
 
-    def __enter__(self) -> "ThreadIO":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def in_flight(self) -> int:
         return self._in_flight

@@ -224,12 +224,6 @@ class Uring(BlockingHelpers):
         self._L.queue_exit(self._ring)
         os.close(self._efd)
 
-    def __enter__(self) -> "Uring":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def in_flight(self) -> int:
         return len(self._pending)
