@@ -17,6 +17,8 @@ from __future__ import annotations
 import errno
 import importlib.util
 import logging
+import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Protocol, Self, Sequence
@@ -85,8 +87,27 @@ class BlockingHelpers:
     def writev_from(self, fd: int, views: Sequence[Buffer], offset: int) -> Future[int]:
         raise NotImplementedError
 
+    _lock: threading.Lock
+    _closing: bool
+
     def close(self, timeout: float = 10.0) -> None:
         raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        raise NotImplementedError
+
+    def _begin_close(self, timeout: float) -> float | None:
+        """Refuse new ops and wait up to timeout for those in flight; the deadline, or
+        None when a close is already under way (close is idempotent)."""
+        with self._lock:
+            if self._closing:
+                return None
+            self._closing = True
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return deadline
 
     def __enter__(self) -> Self:
         return self

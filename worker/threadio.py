@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -62,13 +61,8 @@ class ThreadIO(BlockingHelpers):
     def close(self, timeout: float = 10.0) -> None:
         """Wait for in-flight ops (up to timeout), then stop the pool's threads.  An op
         still running after the timeout (a hung device) keeps its thread and buffers."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-        deadline = time.monotonic() + timeout
-        while self._in_flight and time.monotonic() < deadline:
-            time.sleep(0.005)
+        if self._begin_close(timeout) is None:
+            return
         self._pool.shutdown(wait=not self._in_flight)
 
     @property

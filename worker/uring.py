@@ -206,13 +206,9 @@ class Uring(BlockingHelpers):
 
     def close(self, timeout: float = 10.0) -> None:
         """Wait for in-flight ops (up to timeout), stop the reaper and free the ring."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-        deadline = time.monotonic() + timeout
-        while self._pending and time.monotonic() < deadline:
-            time.sleep(0.005)
+        deadline = self._begin_close(timeout)
+        if deadline is None:
+            return
         os.eventfd_write(self._efd, 1)  # wake the reaper so it sees _closing
         self._reaper.join(timeout=max(0.1, deadline - time.monotonic()))
         if self._pending:
