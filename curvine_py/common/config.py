@@ -54,6 +54,7 @@ class MasterConfig:
     evict_low: float = 0.8        # eviction stops below this fraction
     evict_interval_s: float = 1.0  # how often usage is checked (an allocation past evict_high checks at once)
     ttl_sweep_s: float = 60.0     # how often files past their user.curvine.ttl are removed
+    metrics_port: int = 9000      # Prometheus /metrics (docs/metrics.md); 0 = off
 
 
 @dataclass
@@ -76,6 +77,7 @@ class WorkerConfig:
     memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off
     local_writes: bool = True     # clients on this host may write block files themselves (worker/localwrite.py)
     rpc_threads: int = 8
+    metrics_port: int = 9001      # Prometheus /metrics (docs/metrics.md); 0 = off
 
 
 @dataclass
@@ -108,6 +110,7 @@ class FuseConfig:
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
     request_timeout_s: float = 60.0  # a request unanswered this long fails with EIO, logged with the state (fuse/watchdog.py); 0 = never
+    metrics_port: int = 9002      # Prometheus /metrics of the mount; taken: an ephemeral port (docs/metrics.md); 0 = off
 
 
 @dataclass
