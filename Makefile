@@ -59,7 +59,7 @@ peer-deps:
 
 # Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
 proto:
-	$(PY) -m grpc_tools.protoc -Icurvine_py/pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/curvine.proto proto/data.proto
+	$(PY) -m grpc_tools.protoc -Icurvine_py/pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/curvine.proto proto/data.proto proto/csi.proto
 
 bench: install
 	$(PY) bench/sdk_bench.py
