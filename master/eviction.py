@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from curvine_py.common.config import MasterConfig
 from curvine_py.common.errors import err
-from curvine_py.master import schema
+from curvine_py.master import metrics, schema
 from curvine_py.master.cachepolicy import TTL, Policies
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.workers import Registry
@@ -186,12 +186,15 @@ class Evictor:
             if time.monotonic() - self._last_warning > 30:   # every heartbeat would say it again
                 self._last_warning = time.monotonic()
                 log.warning("pool above its watermark but nothing is evictable (pinned or open files only)")
+            metrics.EVICTIONS.labels("pin_blocked").inc()
             return 0
         result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims})
         done = set(result["evicted"])
         self.capacity.note_freed({w: n for w, n in per_worker.items()} if done else {})
         self.evicted_files += len(done)
         self.evicted_bytes += result["bytes"]
+        metrics.EVICTIONS.labels("lru").inc(len(done))
+        metrics.EVICTED_BYTES.labels("lru").inc(result["bytes"])
         log.info("evicted %d files (%d bytes logical, %d on workers) to stay under the watermark",
                  len(done), result["bytes"], total)
         return len(done)
@@ -318,5 +321,7 @@ class Evictor:
                                   "reason": "ttl"})
             self.capacity.note_freed(freed)
             self.expired_files += len(result["evicted"])
+            metrics.EVICTIONS.labels("ttl").inc(len(result["evicted"]))
+            metrics.EVICTED_BYTES.labels("ttl").inc(result.get("bytes", 0))
             log.info("ttl sweep removed %d files", len(result["evicted"]))
             return len(result["evicted"])

@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from curvine_py.common.errors import CurvineError, Unavailable
+from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Journal:
 
     def _apply_batch(self, batch: list[tuple[dict[str, Any], Future]]) -> None:
         outcomes: list[tuple[Future, Any]] = []
+        start = time.perf_counter()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             for rec, fut in batch:
@@ -111,6 +113,10 @@ class Journal:
                     fut.set_exception(error)
             return
         self.applied += len(batch)
+        metrics.JOURNAL_COMMIT_SECONDS.observe(time.perf_counter() - start)
+        metrics.JOURNAL_BATCH.observe(len(batch))
+        for rec, _ in batch:
+            metrics.JOURNAL_RECORDS.labels(rec.get("op", "?")).inc()
         for fut, outcome in outcomes:
             if isinstance(outcome, BaseException):
                 fut.set_exception(outcome)

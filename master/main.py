@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 import grpc
 
-from curvine_py.common import config
+from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
 from curvine_py.common.rpc import server_options
 from curvine_py.common.security import SecretCheck
 from curvine_py.master.framed import FrameServer
+from curvine_py.master.metrics import MasterCollector
 from curvine_py.master.service import MasterService
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
@@ -31,8 +32,11 @@ class Servers:
     grpc: grpc.Server
     port: int
     frames: FrameServer | None   # None when master.frame_port = -1
+    metrics: metrics.MetricsServer | None = None   # None when master.metrics_port = 0
 
     def stop(self, grace: float = 2.0) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         if self.frames is not None:
             self.frames.stop()
         self.grpc.stop(grace=grace).wait()
@@ -81,6 +85,17 @@ def build_server(cfg: config.Config) -> Servers:
     return Servers(service, server, port, frames)
 
 
+def serve_metrics(cfg: config.Config, servers: Servers) -> None:
+    """/metrics on master.metrics_port (its port then in `cv report --json`, for `cv stats`)."""
+    try:
+        servers.metrics = metrics.serve("master", cfg.master.bind, cfg.master.metrics_port,
+                                        [MasterCollector(servers.service)])
+    except ConfigError:
+        servers.stop(grace=0)
+        raise
+    servers.service.metrics_port = servers.metrics.port if servers.metrics is not None else 0
+
+
 def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
     while not stop.wait(1.0):
         try:
@@ -99,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load(args)
         servers = build_server(cfg)
+        serve_metrics(cfg, servers)
     except (ConfigError, OSError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2

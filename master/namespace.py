@@ -143,6 +143,11 @@ class Namespace(FileOps, CacheOps):
         blocks = self.conn.execute("SELECT count(*) FROM blocks").fetchone()[0]
         return files, blocks
 
+    def dir_count(self) -> int:
+        """Directories among the inodes (the root included)."""
+        return self.conn.execute("SELECT count(*) FROM inodes WHERE (mode & ?) = ?",
+                                 (stat.S_IFMT(0o170000), stat.S_IFDIR)).fetchone()[0]
+
     # ------------------------------------------------------------------ helpers
     def _xattr_access(self, row: Row, cred: Cred, name: str, write: bool) -> None:
         if not name or len(name) > 255:

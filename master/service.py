@@ -19,7 +19,7 @@ import grpc
 from curvine_py.common.config import Config
 from curvine_py.common.errors import Unavailable, err, rpc_method
 from curvine_py.common.security import READ, WRITE, BlockTokens
-from curvine_py.master import posix, schema
+from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
 from curvine_py.master.journal import Journal
@@ -66,6 +66,8 @@ def caller_rec(c: pb.Caller, op: str, **fields: Any) -> dict[str, Any]:
 class MasterService(pb_grpc.MasterServiceServicer):
     """One instance per master process."""
 
+    rpc_seconds = metrics.RPC_SECONDS   # every rpc_method call is timed there (common/errors.py)
+
     def __init__(self, cfg: Config, db_path: str) -> None:
         self.cfg = cfg
         self.db_path = db_path
@@ -83,6 +85,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.tokens = BlockTokens(cfg.cluster.secret)
         self.started = time.monotonic()
         self.frame_port = 0   # the framed metadata server's port once main.py started it (0 = none)
+        self.metrics_port = 0   # the /metrics port once main.py started it (0 = none)
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
 
@@ -406,7 +409,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
             statuses.append(pb.WorkerStatus(
                 address=w.address(), state="live" if w.live else "lost", capacity=w.capacity, used=w.used,
                 dirs=w.dirs, blocks=len(w.blocks), last_heartbeat_ms=int((now - w.last_heartbeat) * 1000),
-                io_engine=w.io_engine))
+                io_engine=w.io_engine, metrics_port=w.metrics_port))
         live = self.registry.live_workers()
         files, nblocks = self.ns.counts()
         return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,
@@ -414,7 +417,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
                               files=files, blocks=nblocks, under_replicated=self.under_replicated(),
                               master_address=self.address, version=VERSION,
                               evicted_files=self.evictor.evicted_files, evicted_bytes=self.evictor.evicted_bytes,
-                              expired_files=self.evictor.expired_files)
+                              expired_files=self.evictor.expired_files, metrics_port=self.metrics_port)
 
     def under_replicated(self) -> int:
         """Committed blocks with fewer live replicas than their file asks for."""

@@ -29,6 +29,7 @@ class Worker:
     blocks: set[int] = field(default_factory=set)
     pending_deletes: set[int] = field(default_factory=set)
     io_engine: str = ""           # its disk I/O engine ("uring", "threads"), from its registration
+    metrics_port: int = 0         # its Prometheus /metrics port on ip, from its registration (0 = off)
 
     @property
     def capacity(self) -> int:
@@ -63,7 +64,8 @@ class Registry:
             if old is not None:
                 self._forget_blocks(old)
             self.workers[wid] = Worker(wid, req.host, req.ip, req.rpc_port, req.data_port, list(req.dirs),
-                                       time.monotonic(), io_engine=req.io_engine)
+                                       time.monotonic(), io_engine=req.io_engine,
+                                       metrics_port=req.metrics_port)
             self.membership_version += 1
         log.info("worker %d registered: host %s data %s:%d io engine %s", wid, req.host, req.ip, req.data_port,
                  req.io_engine or "?")

@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import time
 import typing
 
 import grpc
@@ -106,9 +107,18 @@ class Unavailable(Exception):
 
 
 def rpc_method(fn: F) -> F:
-    """Decorate a servicer method: CurvineError -> status; any other bug -> EIO, logged."""
+    """Decorate a servicer method: CurvineError -> status; any other bug -> EIO, logged.
+
+    And its latency: a servicer with an ``rpc_seconds`` histogram (labelled by method)
+    has every call observed there, over gRPC and the framed channel alike (both call
+    these wrappers).  Each method's labelled child is looked up once, not per call."""
+    children: dict[typing.Any, typing.Any] = {}
+    method = fn.__name__
+
     @functools.wraps(fn)
     def wrapper(self: typing.Any, request: typing.Any, context: grpc.ServicerContext) -> typing.Any:
+        hist = getattr(self, "rpc_seconds", None)
+        start = time.perf_counter()
         try:
             return fn(self, request, context)
         except CurvineError as e:
@@ -122,6 +132,12 @@ def rpc_method(fn: F) -> F:
                 raise
             log.exception("internal error in %s", fn.__name__)
             abort(context, CurvineError(errno.EIO, f"internal error in {fn.__name__}: {e}"))
+        finally:
+            if hist is not None:
+                child = children.get(hist)
+                if child is None:
+                    child = children[hist] = hist.labels(method)
+                child.observe(time.perf_counter() - start)
     return typing.cast(F, wrapper)
 
 

@@ -419,7 +419,7 @@ class DataDir(_message.Message):
     def __init__(self, path: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("host", "ip", "rpc_port", "data_port", "dirs", "storage_id", "io_engine")
+    __slots__ = ("host", "ip", "rpc_port", "data_port", "dirs", "storage_id", "io_engine", "metrics_port")
     HOST_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
     RPC_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +427,7 @@ class RegisterRequest(_message.Message):
     DIRS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_ID_FIELD_NUMBER: _ClassVar[int]
     IO_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     host: str
     ip: str
     rpc_port: int
@@ -434,7 +435,8 @@ class RegisterRequest(_message.Message):
     dirs: _containers.RepeatedCompositeFieldContainer[DataDir]
     storage_id: str
     io_engine: str
-    def __init__(self, host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., storage_id: _Optional[str] = ..., io_engine: _Optional[str] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., storage_id: _Optional[str] = ..., io_engine: _Optional[str] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("worker_id", "heartbeat_ms")
@@ -505,7 +507,7 @@ class BadBlockRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., block_id: _Optional[int] = ..., worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms", "io_engine")
+    __slots__ = ("address", "state", "capacity", "used", "dirs", "blocks", "last_heartbeat_ms", "io_engine", "metrics_port")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -514,6 +516,7 @@ class WorkerStatus(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     IO_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     address: WorkerAddress
     state: str
     capacity: int
@@ -522,7 +525,8 @@ class WorkerStatus(_message.Message):
     blocks: int
     last_heartbeat_ms: int
     io_engine: str
-    def __init__(self, address: _Optional[_Union[WorkerAddress, _Mapping]] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., io_engine: _Optional[str] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, address: _Optional[_Union[WorkerAddress, _Mapping]] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., dirs: _Optional[_Iterable[_Union[DataDir, _Mapping]]] = ..., blocks: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., io_engine: _Optional[str] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class RingNode(_message.Message):
     __slots__ = ("worker_id", "host")
@@ -547,7 +551,7 @@ class RingReply(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., vnodes: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[RingNode, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., frame_port: _Optional[int] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version", "evicted_files", "evicted_bytes", "expired_files")
+    __slots__ = ("workers", "ring_epoch", "capacity", "used", "files", "blocks", "under_replicated", "master_address", "version", "evicted_files", "evicted_bytes", "expired_files", "metrics_port")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RING_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -560,6 +564,7 @@ class ReportReply(_message.Message):
     EVICTED_FILES_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FILES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     ring_epoch: int
     capacity: int
@@ -572,7 +577,8 @@ class ReportReply(_message.Message):
     evicted_files: int
     evicted_bytes: int
     expired_files: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ..., evicted_files: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_files: _Optional[int] = ...) -> None: ...
+    metrics_port: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ..., evicted_files: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_files: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
 class WorkerInfoReply(_message.Message):
     __slots__ = ("worker_id", "host", "dirs", "blocks", "version")
