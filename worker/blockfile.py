@@ -27,6 +27,7 @@ import xxhash
 from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta
 from curvine_py.common.buffers import ALIGN, aligned
 from curvine_py.common.errors import CurvineError
+from curvine_py.worker import metrics
 
 if typing.TYPE_CHECKING:
     from curvine_py.worker.blockstore import BlockEntry, BlockStore, DataDir
@@ -212,6 +213,7 @@ class BlockWriter:
             raise CurvineError(errno.EBADMSG, f"block {self.block_id}: got {self.length} "
                                               f"bytes, expected {expected_length}")
         if expected_checksum is not None and expected_checksum != self.checksum:
+            metrics.CHECKSUM_FAILURES.labels("write").inc()
             raise CurvineError(errno.EBADMSG, f"block {self.block_id}: checksum mismatch")
 
     def commit(self, expected_length: int | None = None,
@@ -403,6 +405,7 @@ class BlockReader:
             self.store.mark_corrupt(self.entry, f"chunk {chunk} short: {len(data)} of {want}")
             raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} is truncated")
         if xxhash.xxh3_64_intdigest(data) != self.entry.chunk_sums[chunk]:
+            metrics.CHECKSUM_FAILURES.labels("read").inc()
             self.store.mark_corrupt(self.entry, f"chunk {chunk} checksum mismatch")
             raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} chunk {chunk} is corrupt")
 

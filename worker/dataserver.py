@@ -25,6 +25,7 @@ import logging
 import mmap
 import socket
 import threading
+import time
 from typing import Sequence
 
 from curvine_py.common import frames
@@ -34,6 +35,7 @@ from curvine_py.common.listener import ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
+from curvine_py.worker import metrics
 from curvine_py.worker.memtier import BlockBuffer
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.worker.replication import Downstream
@@ -210,6 +212,7 @@ class DataServer(ConnectionServer):
     # ------------------------------------------------------------ WRITE
 
     def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
+        start = time.perf_counter()
         state = _WriteState(open_h.block_id)
         tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)   # preferred tier; when full, any
         try:
@@ -222,6 +225,8 @@ class DataServer(ConnectionServer):
         if state.error is None and open_h.chain:
             state.down = Downstream.open(self.pool, open_h.chain, open_h.block_id,
                                          open_h.length, tier, open_h.token)
+            if state.down is not None:
+                metrics.CHAIN_FORWARDS.inc()
         ring = self._acquire_ring()
         try:
             while True:
@@ -234,7 +239,13 @@ class DataServer(ConnectionServer):
                 else:
                     frames.reply(sock, errno.EINVAL, f"unexpected op {h.op} inside a block write")
                     raise _Protocol(f"unexpected op {h.op} inside a block write")
-            self._commit(sock, state, h)
+            length = self._commit(sock, state, h)
+            if length is None:
+                metrics.WRITE_FAILURES.inc()
+            else:
+                metrics.BLOCK_WRITES.labels("network").inc()
+                metrics.WRITE_BYTES.labels("network").inc(length)
+                metrics.WRITE_SECONDS.observe(time.perf_counter() - start)
         finally:
             state.abort()  # no-op after a successful commit
             ring.release()
@@ -258,6 +269,7 @@ class DataServer(ConnectionServer):
             n -= len(piece)
             if state.down is not None:
                 state.down.forward_raw(piece, bid, frame_len)
+                metrics.CHAIN_FORWARD_BYTES.inc(len(piece))
                 frame_len = None
                 if not state.down.ok:
                     state.down = None
@@ -288,9 +300,10 @@ class DataServer(ConnectionServer):
             view = ring.views[ring.i]
         return view[:min(n, len(view))], True
 
-    def _commit(self, sock: socket.socket, state: _WriteState, h: data_pb2.DataHeader) -> None:
+    def _commit(self, sock: socket.socket, state: _WriteState, h: data_pb2.DataHeader) -> int | None:
         """Verify locally, then commit the downstream while the local disk writes finish,
-        and reply with the workers that hold the block."""
+        and reply with the workers that hold the block.  The committed length; None when
+        the write failed (answered with its error)."""
         bid = state.block_id
         writer = state.writer
         if writer is not None:
@@ -301,7 +314,7 @@ class DataServer(ConnectionServer):
         if state.error is not None or writer is None:
             err = state.error or CurvineError(errno.EIO, "write failed")
             frames.reply(sock, err.errno or errno.EIO, err.strerror or "write failed")
-            return
+            return None
         down, state.down, state.writer = state.down, None, None
         if down is not None:
             down.send_commit(h.length, h.checksum, bid)
@@ -312,17 +325,19 @@ class DataServer(ConnectionServer):
             if down is not None:
                 down.wait_commit(bid)
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")
-            return
+            return None
         if state.mem is not None and not state.mem_full:
             self.store.memory.keep(bid, state.mem, entry.length)   # reads of it come from memory
             state.mem = None
         acked = down.wait_commit(bid) if down is not None else []
         frames.reply(sock, 0, length=entry.length, checksum=entry.checksum,
                      acked=[self.worker_id, *acked])
+        return entry.length
 
     # ------------------------------------------------------------ READ
 
     def _read(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
+        start = time.perf_counter()
         try:
             self._check_token(h, write=False)
             reader = self.store.open_reader(h.block_id, h.offset, h.length)
@@ -346,6 +361,9 @@ class DataServer(ConnectionServer):
                 return
             if head is not None:           # zero-length range
                 sock.sendall(head)
+        metrics.BLOCK_READS.inc()
+        metrics.READ_BYTES.inc(reader.length)
+        metrics.READ_SECONDS.observe(time.perf_counter() - start)
 
 
 def chain_targets(entries: Sequence[tuple[str, int, int]]) -> list[data_pb2.ChainTarget]:

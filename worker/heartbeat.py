@@ -92,9 +92,10 @@ class Heartbeat:
                  on_registered: Callable[[int], None] | None = None, secret: str = "",
                  report_batch: int = REPORT_BATCH,
                  on_replicate: Callable[[curvine_pb2.ReplicateCommand], None] | None = None,
-                 io_engine: str = "") -> None:
+                 io_engine: str = "", metrics_port: int = 0) -> None:
         self.cfg = cfg
         self.io_engine = io_engine   # sent at registration; `cv report` shows it
+        self.metrics_port = metrics_port   # sent at registration: `cv stats` finds the worker's /metrics
         self.store = store
         self.rpc_port = rpc_port
         self.data_port = data_port
@@ -162,7 +163,7 @@ class Heartbeat:
         req = curvine_pb2.RegisterRequest(host=host_identity(self.cfg.host), ip=self.cfg.ip,
                                           rpc_port=self.rpc_port, data_port=self.data_port,
                                           dirs=data_dirs(self.store), storage_id=self.storage_id,
-                                          io_engine=self.io_engine)
+                                          io_engine=self.io_engine, metrics_port=self.metrics_port)
         reply = self._stub.RegisterWorker(req, timeout=RPC_TIMEOUT_S)
         self.worker_id = reply.worker_id
         if reply.heartbeat_ms:

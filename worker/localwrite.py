@@ -38,6 +38,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.listener import ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
+from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ class LocalWriteServer(ConnectionServer):
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")
             return
         self.blocks += 1
+        metrics.BLOCK_WRITES.labels("local").inc()
+        metrics.WRITE_BYTES.labels("local").inc(entry.length)
         frames.reply(sock, 0, length=entry.length, checksum=entry.checksum, acked=[self.worker_id()])
 
     def _pass_fd(self, sock: socket.socket, writer: BlockWriter) -> None:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from curvine_py.common import config
+from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.security import SecretCheck
 from curvine_py.common.signals import StopSignals
@@ -33,6 +33,7 @@ from curvine_py.worker.blockstore import BlockStore, parse_dir_spec
 from curvine_py.worker.dataserver import DataServer, chain_targets
 from curvine_py.worker.ioengine import ENGINES, EngineChoice, IoEngine, start_engine
 from curvine_py.worker.localwrite import LocalWriteServer
+from curvine_py.worker.metrics import WorkerCollector
 from curvine_py.worker.replication import CopyQueue
 
 log = logging.getLogger("curvine_py.worker")
@@ -74,6 +75,7 @@ class Worker:
         self.rpc_port = 0
         self.heartbeat: hb.Heartbeat | None = None
         self.copies: CopyQueue | None = None
+        self.metrics: metrics.MetricsServer | None = None
         self.ready = threading.Event()
 
     def start(self) -> None:
@@ -96,13 +98,16 @@ class Worker:
             except OSError as e:   # clients on this host then send their bytes over TCP
                 log.warning("short-circuit writes off: cannot listen on the local write socket: %s", e)
         self._start_rpc()
+        self.metrics = metrics.serve("worker", w.bind, w.metrics_port,
+                                     [WorkerCollector(self.store, self.io_choice.name if self.io_choice else "")])
         if w.master:
             self.copies = CopyQueue(self.store, self.data.pool)
             self.heartbeat = hb.Heartbeat(w, self.store, self.rpc_port, self.data.port,
                                           on_registered=self._registered,
                                           secret=self.cfg.cluster.secret,
                                           on_replicate=self._replicate,
-                                          io_engine=self.io_choice.name if self.io_choice else "").start()
+                                          io_engine=self.io_choice.name if self.io_choice else "",
+                                          metrics_port=self.metrics.port if self.metrics else 0).start()
         else:
             log.warning("worker.master is empty: standalone mode, no master")
             self._announce(self.data.worker_id)
@@ -157,6 +162,8 @@ class Worker:
         """Stop in reverse order; safe on a partially started worker."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.copies is not None:
             self.copies.close()
         if self.rpc is not None:

@@ -24,6 +24,7 @@ from curvine_py.common import frames
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import data_pb2
+from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import BlockStore
 
 log = logging.getLogger(__name__)
@@ -183,13 +184,17 @@ class CopyQueue:
             acked = push_block(self.store, self.pool, block_id, targets, token)
             wanted = {t.worker_id for t in targets}
             if wanted - set(acked):
+                metrics.COPIES.labels("failed").inc()
                 log.warning("copy of block %d: only %s of %s acked", block_id, acked, sorted(wanted))
             else:
                 self.copied += 1
+                metrics.COPIES.labels("ok").inc()
                 log.info("copied block %d to worker(s) %s", block_id, acked)
         except (CurvineError, OSError) as e:
+            metrics.COPIES.labels("failed").inc()
             log.warning("copy of block %d to %s failed: %s", block_id, [t.worker_id for t in targets], e)
         except Exception:
+            metrics.COPIES.labels("failed").inc()
             log.exception("copy of block %d failed", block_id)
         finally:
             with self._lock:

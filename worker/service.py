@@ -14,6 +14,7 @@ import grpc
 from curvine_py.common.config import host_identity
 from curvine_py.common.errors import rpc_method
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
+from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.heartbeat import data_dirs
 
@@ -27,6 +28,8 @@ def _version() -> str:
 
 class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
     """Answers control calls from clients and tools about this worker."""
+
+    rpc_seconds = metrics.RPC_SECONDS   # every rpc_method call is timed there (common/errors.py)
 
     def __init__(self, store: BlockStore, worker_id: Callable[[], int], host: str = "") -> None:
         self.store = store
