@@ -16,7 +16,7 @@ import sys
 import typing
 from pathlib import Path
 
-from curvine_py.common import config
+from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
 
 log = logging.getLogger("curvine.fuse")
@@ -166,6 +166,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     # A stop signal that arrives while the trio loop does not listen (before it starts, or
     # re-delivered by trio when the loop ends, or during the flush after it) must neither kill
     # the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
+    served = _serve_metrics(cfg, ops)
     # lost: it is recorded here and acted on by the loop.
     stop: list[int] = []
 
@@ -236,6 +237,8 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
 
 
 def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
+        if served is not None:
+            served.close()
     """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
     try:
         dev = os.stat(mountpoint).st_dev
@@ -244,6 +247,22 @@ def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
         log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
     except OSError as e:
         log.info("could not raise read-ahead: %s", e)
+def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer | None:
+    """/metrics of this mount on fuse.metrics_port (another mount has it: an ephemeral
+    port); its address is what the root's user.curvine.metrics xattr answers."""
+    from curvine_py.client.metrics import ClientCollector
+    try:
+        served = metrics.serve("mount", cfg.fuse.metrics_bind, cfg.fuse.metrics_port,
+                               [ClientCollector(ops.vfs)], fallback=True)
+    except (ConfigError, OSError) as e:   # a mount without metrics still serves its files
+        log.warning("metrics off: %s", e)
+        return None
+    if served is not None:
+        host = cfg.fuse.metrics_bind if cfg.fuse.metrics_bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        ops.metrics_address = f"{host}:{served.port}"
+    return served
+
+
 
 
 def umount(mountpoint: str, timeout: float = 30.0) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import pyfuse3
 import trio
 
+from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta, FastPathUnavailable
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, Opened
@@ -29,7 +30,7 @@ from curvine_py.common.types import (
     SETATTR_ATIME, SETATTR_ATIME_NOW, SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW,
     SETATTR_SIZE, SETATTR_UID,
 )
-from curvine_py.fuse import passthrough
+from curvine_py.fuse import metrics, passthrough
 from curvine_py.fuse.passthrough import Passthrough
 from curvine_py.fuse.watchdog import CURRENT, Abandoned, Request, Requests, hop
 from curvine_py.pb import curvine_pb2 as pb
@@ -37,6 +38,10 @@ from curvine_py.pb import curvine_pb2 as pb
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _monotonic = time.monotonic
+_perf = time.perf_counter
+# The mount's own /metrics address, answered for this xattr of the mount's root (`cv stats
+# MOUNTPOINT` reads it): never stored in the pool.
+METRICS_XATTR = "user.curvine.metrics"
 NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time (see _times_are_now)
 _ROOT = Identity(0, 0, ())
 # FOPEN_NOFLUSH (Linux 5.14+) with the pyfuse3 that deploy/build-pyfuse3.sh builds; a stock
@@ -48,13 +53,16 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """CurvineError -> FUSEError(errno); anything else is a bug -> EIO (logged), never a crash.
 
     And the request is registered with the mount's watchdog while it runs (fuse/watchdog.py:
-    op, what it works on, since when); one the watchdog gave up (Abandoned) is answered EIO."""
+    op, what it works on, since when); one the watchdog gave up (Abandoned) is answered EIO.
+    And timed into curvine_fuse_op_duration_seconds when the mount serves metrics."""
     params = list(inspect.signature(fn).parameters)
     name = params[1] if len(params) > 1 and params[1] != "ctx" else ""
     op = fn.__name__
+    seconds = metrics.OP_SECONDS.labels(op)
 
     @functools.wraps(fn)
     async def wrapper(self: "CurvineOps", *args: Any, **kwargs: Any) -> Any:
+        start = _perf() if self.timed else 0.0
         requests = self.requests
         req = None
         if requests is not None:   # Requests.begin, inlined (every request passes here)
@@ -77,6 +85,8 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if req is not None:
                 requests.active.discard(req)  # type: ignore[union-attr]
                 CURRENT.reset(req.token)
+            if start:
+                seconds.observe(_perf() - start)
     return wrapper
 
 
@@ -113,6 +123,11 @@ class CurvineOps(pyfuse3.Operations):
         self.passthrough: Passthrough | None = None
         # the requests in flight, for the watchdog (fuse/watchdog.py); None: it is off
         self.requests = Requests(cfg.request_timeout_s) if cfg.request_timeout_s > 0 else None
+        # Per-request metrics (fuse/metrics.py) only when they are served: fuse.metrics_port 0
+        # leaves the request path as it was.  metrics_address: what METRICS_XATTR answers.
+        self.timed = cfg.metrics_port != 0
+        self.metrics_address = ""
+        self.top_dirs = metrics.TopDirs()
 
     def init(self) -> None:
         """The kernel's INIT was answered: passthrough is known to work or not now."""
@@ -186,16 +201,26 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        text = os.fsdecode(name)
+        start = _perf()
         try:
-            return self._entry(await self.vfs.lookup_async(self._master, parent_inode, os.fsdecode(name),
-                                                           self._ident(ctx)))
+            attr = await self.vfs.lookup_async(self._master, parent_inode, text, self._ident(ctx))
         except CurvineError as e:
-            if e.errno == errno.ENOENT and self.cfg.negative_timeout_s > 0:
+            if e.errno != errno.ENOENT:
+                raise
+            if self.timed:
+                self.top_dirs.count(self.top_dirs.label_of(parent_inode), "miss", _perf() - start)
+            if self.cfg.negative_timeout_s > 0:
                 neg = pyfuse3.EntryAttributes()
                 neg.st_ino = 0
                 neg.entry_timeout = self.cfg.negative_timeout_s
                 return neg
             raise
+        if self.timed:
+            label = self.top_dirs.label_of(parent_inode)
+            self.top_dirs.found(parent_inode, text, attr.ino, attr.mode)
+            self.top_dirs.count(label, "hit", _perf() - start)
+        return self._entry(attr)
 
     @_fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -358,6 +383,8 @@ class CurvineOps(pyfuse3.Operations):
                     if not self.vfs.release_nowait(opened.fh):
                         self.vfs.core.executor.submit(self.vfs.release, opened.fh)
                     raise
+                if self.timed and getattr(fi, "backing_id", 0):
+                    cmetrics.PASSTHROUGH_READS.inc()   # its reads go to the block file, not to us
                 return fi
         finally:
             pt.unlock(inode)
@@ -373,7 +400,12 @@ class CurvineOps(pyfuse3.Operations):
         pinned = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
         if pinned is None:
             pinned = await self._run(self.vfs.read_view, fh, off, size, discard=_unpin)   # waits for the bytes
+        elif self.timed:
+            cmetrics.MEMORY_READS.inc()
+            cmetrics.MEMORY_BYTES.inc(len(pinned[0]))
         view, unpin = pinned
+        if self.timed:
+            metrics.READ_BYTES.inc(len(view))
         # pyfuse3 copies the reply to the kernel right after this returns, within the same
         # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
         trio.lowlevel.current_trio_token().run_sync_soon(unpin)
@@ -390,6 +422,8 @@ class CurvineOps(pyfuse3.Operations):
             n = self.vfs.write_nowait(fh, off, buf)
         if n is None:
             n = await self._write_in_thread(fh, off, buf)
+        if self.timed:
+            metrics.WRITTEN_BYTES.inc(n)
         return n
 
     async def _write_in_thread(self, fh: int, off: int, buf: bytes | memoryview) -> int:
@@ -495,6 +529,8 @@ class CurvineOps(pyfuse3.Operations):
     # ------------------------------------------------------------------ xattrs, statfs
     @_fs_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == pyfuse3.ROOT_INODE and name == METRICS_XATTR.encode() and self.metrics_address:
+            return self.metrics_address.encode()
         try:
             return await self.vfs.getxattr_async(self._master, inode, os.fsdecode(name), self._ident(ctx))
         except CurvineError as e:

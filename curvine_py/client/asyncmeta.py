@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 import typing
 
 import trio
 
+from curvine_py.client import metrics
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
 
@@ -87,7 +89,15 @@ class AsyncMeta:
         Sent and answered under one timeout (a trio cancel scope costs ~10% of a lookup)."""
         m = mf.BY_NAME[method]
         payload = request.SerializeToString()
-        return await self._answer(await self._take(timeout), m, timeout, payload)
+        start = time.perf_counter()
+        try:
+            return await self._answer(await self._take(timeout), m, timeout, payload)
+        except FastPathUnavailable:
+            start = 0.0   # not answered: the thread path that makes the call again times it
+            raise
+        finally:
+            if start:
+                metrics.meta_seconds(method).observe(time.perf_counter() - start)
 
     async def send(self, method: str, request: typing.Any, timeout: float) -> "Pending":
         """Put one call's request frame on the wire now; its reply is awaited later
@@ -186,14 +196,21 @@ class AsyncMeta:
 class Pending:
     """A call whose request is on the wire: reply() awaits its answer, once."""
 
-    __slots__ = ("_meta", "_conn", "_m", "_cid", "_timeout")
+    __slots__ = ("_meta", "_conn", "_m", "_cid", "_timeout", "_start")
 
     def __init__(self, meta: AsyncMeta, conn: _Conn, m: mf.Method, cid: int, timeout: float) -> None:
         self._meta, self._conn, self._m, self._cid, self._timeout = meta, conn, m, cid, timeout
+        self._start = time.perf_counter()   # the request went out just now: its latency runs from here
 
     async def reply(self) -> typing.Any:
         """The reply; FastPathUnavailable or the master's CurvineError."""
-        return await self._meta._answer(self._conn, self._m, self._timeout, cid=self._cid)
+        try:
+            reply = await self._meta._answer(self._conn, self._m, self._timeout, cid=self._cid)
+        except CurvineError:
+            metrics.meta_seconds(self._m.name).observe(time.perf_counter() - self._start)
+            raise
+        metrics.meta_seconds(self._m.name).observe(time.perf_counter() - self._start)
+        return reply
 
 
 async def _send_all(sock: typing.Any, data: bytes | memoryview) -> None:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable, Iterator, TypeVar
 
+from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
@@ -89,11 +90,15 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     for addr in core.replica_order(block):
         if sc is not None and local_ok and sc.is_local(addr) and \
                 sc.read(addr, block, offset, into[:want], advance) is not None:
+            metrics.SHORT_CIRCUIT_READS.inc()
+            metrics.SHORT_CIRCUIT_BYTES.inc(want)
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
             n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance)
             if n != want:
                 raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
+            metrics.REMOTE_READS.inc()
+            metrics.REMOTE_BYTES.inc(n)
             return n
         except (CurvineError, OSError) as e:
             errors.append(f"worker {addr.worker_id}: {e}")
@@ -101,6 +106,14 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
                         block.block_id, addr.worker_id, e)
     detail = "; ".join(errors) or "no live replica"
     raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
+
+
+def _note_use(entry: _Cached) -> None:
+    """A read uses entry (the reader's lock held): the first use of a block fetched ahead
+    is a read-ahead hit."""
+    if entry.ahead:
+        entry.ahead = False
+        metrics.READAHEAD_HITS.inc()
 
 
 def no_unpin() -> None:
@@ -116,13 +129,14 @@ class _Cached:
     chunk's first 4 KiB no longer waits for the whole first block (docs/performance.md).
     """
 
-    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived", "retired")
+    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived", "retired", "ahead")
 
     def __init__(self, raw: object, view: memoryview) -> None:
         self.raw, self.view = raw, view
         self.future: Future[int] = Future()   # the fetch's, set by the one who starts it
         self.users = 0
         self.retired = False         # its buffer went back to the pool
+        self.ahead = False           # fetched ahead of any read of it, and no read has used it yet
         self.got = 0
         self.needs: list[int] = []   # what each waiting reader needs `got` to reach
         self.wanted = 0              # the least of them (0: nobody waits)
@@ -291,6 +305,7 @@ class FileReader:
             if entry is None or within + size > entry.available():
                 return None
             entry.users += 1   # _retire leaves the buffer alone until the caller unpins
+            _note_use(entry)
         finally:
             self._lock.release()
         self._note(offset, idx)
@@ -368,6 +383,7 @@ class FileReader:
                     raw = None
                 if entry is not None:
                     entry.users += 1
+                    _note_use(entry)
                     if raw is not None:   # another thread started it meanwhile
                         self.pool.release(raw)
                     return entry
@@ -390,7 +406,8 @@ class FileReader:
         raw = None if self._closed else self.pool.acquire_nowait()
         if raw is None:
             return False
-        self._start_fetch(idx, raw)
+        self._start_fetch(idx, raw).ahead = True
+        metrics.READAHEAD_BLOCKS.inc()
         return True
 
     def _start_fetch(self, idx: int, raw: object) -> _Cached:

@@ -111,6 +111,7 @@ class FuseConfig:
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
     request_timeout_s: float = 60.0  # a request unanswered this long fails with EIO, logged with the state (fuse/watchdog.py); 0 = never
     metrics_port: int = 9002      # Prometheus /metrics of the mount; taken: an ephemeral port (docs/metrics.md); 0 = off
+    metrics_bind: str = "0.0.0.0"  # the address that /metrics listens on
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""The client core's Prometheus metrics: metadata calls, where read bytes come from, read-ahead.
+
+Counted in every process that uses the client (the mount, the SDK, ``cv``); served only
+by the mount daemon (``fuse.metrics_port``, fuse/metrics.py adds its own).  The read
+sources are the four of docs/metrics.md: ``passthrough`` (files the kernel reads from
+a local block file itself, counted by the mount at open), ``memory`` (mount reads
+answered from blocks already fetched), ``short_circuit`` (a block range read from a
+replica's file on this host) and ``remote`` (a block range received from a worker).
+"""
+from __future__ import annotations
+
+import typing
+
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from curvine_py.common.metrics import histogram
+
+META_RPC_SECONDS = histogram("curvine_client_meta_rpc_duration_seconds",
+                             "One metadata call to the master as the client saw it (retries included), by method",
+                             ["method"])
+READS = Counter("curvine_client_reads",
+                "Reads by where their bytes came from: passthrough (file opens the kernel serves from a "
+                "local block file), memory (mount reads answered from fetched blocks), short_circuit and "
+                "remote (block ranges read from a local block file or from a worker)", ["source"])
+READ_BYTES = Counter("curvine_client_read_bytes",
+                     "Bytes read, by source (memory, short_circuit, remote; passthrough bytes never "
+                     "reach the client)", ["source"])
+READAHEAD_BLOCKS = Counter("curvine_client_readahead_blocks", "Blocks fetched ahead of a sequential reader")
+READAHEAD_HITS = Counter("curvine_client_readahead_hits", "Blocks fetched ahead that a later read then used")
+SOURCES = ("passthrough", "memory", "short_circuit", "remote")
+for _source in SOURCES:
+    READS.labels(_source)
+    READ_BYTES.labels(_source)
+# Labelled children looked up once: the read path counts on every block and mount read.
+SHORT_CIRCUIT_READS, SHORT_CIRCUIT_BYTES = READS.labels("short_circuit"), READ_BYTES.labels("short_circuit")
+REMOTE_READS, REMOTE_BYTES = READS.labels("remote"), READ_BYTES.labels("remote")
+MEMORY_READS, MEMORY_BYTES = READS.labels("memory"), READ_BYTES.labels("memory")
+PASSTHROUGH_READS = READS.labels("passthrough")
+
+_meta_children: dict[str, typing.Any] = {}
+
+
+def meta_seconds(method: str) -> typing.Any:
+    """The latency histogram child of one metadata method (cached: one dict lookup a call)."""
+    child = _meta_children.get(method)
+    if child is None:
+        child = _meta_children[method] = META_RPC_SECONDS.labels(method)
+    return child
+
+
+class ClientCollector(Collector):
+    """Open files and dirty bytes of a VFS, read at scrape time without its locks
+    (as client/state.py describes a hang: a scrape must never wait on one)."""
+
+    def __init__(self, vfs: typing.Any) -> None:
+        self.vfs = vfs
+
+    def describe(self) -> list[typing.Any]:
+        return []
+
+    def collect(self) -> typing.Iterator[GaugeMetricFamily]:
+        handles = dict(getattr(self.vfs, "_handles", {}))
+        yield GaugeMetricFamily("curvine_client_open_files", "Open file handles", value=len(handles))
+        yield GaugeMetricFamily("curvine_client_dirty_bytes",
+                                "Bytes written and not yet shipped to workers", value=dirty_bytes(self.vfs))
+
+
+def dirty_bytes(vfs: typing.Any) -> int:
+    """Bytes in the dirty blocks of every writer of vfs (their written ranges)."""
+    total = 0
+    for st in list(dict(getattr(vfs, "_inodes", {})).values()):
+        w = getattr(st, "writer", None)
+        for db in list(dict(getattr(w, "dirty", {})).values()):
+            total += sum(end - start for start, end in list(getattr(db, "ranges", ())))
+    return total
