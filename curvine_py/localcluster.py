@@ -18,7 +18,9 @@ Layout of a cluster directory D (all paths absolute once started)::
 Process bookkeeping (records, liveness, stopping, ports) is in ``processes.py``.
 
 Ports: the master listens on P (default 8995); worker i uses rpc port B+2i and data
-port B+2i+1, where B defaults to P+2 (so 8997/8998, 8999/9000, ...).  Each worker gets
+port B+2i+1, where B defaults to P+2 (so 8997/8998, 8999/9000, ...).  The Prometheus
+/metrics ports follow the workers': M = B+2N for the master, M+1+i for worker i, M+1+N
+for the mount (9001, 9002/9003, 9004 with two workers; docs/metrics.md).  Each worker gets
 its own host identity ``<hostname>-w<i>`` so that two replicas can land on two workers
 of one machine.  Clients using D/curvine.toml (the mount, ``cv --config``) are on worker
 0's host: everything here runs on one machine, as on an inference node that is also a
@@ -234,15 +236,17 @@ class LocalCluster:
         # Explicit ports follow the documented scheme; master_port=None means "any free
         # ports" for every daemon (tests run many clusters side by side).
         self._ports: list[int] | None = None
+        self._metrics_ports: list[int] | None = None
         picked: list[int] = []
         if master_port is None:
             # The frame port is picked in the same batch: left to the master's own
             # ephemeral bind, it could land on a port picked here for a worker that
             # has not bound it yet (seen in CI as EADDRINUSE in a worker).
-            picked = free_ports(2 + 2 * workers, self.bind)
+            picked = free_ports(2 + 2 * workers + workers + 2, self.bind)
             master_port = picked[0]
             if base_port is None:
-                self._ports = picked[2:]
+                self._ports = picked[2:2 + 2 * workers]
+                self._metrics_ports = picked[2 + 2 * workers:]
         self.master_port = master_port
         self.base_port = base_port if base_port is not None else master_port + 2
         # The framed metadata port: master port + 1 in the documented scheme; the picked
@@ -278,6 +282,13 @@ class LocalCluster:
             return self._ports[2 * i], self._ports[2 * i + 1]
         return self.base_port + 2 * i, self.base_port + 2 * i + 1
 
+    def metrics_port(self, role: str, i: int = 0) -> int:
+        """The /metrics port of a daemon (role master, worker i, or fuse)."""
+        slot = 0 if role == "master" else 1 + i if role == "worker" else 1 + self.n_workers
+        if self._metrics_ports is not None:
+            return self._metrics_ports[slot]
+        return self.base_port + 2 * self.n_workers + slot
+
     def worker_host(self, i: int) -> str:
         return f"{self.hostname}-w{i}"
 
@@ -311,30 +322,33 @@ class LocalCluster:
             return argv + ["--config", str(self.config_path),
                            "--master-port", str(self.master_port), "--master-bind", self.bind,
                            "--master-frame-port", str(self.frame_port),
-                           "--master-meta-dir", str(self.dir / "master"), *self.extra_master_flags]
+                           "--master-meta-dir", str(self.dir / "master"),
+                           "--master-metrics-port", str(self.metrics_port("master")), *self.extra_master_flags]
         if role == "worker":
             rpc, data = self.worker_ports(i)
             return argv + ["--config", str(self.config_path),
                            "--worker-master", self.master_address, "--worker-bind", self.bind,
                            "--worker-ip", self.ip, "--worker-host", self.worker_host(i),
                            "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
-                           "--worker-dirs", self.worker_dir_spec(i), *self.extra_worker_flags]
+                           "--worker-dirs", self.worker_dir_spec(i),
+                           "--worker-metrics-port", str(self.metrics_port("worker", i)), *self.extra_worker_flags]
         if role == "fuse":
             assert self.mount is not None
             return argv + [self.mount, "--master", self.master_address, "--config", str(self.config_path),
-                           "--foreground"]
+                           "--fuse-metrics-port", str(self.metrics_port("fuse")), "--foreground"]
         raise ValueError(role)
 
     def _record(self, role: str, i: int) -> ProcessRecord:
+        metrics = f"{self.ip}:{self.metrics_port(role, i)}"
         if role == "master":
             return ProcessRecord(role, "master", 0, self.master_address,
-                                 str(self.dir / "logs" / "master.log"))
+                                 str(self.dir / "logs" / "master.log"), metrics=metrics)
         if role == "worker":
             rpc, data = self.worker_ports(i)
             return ProcessRecord(role, f"worker{i}", i, f"{self.ip}:{rpc}",
                                  str(self.dir / "logs" / f"worker{i}.log"),
-                                 data_address=f"{self.ip}:{data}", host=self.worker_host(i))
-        return ProcessRecord(role, "fuse", 0, self.mount or "", str(self.dir / "logs" / "fuse.log"))
+                                 data_address=f"{self.ip}:{data}", host=self.worker_host(i), metrics=metrics)
+        return ProcessRecord(role, "fuse", 0, self.mount or "", str(self.dir / "logs" / "fuse.log"), metrics=metrics)
 
     def prepare(self) -> None:
         """Create the directory tree and D/curvine.toml (only when absent: users may edit it)."""
@@ -378,7 +392,9 @@ class LocalCluster:
             wanted.append((self.frame_port, "master frames"))
         for i in range(self.n_workers):
             rpc, data = self.worker_ports(i)
-            wanted += [(rpc, f"worker{i} rpc"), (data, f"worker{i} data")]
+            wanted += [(rpc, f"worker{i} rpc"), (data, f"worker{i} data"),
+                       (self.metrics_port("worker", i), f"worker{i} metrics")]
+        wanted.append((self.metrics_port("master"), "master metrics"))
         for port, what in wanted:
             if port_in_use(self.bind, port):
                 raise ClusterError(f"port {port} ({what}) on {self.bind} is already in use; "

@@ -55,6 +55,7 @@ class ProcessRecord:
     cmd: list[str] = field(default_factory=list)
     data_address: str = ""        # workers: the data-channel address
     host: str = ""                # workers: the host identity used for placement
+    metrics: str = ""             # ip:port of its Prometheus /metrics ("" = off)
     pid: int = 0
     start_ticks: int | None = None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)

@@ -202,7 +202,7 @@ def cmd_status(ctx: Context) -> int:
             "mount": state.get("mount"), "config": state.get("config"), "live_workers": live,
             "processes": [{"role": p.role, "name": p.name, "pid": p.pid, "address": p.address,
                            "data_address": p.data_address or None, "host": p.host or None,
-                           "log": p.log, "alive": ok} for p, ok in zip(procs, alive)]})
+                           "metrics": p.metrics or None, "log": p.log, "alive": ok} for p, ok in zip(procs, alive)]})
     else:
         print(f"cluster in {directory}: {sum(alive)} of {len(procs)} process(es) alive"
               + (f", master reports {live} live worker(s)" if live is not None else ""))

@@ -30,6 +30,7 @@ def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
         "evicted_files": rep.evicted_files,
         "evicted_bytes": rep.evicted_bytes,
         "expired_files": rep.expired_files,
+        "metrics_port": rep.metrics_port,   # the master's /metrics port (0 = off)
         "workers": [{
             "id": w.address.worker_id,
             "host": w.address.host,
@@ -41,6 +42,7 @@ def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
             "blocks": w.blocks,
             "last_heartbeat_ms": w.last_heartbeat_ms,  # age: ms since the last heartbeat
             "io_engine": w.io_engine,   # "uring" or "threads" ("" = the worker did not say)
+            "metrics": f"{w.address.ip}:{w.metrics_port}" if w.metrics_port else None,
             "dirs": [{"path": d.path, "tier": d.tier, "capacity": d.capacity, "used": d.used}
                      for d in w.dirs],
         } for w in rep.workers],
