@@ -35,9 +35,10 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "eviction_bench.py": ("--capacity", "32MiB", "--files", "2", "--size", "1MiB", "--runs", "1", "--json"),
     "io_engines.py": ("--small", "--rounds", "1", "--json"),
     "kv_concurrency.py": ("--small", "--json"),
+    "metrics_cost.py": ("--files", "2", "--size", "1MiB", "--meta", "20", "--rounds", "1", "--json"),
 }
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py"}   # under the system temp dir, removed after
-MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py"}
+MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py"}
 NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testhosts.py)
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
@@ -127,6 +128,11 @@ def check_figures(script: str, out: str) -> None:
                 for phase, figs in row.items():
                     assert "error" not in figs, (system, phase, figs)
                     positive(figs, "write_GBps" if phase == "write" else "read_GBps")
+    elif script == "metrics_cost.py":
+        res = json.loads(out)
+        for mode in ("on", "off"):
+            positive(res["median"][mode], "write_GBps", "read_GBps", "stat_per_s", "create_per_s")
+        positive(res["on_over_off"], "write_GBps", "read_GBps")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
