@@ -20,7 +20,7 @@ from curvine_py.cli.stats import Scrape, scrape
 from curvine_py.localcluster import LocalCluster, fuse_available
 from curvine_py.sdk import Client
 
-from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
+from tests.conftest import CV, FAST_MASTER_FLAGS, client_config, client_on_host
 from tests.pyfuse3_features import HAVE_PYFUSE3
 
 MiB = 1 << 20
@@ -153,6 +153,21 @@ def test_evictions_by_reason_in_a_small_pool(cluster_factory: typing.Callable[..
     worker = scrape(endpoint(c, "worker0"))
     assert worker.total("curvine_worker_capacity_bytes", tier="SSD") == 48 * MiB
     assert worker.total("curvine_worker_io_engine") == 1
+
+
+def test_a_client_off_the_workers_hosts_writes_through_a_chain(mounted: tuple[LocalCluster, Client]) -> None:
+    """An SDK client on a host with no worker sends each block to the first replica, which
+    forwards it to the second: one chain forward per block, its bytes once."""
+    c, _ = mounted
+    size = 9 * MiB   # 3 blocks
+    before = scrape_all(c)
+    with client_on_host(c, "no-worker-here") as far:
+        far.put_bytes("/chained.bin", os.urandom(size))
+    after = scrape_all(c)
+    assert workers_delta(before, after, "curvine_worker_chain_forwards_total") == 3
+    assert workers_delta(before, after, "curvine_worker_chain_forward_bytes_total") == size
+    assert workers_delta(before, after, "curvine_worker_write_bytes_total", via="network") == 2 * size
+    assert workers_delta(before, after, "curvine_worker_block_write_duration_seconds_count") == 2 * 3
 
 
 # ---------------------------------------------------------------------- names

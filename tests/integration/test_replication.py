@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from curvine_py.common.errors import CurvineError
+from curvine_py.cli.stats import scrape
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from tests.conftest import FAST_MASTER_FLAGS, client_config, wait_until
@@ -119,6 +120,7 @@ def test_corrupt_replica_is_repaired_from_the_good_one(cluster_factory: typing.C
     ids = worker_ids(c)
     index_of = {ids[c.worker_host(i)]: i for i in range(3)}
     bad_wid = block.workers[0].worker_id
+    before = {p.name: scrape(p.metrics) for p in c.workers}
     st = stat_block(c, index_of[bad_wid], block.block_id)
     assert st.exists
     with open(st.path, "r+b") as f:           # flip bytes in the middle of the block file
@@ -150,6 +152,13 @@ def test_corrupt_replica_is_repaired_from_the_good_one(cluster_factory: typing.C
         again = stat_block(c, index_of[w.worker_id], block.block_id)
         with open(again.path, "rb") as f:
             assert f.read(block.length) == data[:block.length]
+    # ... and its metrics say so: the bad worker's checksum failure, a copy pushed by a good one.
+    after = {p.name: scrape(p.metrics) for p in c.workers}
+    bad = f"worker{index_of[bad_wid]}"
+    assert after[bad].total("curvine_worker_checksum_failures_total", op="read") \
+        > before[bad].total("curvine_worker_checksum_failures_total", op="read")
+    assert sum(after[n].total("curvine_worker_replication_copies_total", outcome="ok")
+               - before[n].total("curvine_worker_replication_copies_total", outcome="ok") for n in after) >= 1
     client.close()
 
 
