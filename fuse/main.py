@@ -250,6 +250,7 @@ def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
 def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer | None:
     """/metrics of this mount on fuse.metrics_port (another mount has it: an ephemeral
     port); its address is what the root's user.curvine.metrics xattr answers."""
+    from curvine_py.client import metrics as cmetrics
     from curvine_py.client.metrics import ClientCollector
     try:
         served = metrics.serve("mount", cfg.fuse.metrics_bind, cfg.fuse.metrics_port,
@@ -258,6 +259,7 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
         log.warning("metrics off: %s", e)
         return None
     if served is not None:
+        cmetrics.on = True   # the client core counts from now on (client/metrics.py)
         host = cfg.fuse.metrics_bind if cfg.fuse.metrics_bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
         ops.metrics_address = f"{host}:{served.port}"
     return served

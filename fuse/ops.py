@@ -202,14 +202,13 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         text = os.fsdecode(name)
-        start = _perf()
         try:
             attr = await self.vfs.lookup_async(self._master, parent_inode, text, self._ident(ctx))
         except CurvineError as e:
             if e.errno != errno.ENOENT:
                 raise
             if self.timed:
-                self.top_dirs.count(self.top_dirs.label_of(parent_inode), "miss", _perf() - start)
+                self.top_dirs.count(self.top_dirs.label_of(parent_inode), "miss")
             if self.cfg.negative_timeout_s > 0:
                 neg = pyfuse3.EntryAttributes()
                 neg.st_ino = 0
@@ -219,7 +218,7 @@ class CurvineOps(pyfuse3.Operations):
         if self.timed:
             label = self.top_dirs.label_of(parent_inode)
             self.top_dirs.found(parent_inode, text, attr.ino, attr.mode)
-            self.top_dirs.count(label, "hit", _perf() - start)
+            self.top_dirs.count(label, "hit")
         return self._entry(attr)
 
     @_fs_errors

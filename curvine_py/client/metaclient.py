@@ -114,6 +114,8 @@ class MasterClient:
     def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """Invoke a MasterService method with retries; raises CurvineError.  Its latency,
         retries included, goes to curvine_client_meta_rpc_duration_seconds."""
+        if not metrics.on:
+            return self._call(method, request, timeout)
         start = time.perf_counter()
         try:
             return self._call(method, request, timeout)

@@ -1,7 +1,8 @@
 """The client core's Prometheus metrics: metadata calls, where read bytes come from, read-ahead.
 
-Counted in every process that uses the client (the mount, the SDK, ``cv``); served only
-by the mount daemon (``fuse.metrics_port``, fuse/metrics.py adds its own).  The read
+Counted only in a process that serves them (``on``, set by the mount daemon when
+``fuse.metrics_port`` is not 0; fuse/metrics.py adds its own): an SDK or ``cv`` process
+pays nothing (a histogram observation costs ~3 us here, a counter's ~1 us).  The read
 sources are the four of docs/metrics.md: ``passthrough`` (files the kernel reads from
 a local block file itself, counted by the mount at open), ``memory`` (mount reads
 answered from blocks already fetched), ``short_circuit`` (a block range read from a
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from curvine_py.common.metrics import histogram
 
+on = False   # count? (the mount sets it when it serves /metrics)
 META_RPC_SECONDS = histogram("curvine_client_meta_rpc_duration_seconds",
                              "One metadata call to the master as the client saw it (retries included), by method",
                              ["method"])

@@ -90,15 +90,17 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     for addr in core.replica_order(block):
         if sc is not None and local_ok and sc.is_local(addr) and \
                 sc.read(addr, block, offset, into[:want], advance) is not None:
-            metrics.SHORT_CIRCUIT_READS.inc()
-            metrics.SHORT_CIRCUIT_BYTES.inc(want)
+            if metrics.on:
+                metrics.SHORT_CIRCUIT_READS.inc()
+                metrics.SHORT_CIRCUIT_BYTES.inc(want)
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
             n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance)
             if n != want:
                 raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
-            metrics.REMOTE_READS.inc()
-            metrics.REMOTE_BYTES.inc(n)
+            if metrics.on:
+                metrics.REMOTE_READS.inc()
+                metrics.REMOTE_BYTES.inc(n)
             return n
         except (CurvineError, OSError) as e:
             errors.append(f"worker {addr.worker_id}: {e}")
@@ -113,7 +115,8 @@ def _note_use(entry: _Cached) -> None:
     is a read-ahead hit."""
     if entry.ahead:
         entry.ahead = False
-        metrics.READAHEAD_HITS.inc()
+        if metrics.on:
+            metrics.READAHEAD_HITS.inc()
 
 
 def no_unpin() -> None:
@@ -407,7 +410,8 @@ class FileReader:
         if raw is None:
             return False
         self._start_fetch(idx, raw).ahead = True
-        metrics.READAHEAD_BLOCKS.inc()
+        if metrics.on:
+            metrics.READAHEAD_BLOCKS.inc()
         return True
 
     def _start_fetch(self, idx: int, raw: object) -> _Cached:

@@ -83,7 +83,7 @@ def test_lookup_hits_and_misses_are_the_kv_hit_rate(mounted: tuple[LocalCluster,
     assert delta(before, after, "curvine_fuse_lookups_total", dir="kvhits", result="hit") == 3
     assert delta(before, after, "curvine_fuse_lookups_total", dir="kvhits", result="miss") == 5
     assert delta(before, after, "curvine_fuse_lookups_total", dir="/", result="hit") == 1
-    assert delta(before, after, "curvine_fuse_lookup_duration_seconds_count") == 9
+    assert delta(before, after, "curvine_fuse_op_duration_seconds_count", op="lookup") == 9
     # every label value is a top-level directory, "/", "unknown" or "other": never a file name
     dirs = {dict(labels).get("dir") for (n, labels) in after.samples if n == "curvine_fuse_lookups_total"}
     assert not any(d and d.startswith(("chunk", "absent")) for d in dirs), dirs
