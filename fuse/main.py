@@ -36,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
     p.add_argument("--log-file", help="daemon log (default under /run/curvine)")
     p.add_argument("--debug", action="store_true")
+    p.add_argument("--subdir", default="/", metavar="PATH", help="the pool directory to mount as the root (default /)")
     config.add_flags(p, ["client", "fuse"])
     return p
 
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     log_file = args.log_file or str(default_log)
     if args.foreground:
         _setup_logging(None, args.debug)
-        _exit(serve(cfg, args.mountpoint, pid_file, None))
-    return _daemonize(cfg, args.mountpoint, pid_file, log_file, args.debug)
+        _exit(serve(cfg, args.mountpoint, pid_file, None, args.subdir))
+    return _daemonize(cfg, args.mountpoint, pid_file, log_file, args.debug, args.subdir)
 
 
 def _exit(code: int) -> typing.NoReturn:
@@ -84,7 +85,8 @@ def _setup_logging(log_file: str | None, debug: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: str, debug: bool) -> int:
+def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: str, debug: bool,
+               subdir: str = "/") -> int:
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid:
@@ -108,7 +110,7 @@ def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: st
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     _setup_logging(None, debug)
-    code = serve(cfg, mountpoint, pid_file, wfd)
+    code = serve(cfg, mountpoint, pid_file, wfd, subdir)
     os._exit(code)
 
 
@@ -122,8 +124,9 @@ def _notify(wfd: int | None, msg: str) -> None:
         pass
 
 
-def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | None) -> int:
-    """Mount and serve until unmounted or signalled; returns the exit code."""
+def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | None, subdir: str = "/") -> int:
+    """Mount and serve until unmounted or signalled; returns the exit code.
+    subdir: the pool directory that is the mount's root (the VFS maps the root inode to it)."""
     import pyfuse3
     import trio
 
@@ -147,7 +150,13 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         _notify(ready_fd, f"cannot reach master {cfg.client.master}: {e.strerror}")
         return 1
     real = os.path.realpath(mountpoint)   # resolve now: after init the path is served by us
-    vfs = VFS(core)
+    try:
+        vfs = VFS(core, subdir)
+    except CurvineError as e:   # the subdir is missing or not a directory: say so, mount nothing
+        log.error("--subdir %s: %s", subdir, e.strerror)
+        _notify(ready_fd, f"--subdir {subdir}: {e.strerror} in the pool")
+        core.close()
+        return 1
     ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta.frame_route))
     options = set(pyfuse3.default_options)
     options |= {"fsname=curvine", "subtype=curvine", "allow_other"}

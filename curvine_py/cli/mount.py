@@ -28,6 +28,8 @@ def cmd_mount(ctx: Context) -> int:
         argv += ["--log-file", a.log_file]
     if a.direct_io:
         argv += ["--fuse-direct-io", "true"]
+    if a.subdir:
+        argv += ["--subdir", a.subdir]
     return fuse_main.main(argv)
 
 
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground (logs to stderr)")
     p.add_argument("--log-file", metavar="FILE", help="daemon log (default /run/curvine/mount-<path>.log)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache for file data")
+    p.add_argument("--subdir", metavar="PATH", help="mount this pool directory as the root (default: the pool's root)")
     p.set_defaults(func=cmd_mount)
     p = sub.add_parser("umount", parents=[common], help="flush and unmount MOUNTPOINT",
                        description="Flush open files and unmount; detaches a mount whose daemon died.")

@@ -78,9 +78,11 @@ class Opened:
 class VFS:
     """Stateless metadata calls go to the master; open files keep their state here."""
 
-    def __init__(self, core: ClientCore) -> None:
+    def __init__(self, core: ClientCore, root: str = "/") -> None:
+        """root: the pool directory the kernel's root inode stands for (`cv mount --subdir`)."""
         self.core = core
         self.meta = core.meta
+        self.root_ino = self._root_of(root)
         self._lock = threading.Lock()
         self._fhs = itertools.count(1)
         self._handles: dict[int, Handle] = {}
@@ -95,6 +97,23 @@ class VFS:
         self._direct_creates = core.cfg.fuse.direct_io_creates
         self.local = LocalFiles(core, core.cfg.fuse.verify_ahead)   # files the kernel may read itself
         core.meta.dirs_listener = self._learn_dirs
+
+    def _root_of(self, path: str) -> int:
+        """The inode of the mount's root directory: resolved once, so a subdir mount costs
+        nothing per request but the mapping of one inode number (_in)."""
+        if path.strip("/") == "":
+            return ROOT_INO
+        try:
+            attr = self.meta.resolve(path)
+        except CurvineError as e:
+            raise e.with_path(path) from None
+        if not stat.S_ISDIR(attr.mode):
+            raise err(errno.ENOTDIR).with_path(path)
+        return int(attr.ino)
+
+    def _in(self, ino: int) -> int:
+        """A kernel inode number as the master knows it: the kernel's root is the subdir."""
+        return self.root_ino if ino == ROOT_INO else ino
 
     # ------------------------------------------------------------------ attributes
     def overlay(self, attr: pb.Attr) -> pb.Attr:
@@ -117,6 +136,7 @@ class VFS:
         return a
 
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
+        ino = self._in(ino)
         return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
 
     # ------------------------------------------------------------------ awaited forms
@@ -126,13 +146,14 @@ class VFS:
     # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
     # master's retry cache answers a repeat.  None of them blocks.
     async def lookup_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> pb.Attr:
-        request = self.meta.lookup_request(parent, name, ident)
+        request = self.meta.lookup_request(self._in(parent), name, ident)
         request.one_block = self.local.wanted
         reply = await call("Lookup", request)
         self.local.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
     async def getattr_async(self, call: MasterCall, ino: int, ident: Identity) -> pb.Attr:
+        ino = self._in(ino)
         cached = self.cached_dir_attr(ino)
         if cached is not None:
             return cached
@@ -140,17 +161,17 @@ class VFS:
 
     async def getxattr_async(self, call: MasterCall, ino: int, name: str, ident: Identity) -> bytes:
         """The kernel asks for security.capability before every write(2) to a file."""
-        reply = await call("GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=ino, name=name))
+        reply = await call("GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name))
         return bytes(reply.value)
 
     async def mkdir_async(self, call: MasterCall, parent: int, name: str, mode: int, umask: int,
                           ident: Identity) -> pb.Attr:
-        req = self.meta.mknod_request(parent, name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
+        req = self.meta.mknod_request(self._in(parent), name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
         return self.meta.saw_dirs(await call("Mknod", req)).attr  # type: ignore[no-any-return]
 
     async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
                            ident: Identity) -> Opened:
-        req = self.meta.create_request(parent, name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
+        req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=self.core.cfg.client.block_size, ident=ident)
         opened = self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
@@ -177,7 +198,7 @@ class VFS:
         keep = self._keep()
         if keep is None:
             return False
-        req = self.meta.unlink_request(parent, name, ident)
+        req = self.meta.unlink_request(self._in(parent), name, ident)
         req.keep.extend(keep)
         return not self.meta.saw_dirs(await call("Unlink", req)).kept
 
@@ -195,7 +216,7 @@ class VFS:
         if keep is None:
             return False
         self._dir_attrs.clear()
-        req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
+        req = self.meta.rename_request(self._in(parent), name, self._in(new_parent), new_name, flags, ident)
         req.keep.extend(keep)
         return not self.meta.saw_dirs(await call("Rename", req)).kept
 
@@ -214,6 +235,7 @@ class VFS:
             self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if now - v[0] < self._dir_ttl}
 
     def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> pb.Attr:
+        ino = req.ino = self._in(ino)
         st = self._inodes.get(ino)
         if req.valid & SETATTR_SIZE and st is not None:
             st.version += 1   # readers open here reload their block lists
@@ -230,16 +252,18 @@ class VFS:
     # ------------------------------------------------------------------ namespace
     def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity) -> pb.Attr:
         bs = self.core.cfg.client.block_size if stat.S_ISREG(mode) else 0
-        return self.meta.mknod(parent, name, mode, umask=umask, rdev=rdev, block_size=bs, ident=ident)
+        return self.meta.mknod(self._in(parent), name, mode, umask=umask, rdev=rdev, block_size=bs, ident=ident)
 
     def symlink(self, parent: int, name: str, target: str, ident: Identity) -> pb.Attr:
-        return self.meta.mknod(parent, name, stat.S_IFLNK | 0o777, target=target, ident=ident)
+        return self.meta.mknod(self._in(parent), name, stat.S_IFLNK | 0o777, target=target, ident=ident)
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> pb.Attr:
-        req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=new_parent, new_name=new_name)
+        req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=self._in(new_parent),
+                             new_name=new_name)
         return self.overlay(self.meta.saw_dirs(self.meta.call("Link", req)).attr)
 
     def unlink(self, parent: int, name: str, ident: Identity) -> None:
+        parent = self._in(parent)
         if not self._hide_if_open(parent, name, ident):
             self.meta.unlink(parent, name, ident)
 
@@ -279,9 +303,10 @@ class VFS:
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> None:
         self._dir_attrs.clear()   # the removed directory's own entry must not outlive it
-        self.meta.rmdir(parent, name, ident)
+        self.meta.rmdir(self._in(parent), name, ident)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int, ident: Identity) -> None:
+        parent, new_parent = self._in(parent), self._in(new_parent)
         if not flags:
             self._hide_if_open(new_parent, new_name, ident)  # a replaced file open here stays readable
         self._dir_attrs.clear()   # a moved directory's ctime changes too; the parents come back
@@ -291,6 +316,7 @@ class VFS:
         return self.meta.call("Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target
 
     def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> pb.ReadDirReply:
+        ino = self._in(ino)
         reply = self.meta.readdir(ino, offset, limit, plus=True, ident=ident)
         if any(e.name.startswith(HIDDEN_PREFIX) for e in reply.entries):
             kept = [e for e in reply.entries if not e.name.startswith(HIDDEN_PREFIX)]
@@ -304,14 +330,16 @@ class VFS:
         return self.meta.call("StatFs", pb.Empty())
 
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> None:
-        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name, value=value, flags=flags)
+        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name, value=value,
+                              flags=flags)
         self.meta.call("SetXattr", req)
 
     def listxattr(self, ino: int, ident: Identity) -> list[str]:
-        return list(self.meta.call("ListXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=ino)).names)
+        return list(self.meta.call("ListXattr", pb.XattrRequest(caller=self.meta.caller(ident),
+                                                                     ino=self._in(ino))).names)
 
     def removexattr(self, ino: int, name: str, ident: Identity) -> None:
-        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=ino, name=name)
+        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name)
         self.meta.call("RemoveXattr", req)
 
     # ------------------------------------------------------------------ open files
