@@ -89,7 +89,7 @@ def cmd_config(ctx: Context) -> int:
 
 def build_parser() -> CliParser:
     """The whole `cv` command tree."""
-    from curvine_py.cli import bench, cluster, fs, mount, report, stats
+    from curvine_py.cli import bench, cluster, csi, fs, mount, report, stats
 
     parser = CliParser(prog="cv", parents=[common_options(suppress=False)],
                        description="Command line of the curvine-py distributed cache filesystem.")
@@ -102,6 +102,7 @@ def build_parser() -> CliParser:
     mount.register(sub, common)
     bench.register(sub, common)
     stats.register(sub, common)
+    csi.register(sub, common)
     p = sub.add_parser("version", parents=[common], help="print the version")
     p.set_defaults(func=cmd_version)
     p = sub.add_parser("config", parents=[common], help="print the effective configuration as TOML")
