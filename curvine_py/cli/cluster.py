@@ -70,14 +70,15 @@ def process_rows(procs: typing.Sequence[lc.ProcessRecord]) -> list[tuple[object,
     rows: list[tuple[object, ...]] = []
     for p in procs:
         where = p.address + (f" (data {p.data_address})" if p.data_address else "")
-        rows.append((p.name, where, p.pid, "alive" if p.is_alive() else "dead", _rel(p.log)))
+        rows.append((p.name, where, p.metrics.rpartition(":")[2] or "-", p.pid, "alive" if p.is_alive() else "dead",
+                     _rel(p.log)))
     return rows
 
 
 def print_started(cluster: lc.LocalCluster, foreground: bool) -> None:
     print(f"started a cluster in {cluster.dir}: 1 master, {cluster.n_workers} worker(s)")
     print(output.table(process_rows(cluster.processes),
-                       headers=("NAME", "ADDRESS", "PID", "STATE", "LOG"), right={2}))
+                       headers=("NAME", "ADDRESS", "METRICS", "PID", "STATE", "LOG"), right={2, 3}))
     cfg = _rel(str(cluster.config_path))
     hint = "" if cfg == ".curvine/curvine.toml" else f"--config {cfg} "   # found from this directory
     print(f"use it: cv {hint}fs ls /   (elsewhere: cv --config {cluster.config_path} ..., "
@@ -206,8 +207,8 @@ def cmd_status(ctx: Context) -> int:
     else:
         print(f"cluster in {directory}: {sum(alive)} of {len(procs)} process(es) alive"
               + (f", master reports {live} live worker(s)" if live is not None else ""))
-        print(output.table(process_rows(procs), headers=("NAME", "ADDRESS", "PID", "STATE", "LOG"),
-                           right={2}))
+        print(output.table(process_rows(procs), headers=("NAME", "ADDRESS", "METRICS", "PID", "STATE", "LOG"),
+                           right={2, 3}))
     return EXIT_OK if all(alive) else EXIT_FAIL
 
 

@@ -257,7 +257,7 @@ def free_port_run(n: int) -> int:
 
 def test_cluster_start_status_stop(tmp_path: Path) -> None:
     d = tmp_path / "c"
-    base = free_port_run(5)  # master on base, workers on base+1 .. base+4
+    base = free_port_run(9)  # master on base, workers on base+1 .. base+4, metrics base+5 .. base+8
     master_port, base = base, base + 1
     started = run_cv("cluster", "start", "--dir", str(d), "--master-port", str(master_port),
                      "--base-port", str(base), "--capacity", "256MiB", cwd=tmp_path)
@@ -305,7 +305,7 @@ def test_cluster_start_on_a_taken_port(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cluster_foreground_stops_on_signal(tmp_path: Path, sig: int) -> None:
     d = tmp_path / "c"
-    port = free_port_run(4)  # master P, worker0 P+2 and P+3
+    port = free_port_run(7)  # master P, worker0 P+2 and P+3, metrics P+4 .. P+6
     proc = subprocess.Popen([CV, "cluster", "start", "--dir", str(d), "--workers", "1",
                              "--master-port", str(port), "--foreground"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
@@ -343,7 +343,7 @@ def test_cluster_start_with_a_mount(tmp_path: Path) -> None:
     yet and starts without it); stop unmounts before stopping the servers."""
     from curvine_py.localcluster import fuse_available, is_mounted
     d, mnt = tmp_path / "c", tmp_path / "mnt"
-    port = free_port_run(6)  # master P, workers P+2 .. P+5
+    port = free_port_run(10)  # master P, workers P+2 .. P+5, metrics P+6 .. P+9
     started = run_cv("cluster", "start", "--dir", str(d), "--workers", "2", "--master-port", str(port),
                      "--mount", str(mnt), cwd=tmp_path)
     try:
