@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import threading
 import time
@@ -65,6 +66,8 @@ def _listen(server: grpc.Server, endpoint: Endpoint) -> None:
         if path.exists() or path.is_symlink():
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 raise OSError(f"{path}: exists and is not a socket")
+            if _answers(str(path)):
+                raise OSError(f"{path}: another server is listening on it")
             path.unlink()
     try:
         server.add_insecure_port(endpoint.address)
@@ -72,11 +75,26 @@ def _listen(server: grpc.Server, endpoint: Endpoint) -> None:
         raise OSError(f"cannot listen on {endpoint.address}: {e}") from None
 
 
-def _serve(endpoint: Endpoint, add: typing.Callable[[grpc.Server], None], what: str) -> None:
-    """Serve until SIGTERM/SIGINT (the signal only sets an event: the stop runs here)."""
+def _answers(path: str) -> bool:
+    """Does something accept connections on this Unix socket (a driver still running)?"""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def _serve(endpoint: Endpoint, add: typing.Callable[[grpc.Server], None], what: str,
+           prepare: typing.Callable[[], None] = lambda: None) -> None:
+    """Serve until SIGTERM/SIGINT (the signal only sets an event: the stop runs here).
+    prepare runs once the endpoint is ours (a second driver stops before touching a mount)
+    and before the first request is served."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
     add(server)
     _listen(server, endpoint)
+    prepare()
     server.start()
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -99,7 +117,6 @@ def _serve(endpoint: Endpoint, add: typing.Callable[[grpc.Server], None], what: 
 def run_node(config: "Config", endpoint: Endpoint, node_id: str, state_dir: str, config_path: str | None) -> None:
     """The node plugin: first the mounts already there are found (restart recovery)."""
     staging = StagingMounts(state_dir, config_path)
-    staging.recover()
     clients = Clients(config)
     if os.getpid() == 1:   # a container's init: the daemons become our children
         threading.Thread(target=_reap_forever, args=(staging,), name="reaper", daemon=True).start()
@@ -108,7 +125,7 @@ def run_node(config: "Config", endpoint: Endpoint, node_id: str, state_dir: str,
         csi_pb2_grpc.add_IdentityServicer_to_server(Identity(ready=fuse_ready), server)
         csi_pb2_grpc.add_NodeServicer_to_server(Node(config, clients, staging, node_id), server)
     try:
-        _serve(endpoint, add, f"CSI node {node_id}")
+        _serve(endpoint, add, f"CSI node {node_id}", prepare=staging.recover)
     finally:
         clients.close()
 

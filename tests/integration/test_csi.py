@@ -229,6 +229,21 @@ def test_identity_and_node_info(drivers: typing.Callable[[str], Driver]) -> None
         csi.ControllerGetCapabilitiesRequest(), timeout=10)) == Code.UNIMPLEMENTED
 
 
+def test_cli_errors_are_one_line(drivers: typing.Callable[[str], Driver], tmp_path: Path) -> None:
+    d = drivers("node")
+
+    def cv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CV, "csi", *args], env=d.env, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+
+    bad = cv("node", "--endpoint", "localhost:1234")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--endpoint" in bad.stderr, bad.stderr
+    taken = cv("node", "--endpoint", f"unix://{d.socket}", "--state-dir", str(tmp_path / "state2"))
+    assert taken.returncode == 1 and taken.stderr.strip().endswith("another server is listening on it"), taken.stderr
+    assert taken.stderr.count("\n") == 1, taken.stderr
+    assert d.identity.Probe(csi.ProbeRequest(), timeout=10).ready.value   # the first one still serves
+
+
 def test_two_pods_share_one_daemon(drivers: typing.Callable[[str], Driver], client: "Client", volume: str,
                                    tmp_path: Path) -> None:
     d = drivers("node")

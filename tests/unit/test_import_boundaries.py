@@ -15,6 +15,8 @@ FORBIDDEN = {
                           "curvine_py.fuse", "curvine_py.cli"),
     "curvine_py/client": ("curvine_py.master", "curvine_py.worker", "curvine_py.fuse", "curvine_py.cli"),
     "curvine_py/cli": ("curvine_py.master", "curvine_py.worker"),
+    # the driver runs mounts as processes (cv mount), never the mount code itself
+    "curvine_py/csi": ("curvine_py.master", "curvine_py.worker", "curvine_py.fuse", "curvine_py.cli"),
 }
 
 
