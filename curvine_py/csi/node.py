@@ -26,6 +26,13 @@ log = logging.getLogger("curvine.csi")
 Code = grpc.StatusCode
 
 
+def node_path(field: str, path: str) -> str:
+    """A target path as the mount table spells it: its parent resolved (kubelet's dir may be
+    reached through a symlink), never the path itself (a FUSE mount there may hang a stat)."""
+    path = absolute_path(field, path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 class Node(csi_pb2_grpc.NodeServicer):
     def __init__(self, config: "Config", clients: Clients, staging: StagingMounts, node_id: str) -> None:
         self.config = config
@@ -37,7 +44,7 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodePublishVolume(self, request: csi.NodePublishVolumeRequest, context: grpc.ServicerContext
                           ) -> csi.NodePublishVolumeResponse:
         path = volume_path(request.volume_id)
-        target = absolute_path("target_path", request.target_path)
+        target = node_path("target_path", request.target_path)
         if not request.HasField("volume_capability"):
             raise invalid("volume_capability is required")
         check_capability(request.volume_capability)
@@ -53,14 +60,14 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodeUnpublishVolume(self, request: csi.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
                             ) -> csi.NodeUnpublishVolumeResponse:
         volume_path(request.volume_id)   # required; the mount table alone says what is mounted
-        self.staging.unpublish(absolute_path("target_path", request.target_path))
+        self.staging.unpublish(node_path("target_path", request.target_path))
         return csi.NodeUnpublishVolumeResponse()
 
     @rpc
     def NodeGetVolumeStats(self, request: csi.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
                            ) -> csi.NodeGetVolumeStatsResponse:
         volume_path(request.volume_id)
-        where = absolute_path("volume_path", request.volume_path)
+        where = node_path("volume_path", request.volume_path)
         entry = mount_at(read_mounts(), where)
         if entry is None or entry.fstype != FUSE_TYPE:
             raise CsiError(Code.NOT_FOUND, f"volume {request.volume_id} is not published at {where}")

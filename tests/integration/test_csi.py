@@ -307,6 +307,19 @@ def test_readonly_publish(drivers: typing.Callable[[str], Driver], client: "Clie
     assert mounts_under(tmp_path) == []
 
 
+def test_target_below_a_symlink(drivers: typing.Callable[[str], Driver], volume: str, tmp_path: Path) -> None:
+    """kubelet's dir reached through a symlink: the mount table shows the real path."""
+    d = drivers("node")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    target = tmp_path / "link/pod"
+    d.publish(volume, target)
+    d.publish(volume, target)   # found again: idempotent
+    assert [m.point for m in mounts_under(tmp_path / "real")] == [str(tmp_path / "real/pod")]
+    d.unpublish(volume, target)
+    assert not (tmp_path / "real/pod").exists() and mounts_under(tmp_path) == []
+
+
 def test_driver_killed_and_restarted(drivers: typing.Callable[[str], Driver], client: "Client", volume: str,
                                      tmp_path: Path) -> None:
     d = drivers("node")
