@@ -287,6 +287,22 @@ def test_two_pods_share_one_daemon(drivers: typing.Callable[[str], Driver], clie
     d.unpublish(volume, tmp_path / "pods/never")
 
 
+def test_concurrent_publishes_share_one_daemon(drivers: typing.Callable[[str], Driver], volume: str,
+                                               tmp_path: Path) -> None:
+    """kubelet publishes for several pods at once: one daemon is started, not one per pod."""
+    from concurrent.futures import ThreadPoolExecutor
+    d = drivers("node")
+    targets = [tmp_path / f"pod{i}" for i in range(4)]
+    with ThreadPoolExecutor(len(targets)) as pool:
+        list(pool.map(lambda t: d.publish(volume, t), targets))
+    [daemon] = d.daemon_pids()
+    assert len(mounts_under(tmp_path)) == 1 + len(targets)
+    with ThreadPoolExecutor(len(targets)) as pool:
+        list(pool.map(lambda t: d.unpublish(volume, t), targets))
+    wait_for("the mount daemon to exit", lambda: not pid_alive(daemon))
+    assert mounts_under(tmp_path) == [] and not any(t.exists() for t in targets)
+
+
 def test_readonly_publish(drivers: typing.Callable[[str], Driver], client: "Client", volume: str,
                           tmp_path: Path) -> None:
     d = drivers("node")
