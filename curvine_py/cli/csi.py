@@ -10,12 +10,16 @@ import argparse
 import logging
 import socket
 import sys
+import typing
 
 from curvine_py.cli import EXIT_OK, Context, UsageError
 from curvine_py.csi import DEFAULT_STATE_DIR
 
+if typing.TYPE_CHECKING:
+    from curvine_py.csi.server import Endpoint
 
-def _endpoint(text: str) -> object:
+
+def _endpoint(text: str) -> "Endpoint":
     from curvine_py.csi.server import Endpoint
     try:
         return Endpoint.parse(text)
@@ -38,8 +42,7 @@ def cmd_node(ctx: Context) -> int:
     a = ctx.args
     endpoint = _endpoint(a.endpoint)
     _log_to_stderr()
-    run_node(ctx.config, endpoint, a.node_id or socket.gethostname(), a.state_dir,  # type: ignore[arg-type]
-             getattr(a, "config", None))
+    run_node(ctx.config, endpoint, a.node_id or socket.gethostname(), a.state_dir, getattr(a, "config", None))
     return EXIT_OK
 
 
@@ -47,7 +50,7 @@ def cmd_controller(ctx: Context) -> int:
     from curvine_py.csi.server import run_controller
     endpoint = _endpoint(ctx.args.endpoint)
     _log_to_stderr()
-    run_controller(ctx.config, endpoint)  # type: ignore[arg-type]
+    run_controller(ctx.config, endpoint)
     return EXIT_OK
 
 
