@@ -166,6 +166,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         log.error("mount failed: %s", e)
         _notify(ready_fd, f"mount failed: {e}")
         return 1
+    served = _serve_metrics(cfg, ops)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(f"{os.getpid()}\n{real}\n")
     log.info("mounted %s (master %s)", mountpoint, cfg.client.master)
@@ -175,7 +176,6 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     # A stop signal that arrives while the trio loop does not listen (before it starts, or
     # re-delivered by trio when the loop ends, or during the flush after it) must neither kill
     # the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
-    served = _serve_metrics(cfg, ops)
     # lost: it is recorded here and acted on by the loop.
     stop: list[int] = []
 
@@ -237,6 +237,8 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
             log.warning("unmount: %s", e)
         vfs.close()
         core.close()
+        if served is not None:
+            served.close()
         try:
             pid_file.unlink()
         except FileNotFoundError:
@@ -245,17 +247,6 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     return code
 
 
-def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
-        if served is not None:
-            served.close()
-    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
-    try:
-        dev = os.stat(mountpoint).st_dev
-        path = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
-        path.write_text(str(max_read_ahead // 1024))
-        log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
-    except OSError as e:
-        log.info("could not raise read-ahead: %s", e)
 def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer | None:
     """/metrics of this mount on fuse.metrics_port (another mount has it: an ephemeral
     port); its address is what the root's user.curvine.metrics xattr answers."""
@@ -274,6 +265,15 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
     return served
 
 
+def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
+    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        path = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        path.write_text(str(max_read_ahead // 1024))
+        log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
+    except OSError as e:
+        log.info("could not raise read-ahead: %s", e)
 
 
 def umount(mountpoint: str, timeout: float = 30.0) -> int:
