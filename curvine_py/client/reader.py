@@ -197,6 +197,7 @@ class FileReader:
         self.read_ahead = core.cfg.client.read_ahead_blocks
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._max_end = 0
+        self._random_end = -1            # where the latest small random read ended (see _random)
         self._last_idx = -1              # the block the latest read was in
         self._used = time.monotonic()    # when that was (the pool takes from idle readers)
         self._lock = threading.RLock()
@@ -330,6 +331,10 @@ class FileReader:
             buf = bytearray(size)   # a hole, across blocks, past a short block: gathered
             self._pread(offset, memoryview(buf))
             return memoryview(buf), no_unpin
+        if self._random(idx, offset, size):   # its range alone, not its whole block
+            buf = bytearray(size)
+            self._fill(block, within, memoryview(buf))
+            return memoryview(buf), no_unpin
         entry = self._acquire(idx, offset)
         try:
             entry.wait_for(within + size)
@@ -349,6 +354,9 @@ class FileReader:
             self._note(offset, idx)
             self._fill(block, 0, out)   # caller wants the whole block: no staging copy
             return
+        if not cached and self._random(idx, offset, len(out)):
+            self._fill(block, within, out)   # a small random read: its range alone
+            return
         entry = self._acquire(idx, offset)
         try:
             n = entry.wait_for(within + len(out))
@@ -358,6 +366,29 @@ class FileReader:
             self._unpin(entry)
         if have < len(out):
             out[have:] = bytearray(len(out) - have)
+
+    def _random(self, idx: int, offset: int, size: int) -> bool:
+        """Is this a small read far from where the file is being read (a Parquet footer, a
+        safetensors header, a random ``pread``)?  Then only its range is fetched, straight
+        into the caller's buffer, not its whole block into the cache: a 128 KiB read of a
+        4 MiB block moved 32x its bytes (and the worker read and hashed only the 1 MiB
+        chunks it covers anyway).  "Far": outside the read-ahead window around the furthest
+        read so far, on either side (the kernel's own read-ahead sends requests that far
+        ahead and out of order).  A small read that starts where the previous random one
+        ended is a sequential reader starting there: it re-anchors the window."""
+        if size > self.bs // 4:
+            return False
+        with self._lock:
+            if idx in self._cache:
+                return False
+            window = (self.read_ahead + 2) * self.bs
+            if self._max_end - window <= offset <= self._max_end + window:
+                return False
+            if offset == self._random_end:
+                self._max_end = offset
+                return False
+            self._random_end = offset + size
+            return True
 
     def _note(self, offset: int, idx: int) -> None:
         """Reads near the furthest point read so far are sequential: fetch the next blocks."""

@@ -36,9 +36,10 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "io_engines.py": ("--small", "--rounds", "1", "--json"),
     "kv_concurrency.py": ("--small", "--json"),
     "metrics_cost.py": ("--files", "2", "--size", "1MiB", "--meta", "20", "--rounds", "1", "--json"),
+    "random_reads.py": ("--size", "64MiB", "--reads", "20", "--json"),
 }
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py"}   # under the system temp dir, removed after
-MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py"}
+MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py"}
 NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testhosts.py)
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
@@ -133,6 +134,11 @@ def check_figures(script: str, out: str) -> None:
         for mode in ("on", "off"):
             positive(res["median"][mode], "write_GBps", "read_GBps", "stat_per_s", "create_per_s")
         positive(res["on_over_off"], "write_GBps", "read_GBps")
+    elif script == "random_reads.py":
+        res = json.loads(out)
+        assert set(res) == {"local disk", "curvine, replica here", "curvine, over the network"}, res
+        for figs in res.values():
+            positive(figs, "iops", "MiBps", "p50_ms")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:

@@ -155,6 +155,29 @@ def test_evictions_by_reason_in_a_small_pool(cluster_factory: typing.Callable[..
     assert worker.total("curvine_worker_io_engine") == 1
 
 
+@needs_mount
+def test_a_small_random_read_fetches_its_range_not_its_block(mounted: tuple[LocalCluster, Client]) -> None:
+    """128 KiB read far into a 40 MiB file (ten 4 MiB blocks; one past the read-ahead window
+    is not prefetched whole at open): the bytes fetched from
+    workers or block files are that range (whatever the kernel's read-ahead adds, under a
+    1 MiB checksum chunk), not the 4 MiB block around it; and they are the right bytes."""
+    c, client = mounted
+    data = os.urandom(40 * MiB)
+    client.put_bytes("/random.bin", data)
+    subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+    before = scrape(endpoint(c, "fuse"))
+    fd = os.open(Path(c.mount or "") / "random.bin", os.O_RDONLY)
+    try:
+        off = 33 * MiB + 256 * 1024
+        assert os.pread(fd, 128 * 1024, off) == data[off:off + 128 * 1024]
+    finally:
+        os.close(fd)
+    after = scrape(endpoint(c, "fuse"))
+    fetched = sum(delta(before, after, "curvine_client_read_bytes_total", source=s)
+                  for s in ("short_circuit", "remote"))
+    assert 128 * 1024 <= fetched <= MiB, fetched
+
+
 def test_a_client_off_the_workers_hosts_writes_through_a_chain(mounted: tuple[LocalCluster, Client]) -> None:
     """An SDK client on a host with no worker sends each block to the first replica, which
     forwards it to the second: one chain forward per block, its bytes once."""
