@@ -1,9 +1,12 @@
 """`bench/compare --small`: ours, MooseFS and a local directory on namespace hosts, one table.
 
-Runs the real script (real hosts, real daemons, real mounts) at a tiny size.  Timings are
-never asserted; what is asserted is that every system produced every figure (so every
-read was verified byte for byte by `cv bench`), warm and cold, and that nothing is left
-mounted or running afterwards.  Skipped, with the reason, when not root or when MooseFS
+Runs the real script (real hosts, real daemons, real mounts) at a tiny size, in both
+layouts of the reader (a worker's host, and a host with no worker).  Timings are never
+asserted; what is asserted is that every system produced every figure (so every read was
+verified byte for byte by `cv bench`), warm and cold, and that nothing is left mounted or
+running afterwards.  The FUSE request size is whatever the kernel allows
+(`fs.fuse.max_pages_limit`: 1 MiB at 256 pages, 4 MiB at 1024); it is a host-wide
+setting, left as it is.  Skipped, with the reason, when not root or when MooseFS
 cannot be installed.
 """
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -54,13 +58,39 @@ def test_compare_small_reports_every_figure_for_every_system(compare_ready: None
     rows = {(row["workload"], row["metric"]): row for row in out["table"]}
     row = rows[("kvcache", "read GB/s (cold)")]
     assert all(row[s] != "-" for s in ("curvine", "moosefs", "local", "curvine/moosefs"))
+    assert_remote_layout(out, rows)
     assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
+
+
+def assert_remote_layout(out: dict[str, typing.Any], rows: dict[tuple[str, str], dict[str, str]]) -> None:
+    """The default `--layout both`: the reader on host 3 (no worker) read every KV chunk
+    and the sequential file, warm and cold, serially and (`--readers 8`) from 8 threads
+    at once, through fresh mounts; every byte verified by `cv bench` (a wrong byte fails
+    the run), the ratio against MooseFS in the same layout."""
+    assert set(out["remote"]) == {"curvine", "moosefs"} and out["readers"] == 8
+    for system, result in out["remote"].items():
+        concurrent = result["concurrent"]["kvcache"]["read"]
+        for temp in ("warm", "cold"):
+            assert result["kvcache"]["read"][temp]["read_GBps"] > 0, (system, temp)
+            assert result["seq"]["read"][temp]["read_GBps"] > 0, (system, temp)
+            assert concurrent[temp]["read_threads"] == 8 and concurrent[temp]["read_GBps"] > 0, (system, temp)
+        assert "meta" not in result     # the same writer and master as the local layout's
+    for workload, metric in (("kvcache (remote reader)", "read GB/s (warm)"),
+                             ("seq (remote reader)", "read GB/s (cold)"),
+                             ("kvcache (remote reader, 8 threads)", "read p99 ms (cold)")):
+        row = rows[(workload, metric)]
+        assert row["curvine"] != "-" and row["moosefs"] != "-" and row["curvine/moosefs"] != "-", row
+        assert row["local"] == "-", row          # a local directory has no remote reader
+    assert not any(w.startswith(("kvcache (remote", "seq (remote")) and "write" in m for w, m in rows)
 
 
 def test_compare_table_and_usage_error(compare_ready: None, tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(COMPARE), "--systems", "curvine,nfs"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and bad.stderr.startswith("compare: --systems"), bad.stderr
+    bad = subprocess.run([sys.executable, str(COMPARE), "--readers", "0"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2 and bad.stderr.strip() == "compare: --readers must be positive", bad.stderr
     bad = subprocess.run([sys.executable, str(COMPARE), "--set", "FUSE_DIRECT_IO=true"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and bad.stderr.strip() == "compare: --set FUSE_DIRECT_IO=true: expected " \
