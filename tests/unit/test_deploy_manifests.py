@@ -377,6 +377,35 @@ def test_kubectl_kustomize_renders() -> None:
                         assert c["image"] == f"{IMAGE_NAME}:{package_version()}"
 
 
+def test_the_documented_overlay_renders(tmp_path: Path) -> None:
+    """docs/deploy.md's overlay (registry, secret) as kubectl would render it: the Secret
+    replaced by the overlay's, our image renamed, nothing else changed."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the overlay of docs/deploy.md is not rendered")
+    section = (ROOT / "docs" / "deploy.md").read_text().split("### 2. An overlay", 1)[1]
+    overlay = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S)[1])
+    assert overlay["resources"] == ["../deploy/k8s"]
+    (tmp_path / "deploy").symlink_to(DEPLOY)   # the overlay sits beside deploy/, as the doc says
+    (tmp_path / "my-cluster").mkdir()
+    (tmp_path / "my-cluster" / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    (tmp_path / "my-cluster" / "secret.env").write_text(f"cluster-secret={TEST_SECRET}\n")
+    r = subprocess.run([kubectl, "kustomize", str(tmp_path / "my-cluster")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == \
+        sorted((o.kind, o.name) for o in objects() if o.path.parent == K8S)
+    (secret,) = [d for d in rendered if d["kind"] == "Secret"]
+    import base64
+    assert base64.b64decode(secret["data"]["cluster-secret"]).decode() == TEST_SECRET
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    (image,) = overlay["images"]
+    ours = {c["image"] for d in rendered for c in d.get("spec", {}).get("template", {}).get("spec", {})
+            .get("containers", []) if IMAGE_NAME in c["image"]}
+    assert ours == {f"{image['newName']}:{package_version()}"} and image["newTag"] == package_version()
+
+
 # ---------------------------------------------------------------- drift: manifests vs code
 
 
