@@ -15,6 +15,7 @@ There is no Kubernetes cluster here, so every piece is checked by what does run 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -428,6 +429,12 @@ def test_configmap_toml_loads_with_every_key_known(toml_path: Path) -> None:
     cfgmod.load_file(cfg, toml_path)    # an unknown section or key raises ConfigError
     data = tomllib.loads(toml_path.read_text())
     assert data["master"]["meta_dir"] == cfg.master.meta_dir
+    # the ports the manifests declare are the documented defaults (docs/config.md, docs/deploy.md)
+    defaults = dataclasses.asdict(cfgmod.Config())
+    ports = {f"{s}.{k}": v for s, values in data.items() for k, v in values.items() if k.endswith("port")}
+    assert set(ports) == {k for keys in ROLE_PORTS.values() for k in keys.values()}
+    for dotted, value in ports.items():
+        assert value == key(defaults, dotted), f"{dotted} = {value}, the default is {key(defaults, dotted)}"
     # the loader does refuse what the file could get wrong
     bad = toml_path.with_name("bad.toml")
     bad.write_text(toml_path.read_text().replace("[worker]\n", "[worker]\nmetric_port = 1\n", 1))
@@ -437,7 +444,8 @@ def test_configmap_toml_loads_with_every_key_known(toml_path: Path) -> None:
 
 def test_environment_variables_are_configuration_keys() -> None:
     """apply_env ignores a CURVINE_* name that is no key: a typo would be silently lost."""
-    keys = {f"CURVINE_{s}_{k}".upper() for s in cfgmod.SECTIONS for k in cfgmod._field_types(cfgmod.Config().section(s))}
+    defaults = dataclasses.asdict(cfgmod.Config())
+    keys = {f"CURVINE_{s}_{k}".upper() for s in cfgmod.SECTIONS for k in defaults[s]}
     for c in our_containers():
         for name in c.env:
             if name.startswith("CURVINE_"):
@@ -792,6 +800,7 @@ def container_engine() -> tuple[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)   # libfuse, pyfuse3 and the io_uring binding are compiled in the build
 def test_image_builds_and_runs_cv_version() -> None:
     exe, why = container_engine()
     if not exe:
