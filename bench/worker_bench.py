@@ -36,7 +36,7 @@ def start_worker(base: str, name: str, worker_id: int, env: dict[str, str]) -> t
         f.write(f"{worker_id}\n")
     cmd = [sys.executable, "-m", "curvine_py.worker.main", "--worker-master", "",
            "--worker-dirs", d, "--worker-reserve", "0", "--worker-data-port", "0",
-           "--worker-rpc-port", "0", "--log-level", "WARNING"]
+           "--worker-rpc-port", "0", "--worker-metrics-port", "0", "--log-level", "WARNING"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     line = p.stdout.readline().split()   # worker <id> data <ip>:<port> rpc <ip>:<port>
     if len(line) != 6:

@@ -78,14 +78,16 @@ class _Daemons(LocalCluster):
         if role == "master":
             return self.master_host.wrap(argv + [
                 "--master-port", str(self.master_port), "--master-bind", self.master_host.ip,
-                "--master-meta-dir", str(self.dir / "master"), *self.extra_master_flags])
+                "--master-meta-dir", str(self.dir / "master"),
+                "--master-metrics-port", str(self.metrics_port("master")), *self.extra_master_flags])
         if role == "worker":
             h = self.worker_host_list[i]
             rpc, data = self.worker_ports(i)
             return h.wrap(argv + [
                 "--worker-master", self.master_address, "--worker-bind", h.ip, "--worker-ip", h.ip,
                 "--worker-host", h.name, "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
-                "--worker-dirs", self.worker_dir_spec(i), *self.extra_worker_flags])
+                "--worker-dirs", self.worker_dir_spec(i),
+                "--worker-metrics-port", str(self.metrics_port("worker", i)), *self.extra_worker_flags])
         host, mountpoint, extra = self.mounts[i]
         return host.wrap(argv[:3] + [mountpoint, "--master", self.master_address, "--config",
                                      str(self.config_path), "--client-host", host.name,
@@ -96,7 +98,8 @@ class _Daemons(LocalCluster):
             h = self.worker_host_list[i]
             rpc, data = self.worker_ports(i)
             return ProcessRecord(role, f"worker{i}", i, f"{h.ip}:{rpc}", str(self.dir / "logs" / f"worker{i}.log"),
-                                 data_address=f"{h.ip}:{data}", host=h.name)
+                                 data_address=f"{h.ip}:{data}", host=h.name,
+                                 metrics=f"{h.ip}:{self.metrics_port('worker', i)}")
         if role == "fuse":
             host, mountpoint, _ = self.mounts[i]
             return ProcessRecord(role, f"fuse{i}", i, mountpoint, str(self.dir / "logs" / f"fuse{i}.log"),

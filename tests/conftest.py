@@ -55,6 +55,11 @@ def _isolated_environment() -> None:
         del os.environ[name]
     os.environ["CURVINE_CONF"] = os.devnull
     os.environ["CURVINE_CLUSTER_SECRET"] = TEST_SECRET
+    # No daemon a test starts on its own listens on the default metrics ports (a `make run`
+    # cluster here may hold them, and two standalone workers would share one): metrics off,
+    # except where LocalCluster / NetCluster give each daemon its own port (their flags win).
+    for section in ("MASTER", "WORKER", "FUSE"):
+        os.environ[f"CURVINE_{section}_METRICS_PORT"] = "0"
     if FORCED_IO_ENGINE:   # deliberately kept: LocalCluster's daemons inherit os.environ
         os.environ[IO_ENGINE_ENV] = FORCED_IO_ENGINE
 
