@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,8 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_round_trip_through_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CURVINE_CLUSTER_SECRET", raising=False)  # the tests' shared secret
-    monkeypatch.delenv("CURVINE_WORKER_IO_ENGINE", raising=False)   # a run on one engine keeps it
+    for name in [n for n in os.environ if n.startswith("CURVINE_")]:   # the tests' secret, metrics
+        monkeypatch.delenv(name)                                        # ports off, a forced io engine
     cfg = config.Config()
     cfg.worker.dirs = ["[SSD:1GiB]/x"]
     f = tmp_path / "out.toml"
