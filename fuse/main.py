@@ -18,6 +18,7 @@ from pathlib import Path
 
 from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
+from curvine_py.processes import pid_alive
 
 log = logging.getLogger("curvine.fuse")
 RUN_DIR = Path(os.environ.get("CURVINE_RUN_DIR", "/run/curvine"))
@@ -288,12 +289,12 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
             pid = int(pid_file.read_text().split()[0])
         except (ValueError, IndexError):
             pid = None
-    if pid is not None and _alive(pid):
+    if pid is not None and pid_alive(pid):
         os.kill(pid, signal.SIGTERM)  # type: ignore[arg-type]
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+        while pid_alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
             time.sleep(0.05)
-        if _alive(pid):  # type: ignore[arg-type]
+        if pid_alive(pid):  # type: ignore[arg-type]
             print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
             return 1
         if not _is_mounted(mountpoint):
@@ -329,14 +330,6 @@ def _daemon_dead(mountpoint: str) -> bool:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _is_mounted(mountpoint: str) -> bool:

@@ -29,6 +29,14 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` reports when `head` stops re
 CLI_RETRY_S = 20.0
 
 
+def host_port(text: str) -> str:
+    """argparse type of an address option (--master, --metrics): host:port with a numeric port."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"not a host:port address: {text!r}")
+    return text
+
+
 class UsageError(Exception):
     """The command line is wrong (exit 2)."""
 

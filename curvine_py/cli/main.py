@@ -16,7 +16,7 @@ import sys
 import typing
 
 from curvine_py.cli import (EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                            CliError, Context, UsageError)
+                            CliError, Context, UsageError, host_port)
 from curvine_py.common import config as cfgmod
 from curvine_py.common.errors import ConfigError, CurvineError
 
@@ -28,14 +28,6 @@ class CliParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def master_address(text: str) -> str:
-    """argparse type of --master: host:port with a numeric port."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"not a host:port address: {text!r}")
-    return text
-
-
 def common_options(suppress: bool) -> CliParser:
     """--master and --config, accepted before and after every (sub)command.
 
@@ -44,7 +36,7 @@ def common_options(suppress: bool) -> CliParser:
     """
     p = CliParser(add_help=False)
     default = argparse.SUPPRESS if suppress else None
-    p.add_argument("--master", metavar="HOST:PORT", type=master_address, default=default,
+    p.add_argument("--master", metavar="HOST:PORT", type=host_port, default=default,
                    help="master address (default: $CURVINE_MASTER, then the config, then "
                         "127.0.0.1:8995)")
     p.add_argument("--config", metavar="FILE", default=default,

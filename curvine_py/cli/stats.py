@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from curvine_py.cli import EXIT_OK, CliError, Context, output
+from curvine_py.cli import EXIT_OK, CliError, Context, host_port, output
 
 METRICS_XATTR = "user.curvine.metrics"   # fuse/ops.py answers it on the mount's root
 SCRAPE_TIMEOUT_S = 5.0
@@ -199,14 +199,6 @@ def target_of(ctx: Context) -> str:
     return f"{ctx.config.client.master.rpartition(':')[0]}:{rep.metrics_port}"
 
 
-def _address(text: str) -> str:
-    """argparse type of --metrics (and of --master's optional value): host:port."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"not a host:port address: {text!r}")
-    return text
-
-
 def _mount_metrics(mountpoint: str) -> str:
     try:
         return os.getxattr(mountpoint, METRICS_XATTR).decode()
@@ -254,9 +246,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "(docs/metrics.md): the mount at MOUNTPOINT, the master, or any daemon.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="a curvine mount point")
     p.add_argument("--master", metavar="HOST:PORT", nargs="?", const="", default=argparse.SUPPRESS,
-                   type=lambda t: t and _address(t),
+                   type=lambda t: t and host_port(t),
                    help="watch the master (alone: the one of $CURVINE_MASTER or the config)")
-    p.add_argument("--metrics", metavar="HOST:PORT", type=_address,
+    p.add_argument("--metrics", metavar="HOST:PORT", type=host_port,
                    help="watch the daemon serving /metrics there (e.g. a worker; `cv report --json` lists them)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between rows (default 1)")
     p.add_argument("--count", type=int, default=0, help="stop after N rows (default: until Ctrl-C)")

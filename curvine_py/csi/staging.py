@@ -32,6 +32,7 @@ import grpc
 from curvine_py.csi.common import Cluster, CsiError
 from curvine_py.csi.mounts import FUSE_TYPE, MountEntry, MountError, bind, mount_at, read_mounts, remove_dir, \
     same_device, unmount
+from curvine_py.processes import pid_alive
 
 log = logging.getLogger("curvine.csi")
 
@@ -108,7 +109,7 @@ class StagingMounts:
                 pid = int(pid_text)
             except (OSError, ValueError):
                 continue
-            if path == staging and _alive(pid):
+            if path == staging and pid_alive(pid):
                 self._daemons.add(pid)
                 return pid
         return None
@@ -258,14 +259,6 @@ def _run_cv(cmd: list[str], env: dict[str, str], timeout: float) -> str | None:
     return lines[-1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def fuse_ready() -> str | None:
