@@ -304,7 +304,7 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
     if not _is_mounted(mountpoint):
         print(f"cv umount: {mountpoint}: not mounted", file=sys.stderr)
         return 1
-    if _daemon_dead(mountpoint):
+    if (pid is not None and not pid_alive(pid)) or _daemon_dead(mountpoint):   # its pid file names a dead one
         print(f"cv umount: {mountpoint}: the mount daemon is gone (died?); detaching the stale mount",
               file=sys.stderr)
         r = subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True)
