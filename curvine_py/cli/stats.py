@@ -199,13 +199,17 @@ def target_of(ctx: Context) -> str:
     return f"{ctx.config.client.master.rpartition(':')[0]}:{rep.metrics_port}"
 
 
-def _mount_metrics(mountpoint: str) -> str:
+def _mount_metrics(path: str) -> str:
+    """The metrics address of the mount path is in (the mount answers it on its root only)."""
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such directory")
+    root = os.path.realpath(path)
+    while not os.path.ismount(root):
+        root = os.path.dirname(root)
     try:
-        return os.getxattr(mountpoint, METRICS_XATTR).decode()
-    except FileNotFoundError:
-        raise CliError(f"{mountpoint}: no such directory") from None
+        return os.getxattr(root, METRICS_XATTR).decode()
     except OSError:
-        raise CliError(f"{mountpoint}: not a curvine mount, or its metrics are off (fuse.metrics_port = 0)") from None
+        raise CliError(f"{path}: not in a curvine mount, or its metrics are off (fuse.metrics_port = 0)") from None
 
 
 def cmd_stats(ctx: Context) -> int:

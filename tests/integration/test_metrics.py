@@ -269,6 +269,11 @@ def test_cv_stats_and_cluster_status_find_every_endpoint(mounted: tuple[LocalClu
     one = json.loads(out.stdout)
     assert one["role"] == "mount" and one["address"] == endpoint(c, "fuse")
     assert {"ops/s", "read", "write", "hit%", "meta_ms"} <= set(one)
+    inside = Path(c.mount or "") / "statsdir"
+    inside.mkdir(exist_ok=True)
+    out = subprocess.run([CV, "stats", str(inside), "--json", "--interval", "0.1"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["address"] == endpoint(c, "fuse"), out.stderr
     out = subprocess.run([CV, "stats", "--master", "--json", "--interval", "0.3"], capture_output=True,
                          text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
@@ -280,7 +285,7 @@ def test_cv_stats_and_cluster_status_find_every_endpoint(mounted: tuple[LocalClu
     assert lines[0].startswith("worker ") and "reads/s" in lines[1] and len(lines) == 4, lines
 
     bad = subprocess.run([CV, "stats", str(c.dir)], capture_output=True, text=True, timeout=60, env=env)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "not a curvine mount" in bad.stderr
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "not in a curvine mount" in bad.stderr
     none = subprocess.run([CV, "stats"], capture_output=True, text=True, timeout=60, env=env)
     assert none.returncode == 1 and "MOUNTPOINT" in none.stderr and "Traceback" not in none.stderr
 
