@@ -208,14 +208,26 @@ def load_file(cfg: Config, path: str | Path) -> None:
 
 
 def apply_env(cfg: Config, environ: typing.Mapping[str, str] = os.environ) -> None:
-    """Apply CURVINE_SECTION_KEY variables (and CURVINE_MASTER for the client's master)."""
+    """Apply CURVINE_SECTION_KEY variables (and CURVINE_MASTER for the client's master).
+
+    A variable named for a section but no key of it (CURVINE_WORKER_IO_ENGIN) is an error,
+    as an unknown key in the file is: a typo silently ignored would run with the default.
+    Other CURVINE_* variables (CURVINE_CONF, CURVINE_RUN_DIR, ...) are not settings."""
     if environ.get("CURVINE_MASTER"):
         cfg.client.master = environ["CURVINE_MASTER"]
+    for name, value in environ.items():
+        section, key = _setting_of(name)
+        if section:
+            _apply(cfg, section, key, value, name)
+
+
+def _setting_of(name: str) -> tuple[str, str]:
+    """(section, key) a CURVINE_SECTION_KEY variable names; ("", "") for any other name."""
     for section in SECTIONS:
-        for key in _field_types(cfg.section(section)):
-            name = f"CURVINE_{section}_{key}".upper()
-            if name in environ:
-                _apply(cfg, section, key, environ[name], name)
+        prefix = f"CURVINE_{section.upper()}_"
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return section, name[len(prefix):].lower()
+    return "", ""
 
 
 def add_flags(parser: argparse.ArgumentParser, sections: typing.Iterable[str] = SECTIONS) -> None:

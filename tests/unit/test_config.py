@@ -49,6 +49,18 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         config.load(path=str(tmp_path / "missing.toml"))
 
 
+def test_a_misspelt_variable_is_an_error_not_a_silent_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CURVINE_<SECTION>_<KEY> with no such key fails like an unknown key in the file;
+    variables that name no section (CURVINE_CONF, CURVINE_RUN_DIR) are not settings."""
+    monkeypatch.setenv("CURVINE_WORKER_IO_ENGIN", "threads")
+    with pytest.raises(ConfigError, match=r"unknown configuration key worker.io_engin \(in CURVINE_WORKER_IO_ENGIN\)"):
+        config.load(path=os.devnull)
+    monkeypatch.delenv("CURVINE_WORKER_IO_ENGIN")
+    monkeypatch.setenv("CURVINE_RUN_DIR", "/tmp/somewhere")
+    monkeypatch.setenv("CURVINE_WORKER_IO_ENGINE", "threads")
+    assert config.load(path=os.devnull).worker.io_engine == "threads"
+
+
 def test_round_trip_through_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("CURVINE_")]:   # the tests' secret, metrics
         monkeypatch.delenv(name)                                        # ports off, a forced io engine
