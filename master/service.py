@@ -19,6 +19,7 @@ import grpc
 from curvine_py.common.config import Config
 from curvine_py.common.errors import Unavailable, err, rpc_method
 from curvine_py.common.security import READ, WRITE, BlockTokens
+from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
@@ -33,7 +34,6 @@ from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
                "block_size", "replicas", "generation")
 
@@ -415,7 +415,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,
                               capacity=sum(w.capacity for w in live), used=sum(w.used for w in live),
                               files=files, blocks=nblocks, under_replicated=self.under_replicated(),
-                              master_address=self.address, version=VERSION,
+                              master_address=self.address, version=package_version(),
                               evicted_files=self.evictor.evicted_files, evicted_bytes=self.evictor.evicted_bytes,
                               expired_files=self.evictor.expired_files, metrics_port=self.metrics_port)
 

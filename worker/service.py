@@ -6,24 +6,17 @@ format docs/worker.md describes) instead of streaming it over TCP.
 """
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Callable
 
 import grpc
 
 from curvine_py.common.config import host_identity
 from curvine_py.common.errors import rpc_method
+from curvine_py.common.version import package_version
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.heartbeat import data_dirs
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("curvine-py")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
@@ -35,7 +28,7 @@ class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
         self.store = store
         self.worker_id = worker_id
         self.host = host_identity(host)
-        self.version = _version()
+        self.version = package_version()
 
     @rpc_method
     def Info(self, request: curvine_pb2.Empty, context: grpc.ServicerContext) -> curvine_pb2.WorkerInfoReply:

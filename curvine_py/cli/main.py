@@ -19,6 +19,7 @@ from curvine_py.cli import (EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_
                             CliError, Context, UsageError, host_port)
 from curvine_py.common import config as cfgmod
 from curvine_py.common.errors import ConfigError, CurvineError
+from curvine_py.common.version import package_version
 
 
 class CliParser(argparse.ArgumentParser):
@@ -63,14 +64,6 @@ def cmd_version(ctx: Context) -> int:
     print(f"cv (curvine-py) {package_version()}")
     print(f"python {sys.version.split()[0]}")
     return EXIT_OK
-
-
-def package_version() -> str:
-    from importlib import metadata
-    try:
-        return metadata.version("curvine-py")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def cmd_config(ctx: Context) -> int:

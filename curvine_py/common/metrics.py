@@ -10,11 +10,9 @@ units, ``_total`` counters, labels of low cardinality (never a path or a file na
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import platform
 import threading
-import time
 import typing
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -23,12 +21,12 @@ from prometheus_client import REGISTRY, Histogram, Info, disable_created_metrics
 from prometheus_client.registry import Collector
 
 from curvine_py.common.errors import ConfigError
+from curvine_py.common.version import package_version
 
 log = logging.getLogger(__name__)
 # No `*_created` series beside every counter and histogram: they double what a scrape
 # carries and no dashboard here uses them (this module is imported before any metric).
 disable_created_metrics()
-PACKAGE = "curvine-py"
 # Seconds, from a framed metadata call (~50 us) to a block fetch that waited on a disk
 # or a lost replica (seconds): wide enough that p50 and p99 both land inside a bucket.
 LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3,
@@ -36,16 +34,6 @@ LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e
 # A journal batch holds 1..256 records (master/journal.py MAX_BATCH).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BUILD = Info("curvine_build", "The running curvine-py: version, Python, and which daemon this is")
-
-
-@functools.cache
-def version() -> str:
-    """The installed package's version (the source tree's when not installed)."""
-    from importlib import metadata
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass
@@ -73,7 +61,7 @@ def serve(role: str, bind: str, port: int, collectors: typing.Iterable[Collector
     replaced by an ephemeral one, with one log line (mounts: several run on one host);
     otherwise it is a ConfigError, like the daemon's other ports.
     """
-    _BUILD.info({"version": version(), "python": platform.python_version(), "role": role})
+    _BUILD.info({"version": package_version(), "python": platform.python_version(), "role": role})
     if port == 0:
         log.info("metrics off (%s.metrics_port = 0)", _section(role))
         return None
@@ -95,23 +83,6 @@ def serve(role: str, bind: str, port: int, collectors: typing.Iterable[Collector
 
 def _section(role: str) -> str:
     return "fuse" if role == "mount" else role
-
-
-class Timer:
-    """``with Timer(hist_child):`` observes the block's wall time in seconds."""
-
-    __slots__ = ("child", "start")
-
-    def __init__(self, child: typing.Any) -> None:
-        self.child = child
-        self.start = 0.0
-
-    def __enter__(self) -> "Timer":
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.child.observe(time.perf_counter() - self.start)
 
 
 def histogram(name: str, doc: str, labels: typing.Sequence[str] = (),

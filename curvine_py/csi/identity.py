@@ -7,16 +7,9 @@ import grpc
 
 from curvine_py.csi import DRIVER_NAME
 from curvine_py.csi.common import CsiError, rpc
+from curvine_py.common.version import package_version
 from curvine_py.pb import csi_pb2 as csi
 from curvine_py.pb import csi_pb2_grpc
-
-
-def package_version() -> str:
-    from importlib import metadata
-    try:
-        return metadata.version("curvine-py")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Identity(csi_pb2_grpc.IdentityServicer):
