@@ -70,19 +70,27 @@ def scrape(address: str) -> Scrape:
 
 
 # ---------------------------------------------------------------------- rates
-def rate(a: Scrape, b: Scrape, name: str, **match: str) -> float:
-    """Per-second increase of a counter between two scrapes (a restart counts from 0)."""
-    dt = max(b.at - a.at, 1e-9)
+def increase(a: Scrape, b: Scrape, name: str, **match: str) -> float:
+    """How much a counter grew between two scrapes (a daemon restarted meanwhile counts from 0)."""
     d = b.total(name, **match) - a.total(name, **match)
-    return (d if d >= 0 else b.total(name, **match)) / dt
+    return d if d >= 0 else b.total(name, **match)
+
+
+def rate(a: Scrape, b: Scrape, name: str, **match: str) -> float:
+    """Per-second increase of a counter between two scrapes."""
+    return increase(a, b, name, **match) / max(b.at - a.at, 1e-9)
+
+
+def mean(a: Scrape, b: Scrape, hist: str) -> float | None:
+    """Mean of a histogram's observations between the scrapes (None: none)."""
+    n = increase(a, b, f"{hist}_count")
+    return increase(a, b, f"{hist}_sum") / n if n > 0 else None
 
 
 def mean_ms(a: Scrape, b: Scrape, hist: str) -> float | None:
-    """Mean of a histogram's observations between the scrapes, in ms (None: none)."""
-    n = b.total(f"{hist}_count") - a.total(f"{hist}_count")
-    if n <= 0:
-        return None
-    return (b.total(f"{hist}_sum") - a.total(f"{hist}_sum")) / n * 1000
+    """mean() of a histogram in seconds, in ms."""
+    m = mean(a, b, hist)
+    return None if m is None else m * 1000
 
 
 def quantile_ms(a: Scrape, b: Scrape, hist: str, q: float) -> float | None:
@@ -101,9 +109,8 @@ def quantile_ms(a: Scrape, b: Scrape, hist: str, q: float) -> float | None:
 
 def hit_rate(a: Scrape, b: Scrape) -> float | None:
     """Lookups that found their name, of all lookups between the scrapes (None: none)."""
-    hits = b.total("curvine_fuse_lookups_total", result="hit") - a.total("curvine_fuse_lookups_total", result="hit")
-    misses = (b.total("curvine_fuse_lookups_total", result="miss")
-              - a.total("curvine_fuse_lookups_total", result="miss"))
+    hits = increase(a, b, "curvine_fuse_lookups_total", result="hit")
+    misses = increase(a, b, "curvine_fuse_lookups_total", result="miss")
     return hits / (hits + misses) if hits + misses > 0 else None
 
 
@@ -132,7 +139,7 @@ MASTER: list[Column] = [
     ("p99_ms", lambda a, b: quantile_ms(a, b, "curvine_master_rpc_duration_seconds", 0.99), "ms"),
     ("commit/s", lambda a, b: rate(a, b, "curvine_master_journal_commit_duration_seconds_count"), "n"),
     ("commit_ms", lambda a, b: mean_ms(a, b, "curvine_master_journal_commit_duration_seconds"), "ms"),
-    ("batch", lambda a, b: _ratio(a, b, "curvine_master_journal_batch_records"), "n"),
+    ("batch", lambda a, b: mean(a, b, "curvine_master_journal_batch_records"), "n"),
     ("files", lambda a, b: b.total("curvine_master_files"), "n"),
     ("blocks", lambda a, b: b.total("curvine_master_blocks"), "n"),
     ("under", lambda a, b: b.total("curvine_master_under_replicated_blocks"), "n"),
@@ -156,11 +163,6 @@ VIEWS = {"mount": MOUNT, "master": MASTER, "worker": WORKER}
 
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
-
-
-def _ratio(a: Scrape, b: Scrape, hist: str) -> float | None:
-    n = b.total(f"{hist}_count") - a.total(f"{hist}_count")
-    return (b.total(f"{hist}_sum") - a.total(f"{hist}_sum")) / n if n > 0 else None
 
 
 def _cell(value: float | None, kind: str) -> str:
