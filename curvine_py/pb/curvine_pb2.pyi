@@ -67,7 +67,7 @@ class WorkerAddress(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., host: _Optional[str] = ..., ip: _Optional[str] = ..., rpc_port: _Optional[int] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("block_id", "offset", "length", "checksum", "workers", "token", "tier")
+    __slots__ = ("block_id", "offset", "length", "checksum", "workers", "token", "tier", "ufs")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class BlockInfo(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    UFS_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     offset: int
     length: int
@@ -82,7 +83,24 @@ class BlockInfo(_message.Message):
     workers: _containers.RepeatedScalarFieldContainer[int]
     token: str
     tier: str
-    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
+    ufs: UfsRange
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[str] = ..., ufs: _Optional[_Union[UfsRange, _Mapping]] = ...) -> None: ...
+
+class UfsRange(_message.Message):
+    __slots__ = ("mount_id", "key", "offset", "etag", "load", "timeout_ms")
+    MOUNT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    mount_id: int
+    key: str
+    offset: int
+    etag: str
+    load: bool
+    timeout_ms: int
+    def __init__(self, mount_id: _Optional[int] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., etag: _Optional[str] = ..., load: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -315,13 +333,14 @@ class OpenRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., flags: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "soft_lease")
+    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "ufs", "soft_lease")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
+    UFS_FIELD_NUMBER: _ClassVar[int]
     SOFT_LEASE_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
@@ -329,8 +348,9 @@ class OpenReply(_message.Message):
     lease_expires_ms: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
+    ufs: UfsFile
     soft_lease: bool
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
     __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host")
@@ -405,6 +425,149 @@ class BlockLocationsReply(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
     def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class UfsMount(_message.Message):
+    __slots__ = ("mount_id", "path", "uri", "options", "write_mode", "metadata_ttl_ms", "ttl_ms", "created_ns")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MOUNT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    mount_id: int
+    path: str
+    uri: str
+    options: _containers.ScalarMap[str, str]
+    write_mode: str
+    metadata_ttl_ms: int
+    ttl_ms: int
+    created_ns: int
+    def __init__(self, mount_id: _Optional[int] = ..., path: _Optional[str] = ..., uri: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., write_mode: _Optional[str] = ..., metadata_ttl_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., created_ns: _Optional[int] = ...) -> None: ...
+
+class UfsMountRequest(_message.Message):
+    __slots__ = ("caller", "mount")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    mount: UfsMount
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., mount: _Optional[_Union[UfsMount, _Mapping]] = ...) -> None: ...
+
+class UfsPathRequest(_message.Message):
+    __slots__ = ("caller", "path")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    path: str
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UfsMountIdRequest(_message.Message):
+    __slots__ = ("mount_id",)
+    MOUNT_ID_FIELD_NUMBER: _ClassVar[int]
+    mount_id: int
+    def __init__(self, mount_id: _Optional[int] = ...) -> None: ...
+
+class UfsMountsReply(_message.Message):
+    __slots__ = ("mounts",)
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    mounts: _containers.RepeatedCompositeFieldContainer[UfsMount]
+    def __init__(self, mounts: _Optional[_Iterable[_Union[UfsMount, _Mapping]]] = ...) -> None: ...
+
+class UfsFile(_message.Message):
+    __slots__ = ("mount_id", "uri", "state", "cached_bytes", "etag")
+    MOUNT_ID_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    mount_id: int
+    uri: str
+    state: str
+    cached_bytes: int
+    etag: str
+    def __init__(self, mount_id: _Optional[int] = ..., uri: _Optional[str] = ..., state: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., etag: _Optional[str] = ...) -> None: ...
+
+class UfsStatReply(_message.Message):
+    __slots__ = ("attr", "ufs")
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    UFS_FIELD_NUMBER: _ClassVar[int]
+    attr: Attr
+    ufs: UfsFile
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("caller", "path", "recursive")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    path: str
+    recursive: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ...) -> None: ...
+
+class LoadJob(_message.Message):
+    __slots__ = ("job_id", "path", "state", "files", "total_bytes", "loaded_bytes", "failed_blocks", "started_ns", "finished_ns", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_NS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_NS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    path: str
+    state: str
+    files: int
+    total_bytes: int
+    loaded_bytes: int
+    failed_blocks: int
+    started_ns: int
+    finished_ns: int
+    message: str
+    def __init__(self, job_id: _Optional[int] = ..., path: _Optional[str] = ..., state: _Optional[str] = ..., files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., loaded_bytes: _Optional[int] = ..., failed_blocks: _Optional[int] = ..., started_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LoadJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    def __init__(self, job_id: _Optional[int] = ...) -> None: ...
+
+class LoadJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[LoadJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[LoadJob, _Mapping]]] = ...) -> None: ...
+
+class FreeRequest(_message.Message):
+    __slots__ = ("caller", "path", "recursive")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    path: str
+    recursive: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ...) -> None: ...
+
+class FreeReply(_message.Message):
+    __slots__ = ("files", "bytes", "skipped")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    bytes: int
+    skipped: int
+    def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ..., skipped: _Optional[int] = ...) -> None: ...
 
 class DataDir(_message.Message):
     __slots__ = ("path", "tier", "capacity", "used")
@@ -613,3 +776,43 @@ class BlockStatReply(_message.Message):
     path: str
     tier: str
     def __init__(self, exists: _Optional[bool] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., path: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class LoadBlocksRequest(_message.Message):
+    __slots__ = ("blocks", "workers")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class LoadBlocksReply(_message.Message):
+    __slots__ = ("loaded", "failed", "message")
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    loaded: _containers.RepeatedScalarFieldContainer[int]
+    failed: _containers.RepeatedScalarFieldContainer[int]
+    message: str
+    def __init__(self, loaded: _Optional[_Iterable[int]] = ..., failed: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PersistRequest(_message.Message):
+    __slots__ = ("mount_id", "key", "size", "blocks", "workers")
+    MOUNT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    mount_id: int
+    key: str
+    size: int
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
+    def __init__(self, mount_id: _Optional[int] = ..., key: _Optional[str] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+
+class PersistReply(_message.Message):
+    __slots__ = ("etag", "mtime_ns")
+    ETAG_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    etag: str
+    mtime_ns: int
+    def __init__(self, etag: _Optional[str] = ..., mtime_ns: _Optional[int] = ...) -> None: ...

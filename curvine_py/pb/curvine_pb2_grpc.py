@@ -174,6 +174,46 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.BadBlockRequest.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
                 _registered_method=True)
+        self.UfsMountAdd = channel.unary_unary(
+                '/curvine.MasterService/UfsMountAdd',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMount.FromString,
+                _registered_method=True)
+        self.UfsMountRemove = channel.unary_unary(
+                '/curvine.MasterService/UfsMountRemove',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsPathRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                _registered_method=True)
+        self.UfsMountList = channel.unary_unary(
+                '/curvine.MasterService/UfsMountList',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountsReply.FromString,
+                _registered_method=True)
+        self.UfsMountGet = channel.unary_unary(
+                '/curvine.MasterService/UfsMountGet',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountIdRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMount.FromString,
+                _registered_method=True)
+        self.UfsStat = channel.unary_unary(
+                '/curvine.MasterService/UfsStat',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.PathRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsStatReply.FromString,
+                _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/curvine.MasterService/Load',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJob.FromString,
+                _registered_method=True)
+        self.LoadStatus = channel.unary_unary(
+                '/curvine.MasterService/LoadStatus',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJobRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJobsReply.FromString,
+                _registered_method=True)
+        self.Free = channel.unary_unary(
+                '/curvine.MasterService/Free',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.FreeReply.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -351,6 +391,56 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UfsMountAdd(self, request, context):
+        """under storage (docs/ufs.md); appended: the framed channel numbers methods in order
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UfsMountRemove(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UfsMountList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UfsMountGet(self, request, context):
+        """workers: with credentials
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UfsStat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Load(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Free(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -493,6 +583,46 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ReportBadBlock,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.BadBlockRequest.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+            ),
+            'UfsMountAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsMountAdd,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMount.SerializeToString,
+            ),
+            'UfsMountRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsMountRemove,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsPathRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+            ),
+            'UfsMountList': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsMountList,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountsReply.SerializeToString,
+            ),
+            'UfsMountGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsMountGet,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMountIdRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsMount.SerializeToString,
+            ),
+            'UfsStat': grpc.unary_unary_rpc_method_handler(
+                    servicer.UfsStat,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.PathRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.UfsStatReply.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJob.SerializeToString,
+            ),
+            'LoadStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadStatus,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJobRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadJobsReply.SerializeToString,
+            ),
+            'Free': grpc.unary_unary_rpc_method_handler(
+                    servicer.Free,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.FreeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1261,6 +1391,222 @@ class MasterService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def UfsMountAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/UfsMountAdd',
+            curvine__py_dot_pb_dot_curvine__pb2.UfsMountRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.UfsMount.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsMountRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/UfsMountRemove',
+            curvine__py_dot_pb_dot_curvine__pb2.UfsPathRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsMountList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/UfsMountList',
+            curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.UfsMountsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsMountGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/UfsMountGet',
+            curvine__py_dot_pb_dot_curvine__pb2.UfsMountIdRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.UfsMount.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UfsStat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/UfsStat',
+            curvine__py_dot_pb_dot_curvine__pb2.PathRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.UfsStatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/Load',
+            curvine__py_dot_pb_dot_curvine__pb2.LoadRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LoadJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/LoadStatus',
+            curvine__py_dot_pb_dot_curvine__pb2.LoadJobRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LoadJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Free(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/Free',
+            curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.FreeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class WorkerServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -1276,6 +1622,16 @@ class WorkerServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.WorkerInfoReply.FromString,
                 _registered_method=True)
+        self.LoadBlocks = channel.unary_unary(
+                '/curvine.WorkerService/LoadBlocks',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksReply.FromString,
+                _registered_method=True)
+        self.Persist = channel.unary_unary(
+                '/curvine.WorkerService/Persist',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.PersistRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.PersistReply.FromString,
+                _registered_method=True)
         self.StatBlock = channel.unary_unary(
                 '/curvine.WorkerService/StatBlock',
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.BlockRequest.SerializeToString,
@@ -1287,6 +1643,18 @@ class WorkerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Info(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Persist(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1306,6 +1674,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.WorkerInfoReply.SerializeToString,
+            ),
+            'LoadBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadBlocks,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksReply.SerializeToString,
+            ),
+            'Persist': grpc.unary_unary_rpc_method_handler(
+                    servicer.Persist,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.PersistRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.PersistReply.SerializeToString,
             ),
             'StatBlock': grpc.unary_unary_rpc_method_handler(
                     servicer.StatBlock,
@@ -1340,6 +1718,60 @@ class WorkerService:
             '/curvine.WorkerService/Info',
             curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.WorkerInfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.WorkerService/LoadBlocks',
+            curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LoadBlocksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Persist(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.WorkerService/Persist',
+            curvine__py_dot_pb_dot_curvine__pb2.PersistRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.PersistReply.FromString,
             options,
             channel_credentials,
             insecure,
