@@ -115,6 +115,18 @@ class FuseConfig:
 
 
 @dataclass
+class UfsConfig:
+    """The under storage behind UFS mounts (docs/ufs.md): read by the masters and workers."""
+    timeout_s: float = 30.0       # one UFS call (HEAD, list, ranged GET, upload part) fails after this
+    metadata_ttl_s: float = 30.0  # default of `cv ufs mount --metadata-ttl`
+    upload_threads: int = 2       # the master's write-back uploads running at once
+    upload_retry_max_s: float = 60.0  # backoff cap between retries of a failing write-back upload
+    upload_delay_s: float = 1.0   # write-back: a file is uploaded once closed this long (a .tmp renamed meanwhile is uploaded once, under its final name)
+    part_size: int = 16 * MiB     # multipart upload part size
+    load_threads: int = 4         # cv load: blocks fetched at once per job
+
+
+@dataclass
 class Config:
     """The whole configuration; one instance per process."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -122,6 +134,7 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     fuse: FuseConfig = field(default_factory=FuseConfig)
+    ufs: UfsConfig = field(default_factory=UfsConfig)
 
     def section(self, name: str) -> typing.Any:
         return getattr(self, name)
