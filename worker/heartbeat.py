@@ -113,6 +113,12 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._last_warning = 0.0
 
+    @property
+    def stub(self) -> curvine_pb2_grpc.MasterServiceStub:
+        """The master stub on this heartbeat's channel, for the worker's other calls to the
+        master (UfsMountGet): one transport to the master per worker process."""
+        return self._stub
+
     def start(self) -> "Heartbeat":
         self._thread.start()
         return self
