@@ -11,6 +11,8 @@ Exchanges (docs/worker.md has the sequence diagrams):
   followed by exactly n raw bytes, n = length clamped to the block end (so a length of
   2**64-1 reads to the end).  A chunk that fails verification after bytes were
   sent closes the connection (the reader sees a short read and tries another replica).
+  A READ naming a UFS range (``ufs_mount``) of a block not here is answered from the
+  UFS (worker/ufsfetch.py: one shared fetch, then stored and forwarded to ``chain``).
 
 Threads beat an event loop here: every step is a blocking syscall (recv_into, sendmsg,
 I/O engine completion wait) that releases the GIL, and the measured per-connection rate
@@ -26,7 +28,7 @@ import mmap
 import socket
 import threading
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from curvine_py.common import frames
 from curvine_py.common.buffers import BufferPool
@@ -39,6 +41,9 @@ from curvine_py.worker import metrics
 from curvine_py.worker.memtier import BlockBuffer
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.worker.replication import Downstream
+
+if TYPE_CHECKING:
+    from curvine_py.worker.ufsfetch import UfsFetcher
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +145,7 @@ class DataServer(ConnectionServer):
         self.idle_timeout_s = idle_timeout_s
         self.io_timeout_s = io_timeout_s
         self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S, congestion=congestion)
+        self.ufs: UfsFetcher | None = None   # READs of UFS blocks not here (set by worker/main.py)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
         listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
@@ -340,6 +346,9 @@ class DataServer(ConnectionServer):
         start = time.perf_counter()
         try:
             self._check_token(h, write=False)
+            if h.ufs_mount and self.ufs is not None and h.block_id not in self.store \
+                    and self.ufs.serve_read(sock, h):   # fetched from the UFS (worker/ufsfetch.py)
+                return
             reader = self.store.open_reader(h.block_id, h.offset, h.length)
         except CurvineError as e:
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "read failed")
