@@ -16,6 +16,10 @@ from curvine_py.master.store import Row, Store
 class CacheOps(Store):
     """op_record_reads, op_evict (mixed into ``Namespace``)."""
 
+    def ufs_free_blocks(self, ino: int) -> list[int] | None:
+        """A UFS file's blocks dropped, its name kept (ufsops.py overrides); None: not one."""
+        return None
+
     def op_record_reads(self, rec: Row) -> Row:
         """Remember when files were last opened for reading (LRU order across restarts)."""
         self.conn.executemany(
@@ -35,6 +39,13 @@ class CacheOps(Store):
             row = self.q1("SELECT mode, size, generation, complete, lease_id FROM inodes WHERE ino=?", (ino,))
             if (row is None or not stat.S_ISREG(row["mode"]) or row["generation"] != generation
                     or not row["complete"] or row["lease_id"] or policies.pinned(ino)):
+                continue
+            kept = self.ufs_free_blocks(ino)
+            if kept is not None:   # a UFS file keeps its name: the next read fetches it again
+                if kept:
+                    freed += kept
+                    evicted.append(ino)
+                    nbytes += row["size"]
                 continue
             parents = [r[0] for r in self.conn.execute("SELECT parent FROM dirents WHERE ino=?", (ino,))]
             self.conn.execute("DELETE FROM dirents WHERE ino=?", (ino,))

@@ -22,6 +22,9 @@ class FileOps(Store):
 
     default_block_size: int
 
+    def ufs_dirty(self, ino: int, now: int) -> None:
+        """Mark a UFS file's pool copy newer than its UFS copy (ufsops.py overrides)."""
+
     def _truncate(self, row: Row, size: int) -> list[int]:
         """Drop block slots past size and shorten the boundary block; returns freed blocks."""
         bs = row["block_size"] or self.default_block_size
@@ -69,6 +72,7 @@ class FileOps(Store):
                               " mode=? WHERE ino=?", (rec["now_ns"], rec["now_ns"],
                                                       posix.clear_suid(row["mode"], cred), row["ino"]))
             row = self.inode(row["ino"])
+            self.ufs_dirty(row["ino"], rec["now_ns"])
         return self._grant_lease(row, rec, freed)
 
     def _grant_lease(self, row: Row, rec: Row, freed: list[int], soft: bool = False) -> Row:
@@ -131,6 +135,7 @@ class FileOps(Store):
             mode = posix.clear_suid(row["mode"], cred_of(rec)) if rec["blocks"] else row["mode"]
             self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
                               " WHERE ino=?", (size, mtime, rec["now_ns"], mode, ino))
+            self.ufs_dirty(ino, rec["now_ns"])
         if rec.get("release"):
             freed += self._release(ino)
         return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}

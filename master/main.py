@@ -41,6 +41,7 @@ class Servers:
             self.frames.stop()
         self.grpc.stop(grace=grace).wait()
         self.service.evictor.stop()
+        self.service.uploader.stop()
         self.service.journal.stop()
 
 
@@ -67,6 +68,7 @@ def build_server(cfg: config.Config) -> Servers:
     service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
     service.journal.start()
     service.evictor.start()
+    service.uploader.start()
     frames = start_frames(cfg, service)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.master.rpc_threads,
                                                     thread_name_prefix="rpc"),

@@ -25,6 +25,7 @@ from curvine_py.master.cacheops import CacheOps
 from curvine_py.master.files import FileOps
 from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.store import ATTR_COLS, Row, cred_of
+from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
 MIN_BLOCK = 4096             # block sizes: multiples of the O_DIRECT unit...
@@ -39,7 +40,7 @@ def _kept(rec: Row, victim: Row) -> bool:
     return bool(keep) and victim["ino"] in keep and stat.S_ISREG(victim["mode"]) and victim["nlink"] == 1
 
 
-class Namespace(FileOps, CacheOps):
+class Namespace(UfsOps, FileOps, CacheOps):
     """Reads answer directly; mutations are op records given to ``apply`` by the journal."""
 
     def __init__(self, conn: sqlite3.Connection, default_block_size: int, default_replicas: int) -> None:
@@ -71,8 +72,10 @@ class Namespace(FileOps, CacheOps):
             raise err(errno.ENOENT)
         return row
 
-    def resolve(self, cred: Cred, path: str, follow: bool = True) -> Row:
-        """Walk an absolute path from the root, following symlinks (at most 40)."""
+    def resolve(self, cred: Cred, path: str, follow: bool = True,
+                before: Callable[[int], None] | None = None) -> Row:
+        """Walk an absolute path from the root, following symlinks (at most 40); before(dir)
+        runs ahead of each lookup in dir (the master refreshes UFS listings there)."""
         if not path.startswith("/"):
             raise err(errno.EINVAL, "path must be absolute")
         if len(path.encode("utf-8", "surrogateescape")) >= 4096:
@@ -86,6 +89,8 @@ class Namespace(FileOps, CacheOps):
             if not stat.S_ISDIR(cur["mode"]):
                 raise err(errno.ENOTDIR)
             parent = cur
+            if before is not None:
+                before(cur["ino"])
             cur = self.lookup(cred, cur["ino"], name)
             if stat.S_ISLNK(cur["mode"]) and (todo or follow):
                 links += 1
@@ -240,6 +245,7 @@ class Namespace(FileOps, CacheOps):
              rec.get("rdev", 0), block_size, d["replicas"] or self.default_replicas, target))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
+        self.ufs_new_entry(parent, name, ino, ftype, now)
         return {"attr": self.inode(ino), "created": True, "dirs": self._dirs(parent)}
 
     def op_link(self, rec: Row) -> Row:
@@ -253,6 +259,7 @@ class Namespace(FileOps, CacheOps):
             raise err(errno.EEXIST)
         if row["nlink"] == 0:
             raise err(errno.ENOENT)
+        self.ufs_linked(row["ino"], rec["new_parent"])
         self._add_entry(rec["new_parent"], rec["new_name"], row["ino"])
         self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row["ino"]))
         self._touch_dir(rec["new_parent"], now)
@@ -330,6 +337,7 @@ class Namespace(FileOps, CacheOps):
                 raise err(errno.EINVAL, "cannot move a directory into itself")
             if sp != dp:
                 posix.require(src, cred, W)
+        self.ufs_renamed(src, sp, dp, dn)
         freed: list[int] = []
         if dst is not None:
             self._check_removable(cred, dd, dst)
@@ -357,6 +365,8 @@ class Namespace(FileOps, CacheOps):
             raise err(errno.ENOENT)
         self._check_removable(cred, dd, dst)
         sp, dp, now = rec["parent"], rec["new_parent"], rec["now_ns"]
+        if self.ufs_dir(sp) is not None or self.ufs_dir(dp) is not None:
+            raise err(errno.EXDEV, "RENAME_EXCHANGE under a UFS mount")
         for a, b in ((src, dp), (dst, sp)):
             if stat.S_ISDIR(a["mode"]) and self._is_ancestor(a["ino"], b) and sp != dp:
                 raise err(errno.EINVAL, "cannot move a directory into itself")
@@ -394,6 +404,7 @@ class Namespace(FileOps, CacheOps):
                 mode = posix.clear_suid(mode)
         if valid & SETATTR_SIZE:
             freed = self._setsize(row, cred, rec)
+            self.ufs_dirty(row["ino"], now)
             sets.update(size=rec["size"], mtime_ns=now, generation=row["generation"] + 1)
             if rec["size"] != row["size"] or not cred.root:
                 mode = posix.clear_suid(mode, cred)

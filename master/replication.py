@@ -120,9 +120,12 @@ class Replicator:
         whose id is above `after` (ids are positive), and the id the next slice starts
         after (None: that was the last slice)."""
         limit = self.scan_slice_blocks
-        rows = conn.execute("SELECT b.block_id, i.replicas FROM blocks b JOIN inodes i ON i.ino = b.ino "
-                            "WHERE b.block_id > ? ORDER BY b.block_id LIMIT ?", (after, limit)).fetchall()
-        found = [bid for bid, want in rows if len(self.registry.replicas(bid)) < want]
+        # A block of a UFS file with no replica is not lost but uncached (a read fetches it).
+        rows = conn.execute("SELECT b.block_id, i.replicas, f.state = 'persisted' FROM blocks b"
+                            " JOIN inodes i ON i.ino = b.ino LEFT JOIN ufs_files f ON f.ino = b.ino"
+                            " WHERE b.block_id > ? ORDER BY b.block_id LIMIT ?", (after, limit)).fetchall()
+        found = [bid for bid, want, in_ufs in rows
+                 if 0 < len(self.registry.replicas(bid)) < want or (not in_ufs and not self.registry.replicas(bid))]
         return found, (rows[-1][0] if len(rows) == limit else None)
 
     def _examine_safely(self, conn: sqlite3.Connection, bid: int, busy: dict[tuple[str, int], int]) -> bool:

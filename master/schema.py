@@ -55,10 +55,25 @@ CREATE TABLE IF NOT EXISTS oplog (
   op TEXT NOT NULL, result TEXT
 );
 CREATE INDEX IF NOT EXISTS oplog_req ON oplog(request_id) WHERE request_id != '';
+CREATE TABLE IF NOT EXISTS ufs_mounts (
+  mount_id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE, ino INTEGER NOT NULL UNIQUE,
+  uri TEXT NOT NULL, options TEXT NOT NULL, write_mode TEXT NOT NULL,
+  metadata_ttl_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, created_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ufs_dirs (
+  ino INTEGER PRIMARY KEY, mount_id INTEGER NOT NULL, ukey TEXT NOT NULL, listed_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ufs_files (
+  ino INTEGER PRIMARY KEY, mount_id INTEGER NOT NULL, ukey TEXT NOT NULL,
+  state TEXT NOT NULL, etag TEXT NOT NULL DEFAULT '', ufs_size INTEGER NOT NULL DEFAULT 0,
+  ufs_mtime_ns INTEGER NOT NULL DEFAULT 0, checked_ns INTEGER NOT NULL DEFAULT 0,
+  dirty_ns INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS ufs_files_pending ON ufs_files(dirty_ns) WHERE state = 'pending';
 """
 
 COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lease": 1,
-            "next_worker": 1, "schema_version": SCHEMA_VERSION}
+            "next_worker": 1, "next_mount": 1, "schema_version": SCHEMA_VERSION}
 
 
 WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation

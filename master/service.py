@@ -19,15 +19,21 @@ import grpc
 from curvine_py.common.config import Config
 from curvine_py.common.errors import Unavailable, err, rpc_method
 from curvine_py.common.security import READ, WRITE, BlockTokens
+from curvine_py.common.types import SETATTR_SIZE
 from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
 from curvine_py.master.journal import Journal
+from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.replication import Replicator
+from curvine_py.master.ufsmounts import UfsMounts
+from curvine_py.master.ufsops import PERSISTED
+from curvine_py.master.uploads import Uploader
+from curvine_py.master.workerrpc import WorkerClients
 from curvine_py.master.posix import R, W, Cred
 from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
@@ -52,6 +58,11 @@ def keep_of(request: pb.UnlinkRequest | pb.RenameRequest) -> dict[str, Any]:
     """The record field for a request's `keep` inodes (absent when there are none, so the
     journal records of ordinary calls stay as they were)."""
     return {"keep": list(request.keep)} if request.keep else {}
+
+
+def _require_root(c: pb.Caller, what: str) -> None:
+    if c.uid != 0:
+        raise err(errno.EPERM, f"only root may {what}")
 
 
 def cred_of(c: pb.Caller) -> Cred:
@@ -88,6 +99,11 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.metrics_port = 0   # the /metrics port once main.py started it (0 = none)
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
+        self.ufs = UfsMounts(lambda: self.ns, self.submit, cfg.ufs.timeout_s)
+        self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret)
+        self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks)
+        self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
+                              cfg.ufs.timeout_s, self.evictor.note_read)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -106,10 +122,37 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self.registry.free_blocks(result["freed"])
         return result
 
-    def _blocks(self, rows: Iterable[Row], block_size: int,
-                mode: str = READ) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
+    def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
+                ino: int = 0) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
+        """Block infos of file ino's rows, with where each lies in the UFS if it is a UFS file."""
         infos = [self._block_info(b, block_size, mode) for b in rows]
+        f = self.ns.ufs_file(ino) if ino else None
+        if f is not None and f["etag"]:
+            self._add_ufs(ino, f, infos)
         return infos, self._addresses(w for info in infos for w in info.workers)
+
+    def _add_ufs(self, ino: int, f: Row, infos: list[pb.BlockInfo]) -> None:
+        """Where each block lies in the UFS object.  Every block of a persisted file is in
+        it; of a file changed since (pending), only the slots it has not rewritten (their
+        checksum is 0: cut from the object, never written here).  A block with no live
+        replica is loaded by its placement targets (room-aware)."""
+        ufs = pb.UfsRange(mount_id=f["mount_id"], key=f["ukey"], etag=f["etag"],
+                          timeout_ms=int(self.cfg.ufs.timeout_s * 1000))
+        replicas = self.ns.inode(ino)["replicas"] or self.cfg.master.replicas
+        for info in infos:
+            if f["state"] != PERSISTED and info.checksum:
+                continue
+            info.ufs.CopyFrom(ufs)
+            info.ufs.offset = info.offset
+            if not info.workers:
+                info.ufs.load = True
+                info.workers.extend(self.capacity.place(info.block_id, replicas, info.length))
+
+    def file_blocks(self, ino: int) -> tuple[Row, list[pb.BlockInfo], list[pb.WorkerAddress]]:
+        """A file's row and its blocks with read tokens (UFS loads and uploads)."""
+        row, rows = self.ns.file_blocks(ino)
+        blocks, workers = self._blocks(rows, row["block_size"], READ, ino)
+        return row, blocks, workers
 
     def _block_info(self, b: Row, block_size: int, mode: str | None) -> pb.BlockInfo:
         """One block as clients see it, with a token for mode (None: none, for a caller
@@ -136,7 +179,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
         attr = result["attr"]
         mode = WRITE if result.get("lease_id") else READ
-        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode)
+        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode, attr["ino"])
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
                             dirs=dirs_of(result), soft_lease=bool(result.get("soft")))
@@ -144,6 +187,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     # ------------------------------------------------------------------ namespace reads
     @rpc_method
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        self.ufs.fresh_dir(request.parent)
         row = self.ns.lookup(cred_of(request.caller), request.parent, request.name)
         reply = pb.AttrReply(attr=to_attr(row))
         a = reply.attr
@@ -157,12 +201,14 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def ResolvePath(self, request: pb.PathRequest, context: grpc.ServicerContext) -> pb.AttrReply:
-        row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks)
+        row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks, self.ufs.fresh_dir)
         return pb.AttrReply(attr=to_attr(row))
 
     @rpc_method
     def ReadDir(self, request: pb.ReadDirRequest, context: grpc.ServicerContext) -> pb.ReadDirReply:
         limit = request.limit or 1000
+        if not request.offset:
+            self.ufs.fresh_dir(request.ino)
         rows = self.ns.readdir(cred_of(request.caller), request.ino, request.offset, limit, request.plus)
         entries = [pb.DirEntry(name=r["name"], ino=r["ino"], mode=r["mode"], offset=r["seq"],
                                attr=to_attr(r) if request.plus else None) for r in rows]
@@ -194,10 +240,15 @@ class MasterService(pb_grpc.MasterServiceServicer):
         rec = caller_rec(request.caller, "setattr", ino=request.ino, valid=request.valid, mode=request.mode,
                          uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
                          mtime_ns=request.mtime_ns)
-        return pb.AttrReply(attr=to_attr(self.submit(rec)["attr"]))
+        attr = self.submit(rec)["attr"]
+        if request.valid & SETATTR_SIZE and not attr["lease_id"]:
+            self._persisted(request.ino)   # truncate(path): nobody's close will upload it
+        return pb.AttrReply(attr=to_attr(attr))
 
     @rpc_method
     def Mknod(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+        if stat.S_ISDIR(request.mode) and not request.symlink_target:
+            self.ufs.mkdir(request.parent, request.name)
         rec = caller_rec(request.caller, "mknod", parent=request.parent, name=request.name, mode=request.mode,
                          umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
                          block_size=request.block_size)
@@ -206,6 +257,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Create(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        self.ufs.fresh_dir(request.parent)
         rec = caller_rec(request.caller, "create", parent=request.parent, name=request.name, mode=request.mode,
                          umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
                          flags=request.open_flags, lease_ms=self.lease_ms)
@@ -220,20 +272,27 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+        self.ufs.unlink(request.parent, request.name)
         result = self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name,
                                         **keep_of(request)))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
     def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+        child = self.ns.child(request.parent, request.name)
+        if child is not None:
+            self.ufs.fresh_dir(child["ino"])   # names only the UFS has make it non-empty
         result = self.submit(caller_rec(request.caller, "rmdir", parent=request.parent, name=request.name))
+        self.ufs.rmdir(request.parent, request.name)
         return pb.DirsReply(dirs=dirs_of(result))
 
     @rpc_method
     def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.DirsReply:
-        result = self.submit(caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
-                                        new_parent=request.new_parent, new_name=request.new_name,
-                                        flags=request.flags, **keep_of(request)))
+        rec = caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
+                         new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
+                         **keep_of(request))
+        result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
+                                 lambda: self.submit(rec))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
@@ -250,6 +309,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     # ------------------------------------------------------------------ file data
     @rpc_method
     def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+        self.ufs.fresh_file(request.ino)
         if request.write:
             rec = caller_rec(request.caller, "open_write", ino=request.ino, flags=request.flags,
                              lease_ms=self.lease_ms)
@@ -296,7 +356,20 @@ class MasterService(pb_grpc.MasterServiceServicer):
                 self.registry.add_replica(b.block_id, wid)
                 on_disk[wid] = on_disk.get(wid, 0) + b.length
         self.capacity.note_committed(on_disk)
+        if request.release:
+            self._persisted(request.ino)
         return pb.AttrReply(attr=to_attr(result["attr"]))
+
+    def _persisted(self, ino: int) -> None:
+        """A UFS file's new bytes are complete: write-through uploads them now (the caller's
+        close waits, and fails with the upload's error); write-back queues them."""
+        f = self.ns.ufs_file(ino)
+        if f is None or f["state"] == PERSISTED:
+            return
+        if self.ufs.get(f["mount_id"]).write_mode == "through":
+            self.uploader.persist(ino, final=True)
+        else:
+            self.uploader.kick()
 
     @rpc_method
     def RenewLeases(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
@@ -307,8 +380,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     @rpc_method
     def GetBlockLocations(self, request: pb.BlockLocationsRequest,
                           context: grpc.ServicerContext) -> pb.BlockLocationsReply:
-        row, rows = self.ns.file_blocks(request.ino)
-        blocks, workers = self._blocks(rows, row["block_size"])
+        row, blocks, workers = self.file_blocks(request.ino)
         return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers)
 
     @rpc_method
@@ -418,6 +490,65 @@ class MasterService(pb_grpc.MasterServiceServicer):
                               master_address=self.address, version=package_version(),
                               evicted_files=self.evictor.evicted_files, evicted_bytes=self.evictor.evicted_bytes,
                               expired_files=self.evictor.expired_files, metrics_port=self.metrics_port)
+
+    # ------------------------------------------------------------------ under storage (docs/ufs.md)
+    @rpc_method
+    def UfsMountAdd(self, request: pb.UfsMountRequest, context: grpc.ServicerContext) -> pb.UfsMount:
+        _require_root(request.caller, "mount a UFS")
+        rec = caller_rec(request.caller, "ufs_mount")
+        return self.ufs.mount(request.mount, rec["cred"]).to_pb(secrets=False)
+
+    @rpc_method
+    def UfsMountRemove(self, request: pb.UfsPathRequest, context: grpc.ServicerContext) -> pb.Empty:
+        _require_root(request.caller, "unmount a UFS")
+        self.registry.free_blocks(self.ufs.umount(request.path, request.force))
+        return pb.Empty()
+
+    @rpc_method
+    def UfsMountList(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.UfsMountsReply:
+        return pb.UfsMountsReply(mounts=[m.to_pb(secrets=False) for m in self.ufs.all()])
+
+    @rpc_method
+    def UfsMountGet(self, request: pb.UfsMountIdRequest, context: grpc.ServicerContext) -> pb.UfsMount:
+        """For workers: the mount with its credentials (the cluster secret guards the call)."""
+        return self.ufs.get(request.mount_id).to_pb(secrets=True)
+
+    @rpc_method
+    def UfsStat(self, request: pb.PathRequest, context: grpc.ServicerContext) -> pb.UfsStatReply:
+        row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks, self.ufs.fresh_dir)
+        reply = pb.UfsStatReply(attr=to_attr(row))
+        f = self.ns.ufs_file(row["ino"])
+        if f is not None:
+            m = self.ufs.get(f["mount_id"])
+            state = f["state"]
+            if self.uploader.uploading(row["ino"]):
+                state = "uploading"
+            elif state == "pending":
+                state = "pending upload"
+            elif state == "failed":
+                state = f"failed: {f['message']}"
+            cached = sum(b["length"] for b in self.ns.blocks(row["ino"]) if self.registry.replicas(b["block_id"]))
+            reply.ufs.CopyFrom(pb.UfsFile(mount_id=m.mount_id, uri=m.object_uri(f["ukey"]), state=state,
+                                          cached_bytes=cached, etag=f["etag"]))
+        return reply
+
+    @rpc_method
+    def Load(self, request: pb.LoadRequest, context: grpc.ServicerContext) -> pb.LoadJob:
+        return self.loads.start(cred_of(request.caller), request.path, request.recursive)
+
+    @rpc_method
+    def LoadStatus(self, request: pb.LoadJobRequest, context: grpc.ServicerContext) -> pb.LoadJobsReply:
+        return pb.LoadJobsReply(jobs=self.loads.status(request.job_id))
+
+    @rpc_method
+    def Free(self, request: pb.FreeRequest, context: grpc.ServicerContext) -> pb.FreeReply:
+        cred = cred_of(request.caller)
+        row = self.ns.resolve(cred, request.path)
+        if stat.S_ISDIR(row["mode"]) and not request.recursive:
+            raise err(errno.EISDIR, f"{request.path} is a directory (free it with -r)")
+        inos = [row["ino"]] if not stat.S_ISDIR(row["mode"]) else self.ns.files_below(row["ino"])
+        result = self.submit({"op": "ufs_free", "cred": [0, 0, []], "request_id": "", "inos": inos})
+        return pb.FreeReply(files=result["files"], bytes=result["bytes"], skipped=result["skipped"])
 
     def under_replicated(self) -> int:
         """Committed blocks with fewer live replicas than their file asks for."""

@@ -462,12 +462,14 @@ class UfsMountRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., mount: _Optional[_Union[UfsMount, _Mapping]] = ...) -> None: ...
 
 class UfsPathRequest(_message.Message):
-    __slots__ = ("caller", "path")
+    __slots__ = ("caller", "path", "force")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     path: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class UfsMountIdRequest(_message.Message):
     __slots__ = ("mount_id",)

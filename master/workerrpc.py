@@ -1,0 +1,45 @@
+"""The master's calls to workers (UFS loads and uploads): one gRPC channel per worker.
+
+Everything else the master tells workers rides on heartbeat replies; these two calls
+are answers someone waits for (``cv load --wait``, a write-through close), so they are
+direct calls with a deadline.
+"""
+from __future__ import annotations
+
+import errno
+import threading
+
+import grpc
+
+from curvine_py.common.errors import err
+from curvine_py.common.rpc import channel
+from curvine_py.master.workers import Registry
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+
+
+class WorkerClients:
+    """Stubs by worker id, over channels kept per address."""
+
+    def __init__(self, registry: Registry, secret: str) -> None:
+        self.registry = registry
+        self.secret = secret
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def stub(self, worker_id: int) -> pb_grpc.WorkerServiceStub:
+        w = self.registry.get(worker_id)
+        if w is None or not w.live:
+            raise err(errno.EIO, f"worker {worker_id} is not live")
+        a = w.address()
+        target = f"{a.ip}:{a.rpc_port}"
+        with self._lock:
+            ch = self._channels.get(target)
+            if ch is None:
+                ch = self._channels[target] = channel(target, self.secret)
+        return pb_grpc.WorkerServiceStub(ch)
+
+    def close(self) -> None:
+        with self._lock:
+            chans, self._channels = list(self._channels.values()), {}
+        for ch in chans:
+            ch.close()
