@@ -28,6 +28,7 @@ from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.ufsadmin import UfsAdmin
 
 Progress = Callable[[int], None] | None
 
@@ -228,6 +229,7 @@ class Client:
             master = os.environ["CURVINE_MASTER"]
         self.core = ClientCore(self.config, master)
         self.meta = self.core.meta
+        self.ufs = UfsAdmin(self)   # UFS mounts, load, free (curvine_py/ufsadmin.py)
 
     def __enter__(self) -> "Client":
         return self

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import io
 import os
@@ -27,6 +28,7 @@ from curvine_py.common.errors import ConfigError, CurvineError
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client, FileStatus
+    from curvine_py.ufsadmin import UfsFileStatus
 
 CHUNK = 4 << 20  # one block: what cat and stdin uploads move per call
 
@@ -154,8 +156,10 @@ def cmd_stat(ctx: Context) -> int:
     with on_path(path):
         st = ctx.client.lstat(path)
         pol = ctx.client.cache_policy(path) if st.is_dir or st.is_file else None
+        ufs = ctx.client.ufs.stat(path) if st.is_file else None
     if ctx.args.json:
-        output.print_json({**status_json(st), **({"cache": policy.policy_json(pol)} if pol else {})})
+        extra = {"ufs": dataclasses.asdict(ufs)} if ufs is not None and ufs.uri else {}
+        output.print_json({**status_json(st), **({"cache": policy.policy_json(pol)} if pol else {}), **extra})
         return 0
     rows = [
         ("path", st.path), ("type", file_type(st.mode)),
@@ -168,8 +172,26 @@ def cmd_stat(ctx: Context) -> int:
         ("block size", output.format_size(st.block_size)), ("replicas", st.replicas),
         ("complete", "yes" if st.complete else "no (open for writing)"),
         *(policy.policy_rows(pol) if pol else []),
+        *(ufs_rows(ufs) if ufs is not None and ufs.uri else []),
     ]
     print(output.table([(f"{k}:", v) for k, v in rows]))
+    return 0
+
+
+def ufs_rows(u: "UfsFileStatus") -> list[tuple[str, str]]:
+    """A UFS file's lines in `cv fs stat`: where it is in the UFS and how much is cached."""
+    return [("ufs", u.uri), ("cached", f"{output.format_size(u.cached_bytes)} of {output.format_size(u.size)}"
+                                        f" ({output.format_percent(u.cached_bytes, u.size)})"),
+            ("persisted", u.state)]
+
+
+def cmd_free(ctx: Context) -> int:
+    """Drop the cached blocks of UFS files; they stay readable (fetched again on read)."""
+    path = remote(ctx.args.path)
+    with on_path(path):
+        r = ctx.client.ufs.free(path, ctx.args.recursive)
+    note = f"; {r.skipped} kept (not in the UFS yet)" if r.skipped else ""
+    print(f"freed {r.files} files ({output.format_size(r.bytes)}){note}")
     return 0
 
 
@@ -516,6 +538,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     p = add("stat", cmd_stat, "show a path's attributes", json_flag=True)
     p.add_argument("path", metavar="PATH")
+
+    p = add("free", cmd_free, "drop cached blocks of UFS files (they stay readable from the UFS)")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("-r", "--recursive", action="store_true", help="a directory tree")
 
     p = add("du", cmd_du, "space used under a path", json_flag=True)
     p.add_argument("-s", dest="summary", action="store_true", help="only the total")

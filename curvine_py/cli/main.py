@@ -74,7 +74,7 @@ def cmd_config(ctx: Context) -> int:
 
 def build_parser() -> CliParser:
     """The whole `cv` command tree."""
-    from curvine_py.cli import bench, cluster, csi, fs, mount, report, stats
+    from curvine_py.cli import bench, cluster, csi, fs, mount, report, stats, ufs
 
     parser = CliParser(prog="cv", parents=[common_options(suppress=False)],
                        description="Command line of the curvine-py distributed cache filesystem.")
@@ -88,6 +88,7 @@ def build_parser() -> CliParser:
     bench.register(sub, common)
     stats.register(sub, common)
     csi.register(sub, common)
+    ufs.register(sub, common)
     p = sub.add_parser("version", parents=[common], help="print the version")
     p.set_defaults(func=cmd_version)
     p = sub.add_parser("config", parents=[common], help="print the effective configuration as TOML")

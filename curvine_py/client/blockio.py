@@ -144,15 +144,27 @@ class BlockIO:
         return list(reply.acked) or [head.worker_id]
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,
-                   token: str = "", progress: Callable[[int], None] | None = None) -> int:
+                   token: str = "", progress: Callable[[int], None] | None = None,
+                   ufs_block: pb.BlockInfo | None = None, chain: list[pb.WorkerAddress] | None = None) -> int:
         """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read.
         token: the block's access token from the master (BlockInfo.token); progress hears
-        how many bytes of `into` are filled as they arrive (see frames.recv_exact_into)."""
+        how many bytes of `into` are filled as they arrive (see frames.recv_exact_into).
+        ufs_block: a UFS file's block (its `ufs` says where it lies in the object): a worker without the block
+        fetches it from there, keeps it and forwards a copy to chain; the wait is then
+        bounded by the UFS timeout, not the replica timeout."""
+        h = DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into), token=token)
+        timeout = self.read_timeout_s
+        if ufs_block is not None and ufs_block.ufs.mount_id:
+            ufs = ufs_block.ufs
+            h.ufs_mount, h.ufs_key, h.ufs_offset, h.ufs_etag = ufs.mount_id, ufs.key, ufs.offset, ufs.etag
+            h.ufs_length = ufs_block.length
+            h.chain.extend(_chain(chain or []))
+            if ufs.load and timeout is not None:
+                timeout = max(timeout, ufs.timeout_ms / 1000 + 5)
         with self._conn(worker) as sock:
-            if self.read_timeout_s is not None:   # reads fail over fast: another replica has the bytes
-                sock.settimeout(self.read_timeout_s)
-            frames.send_frame(sock, DataHeader(op=Op.READ, block_id=block_id, offset=offset, length=len(into),
-                                               token=token))
+            if timeout is not None:   # reads fail over fast: another replica has the bytes
+                sock.settimeout(timeout)
+            frames.send_frame(sock, h)
             reply = frames.check_reply(frames.recv_header(sock), f"read block {block_id}")
             n = reply.length
             if n > len(into):

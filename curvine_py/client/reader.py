@@ -60,9 +60,27 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
             block = fresh
         try:
             return _fetch_once(core, block, offset, into, progress)
+        except UfsFailure as e:   # every replica would ask the same UFS: fail now, bounded
+            raise CurvineError(errno.EIO, str(e.strerror)) from None
         except CurvineError as e:
             last = e
     raise last or CurvineError(errno.EIO, f"block {block.block_id} unreadable")
+
+
+class UfsFailure(CurvineError):
+    """A worker could not fetch a UFS file's block from the UFS (down, denied, changed)."""
+
+
+def _ufs_args(core: ClientCore, block: pb.BlockInfo,
+              addr: pb.WorkerAddress) -> tuple[pb.BlockInfo | None, list[pb.WorkerAddress]]:
+    """For a UFS file's block: the block (its UFS range) and the replicas the asked worker
+    forwards a fetched copy to (the block's other workers)."""
+    if not block.ufs.mount_id:
+        return None, []
+    if not block.ufs.load:
+        return block, []
+    others = [a for a in (core.workers.get(w) for w in block.workers if w != addr.worker_id) if a is not None]
+    return block, others
 
 
 def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo | None:
@@ -95,7 +113,8 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
                 metrics.SHORT_CIRCUIT_BYTES.inc(want)
             return want   # the local replica's file, verified (else: this replica over the network)
         try:
-            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance)
+            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance,
+                                   *_ufs_args(core, block, addr))
             if n != want:
                 raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
             if metrics.on:
@@ -103,6 +122,8 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
                 metrics.REMOTE_BYTES.inc(n)
             return n
         except (CurvineError, OSError) as e:
+            if isinstance(e, CurvineError) and e.errno == errno.EREMOTEIO:
+                raise UfsFailure(errno.EIO, e.strerror or str(e)) from None
             errors.append(f"worker {addr.worker_id}: {e}")
             log.warning("read of block %d from worker %d failed (%s); trying the next replica",
                         block.block_id, addr.worker_id, e)
