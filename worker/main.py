@@ -2,7 +2,8 @@
 
 Starts, in order: the disk I/O engine (``worker.io_engine``: io_uring, probed first in a
 child process, or a thread pool; worker/ioengine.py), the block store (scans the data
-dirs), the data channel, the gRPC control service, and the heartbeat.  When the worker is registered
+dirs), the data channel, the UFS fetcher and mount cache (worker/ufsfetch.py,
+ufsmounts.py), the gRPC control service, and the heartbeat.  When the worker is registered
 with the master (or at once when ``worker.master`` is empty: standalone mode, used by
 benchmarks) it prints one line to stdout::
 
@@ -27,6 +28,7 @@ from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.security import SecretCheck
 from curvine_py.common.signals import StopSignals
+from curvine_py.pb import curvine_pb2
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore, parse_dir_spec
@@ -35,6 +37,9 @@ from curvine_py.worker.ioengine import ENGINES, EngineChoice, IoEngine, start_en
 from curvine_py.worker.localwrite import LocalWriteServer
 from curvine_py.worker.metrics import WorkerCollector
 from curvine_py.worker.replication import CopyQueue
+from curvine_py.worker.ufsfetch import BlockBuffers, UfsFetcher
+from curvine_py.worker.ufsmounts import UfsMounts, master_resolver, no_master
+from curvine_py.worker.ufspersist import Persister
 
 log = logging.getLogger("curvine_py.worker")
 
@@ -75,6 +80,8 @@ class Worker:
         self.rpc_port = 0
         self.heartbeat: hb.Heartbeat | None = None
         self.copies: CopyQueue | None = None
+        self.ufs_mounts: UfsMounts | None = None
+        self.ufs_fetcher: UfsFetcher | None = None
         self.metrics: metrics.MetricsServer | None = None
         self.ready = threading.Event()
 
@@ -97,6 +104,7 @@ class Worker:
                                               secret=self.cfg.cluster.secret).start()
             except OSError as e:   # clients on this host then send their bytes over TCP
                 log.warning("short-circuit writes off: cannot listen on the local write socket: %s", e)
+        self._start_ufs()
         self._start_rpc()
         self.metrics = metrics.serve("worker", w.bind, w.metrics_port,
                                      [WorkerCollector(self.store, self.io_choice.name if self.io_choice else "")])
@@ -128,6 +136,30 @@ class Worker:
         targets = chain_targets([(t.ip, t.data_port, t.worker_id) for t in cmd.targets])
         self.copies.submit(cmd.block_id, targets, cmd.token)
 
+    def _start_ufs(self) -> None:
+        """The UFS side: the mount cache (looked up on the master over the heartbeat's
+        channel, once that exists) and the fetcher the data server's READs and the
+        service's LoadBlocks share."""
+        assert self.store is not None and self.data is not None
+        self.ufs_mounts = UfsMounts(self._resolve_mount, self.cfg.ufs.timeout_s)
+        self.ufs_fetcher = UfsFetcher(self.store, self.ufs_mounts, self.data.pool, self.cfg.cluster.secret,
+                                      self.cfg.ufs.timeout_s, cache_writes=self.cfg.worker.cache_received,
+                                      buffers=BlockBuffers())
+        self.data.ufs = self.ufs_fetcher
+
+    def _resolve_mount(self, mount_id: int) -> curvine_pb2.UfsMount:
+        if self.heartbeat is None:
+            return no_master(mount_id)
+        return master_resolver(self.heartbeat.stub, self.cfg.ufs.timeout_s)(mount_id)
+
+    def _ufs_parts(self) -> service.UfsParts:
+        assert self.store is not None and self.data is not None and self.ufs_fetcher is not None
+        assert self.ufs_mounts is not None
+        data = self.data
+        persister = Persister(self.store, self.ufs_mounts, data.pool, self.ufs_fetcher.buffers,
+                              lambda: data.worker_id, self.cfg.ufs.timeout_s)
+        return service.UfsParts(self.ufs_fetcher, persister, self.cfg.ufs.load_threads)
+
     def _start_rpc(self) -> None:
         w = self.cfg.worker
         assert self.store is not None and self.data is not None
@@ -135,7 +167,8 @@ class Worker:
                                options=[("grpc.so_reuseport", 0)],
                                interceptors=[SecretCheck(self.cfg.cluster.secret, "worker")])
         data = self.data
-        service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host), self.rpc)
+        service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host,
+                                                    ufs=self._ufs_parts()), self.rpc)
         try:
             self.rpc_port = self.rpc.add_insecure_port(f"{w.bind}:{w.rpc_port}")
         except RuntimeError:
@@ -172,6 +205,10 @@ class Worker:
             self.local.close()
         if self.data is not None:
             self.data.close()
+        if self.ufs_fetcher is not None:
+            self.ufs_fetcher.close()
+        if self.ufs_mounts is not None:
+            self.ufs_mounts.close()
         if self.io is not None:
             self.io.close()
 

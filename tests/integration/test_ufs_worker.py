@@ -20,14 +20,16 @@ import grpc
 import pytest
 import xxhash
 
-from curvine_py.common import frames
+from curvine_py.common import config, frames, rpc
 from curvine_py.common.connpool import ConnectionPool
+from curvine_py.common.errors import CurvineError, abort
 from curvine_py.common.security import READ, BlockTokens
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc, data_pb2
 from curvine_py.ufs.base import ObjectInfo, Ufs, UfsError
 from curvine_py.worker import service
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
+from curvine_py.worker.main import Worker
 from curvine_py.worker.threadio import ThreadIO
 from curvine_py.worker.ufsfetch import UfsFetcher
 from curvine_py.worker.ufsmounts import UfsMounts
@@ -413,3 +415,75 @@ def test_persist_failures_abort_the_upload(nodes, ufs, rpc_a):
     with pytest.raises(grpc.RpcError) as info:
         rpc_a.Persist(bad, timeout=20)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---------------------------------------------------------------- the worker as wired by main.py
+
+class FakeMaster(curvine_pb2_grpc.MasterServiceServicer):
+    """Registration, reports and heartbeats, and the mount table's UfsMountGet."""
+
+    def __init__(self, mount: curvine_pb2.UfsMount) -> None:
+        self.mount = mount
+        self.mount_gets: list[int] = []
+        self.heartbeats: list[curvine_pb2.HeartbeatRequest] = []
+
+    def RegisterWorker(self, request, context):
+        return curvine_pb2.RegisterReply(worker_id=A_ID, heartbeat_ms=50)
+
+    def ReportBlocks(self, request, context):
+        return curvine_pb2.Empty()
+
+    def Heartbeat(self, request, context):
+        self.heartbeats.append(request)
+        return curvine_pb2.HeartbeatReply()
+
+    def UfsMountGet(self, request, context):
+        self.mount_gets.append(request.mount_id)
+        if request.mount_id != self.mount.mount_id:
+            abort(context, CurvineError(errno.ENOENT, f"no UFS mount {request.mount_id}"))
+        return self.mount
+
+
+def test_the_worker_process_wiring_asks_the_master_and_reports_the_block(tmp_path, ufs):
+    master = FakeMaster(curvine_pb2.UfsMount(mount_id=MOUNT, path="/data", uri=ufs.uri))
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    curvine_pb2_grpc.add_MasterServiceServicer_to_server(master, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    cfg = config.Config()
+    cfg.cluster.secret = SECRET
+    w = cfg.worker
+    w.master, w.bind, w.ip, w.data_port, w.rpc_port = f"127.0.0.1:{port}", "127.0.0.1", "127.0.0.1", 0, 0
+    w.dirs, w.io_engine, w.metrics_port, w.local_writes = [str(tmp_path / "w")], "threads", 0, False
+    cfg.ufs.timeout_s = 5.0
+    worker = Worker(cfg)
+    try:
+        worker.start()
+        assert worker.ready.wait(15)
+        if _open_ufs is None:            # until curvine_py.ufs.open_ufs exists: the stand-in
+            assert worker.ufs_mounts is not None
+            worker.ufs_mounts._open = lambda uri, opts, t: ufs   # type: ignore[method-assign]
+        obj = put_object(ufs, "p/obj", 3 * MiB)
+        assert worker.data is not None
+        with frames.tune(socket.create_connection(("127.0.0.1", worker.data.port), timeout=20)) as s:
+            h, got = ufs_read(s, 1000, "p/obj", 0, len(obj))
+            assert h.errno == 0 and got == obj
+            frames.send_frame(s, data_pb2.DataHeader(op=Op.READ, block_id=1001, length=ALL, ufs_mount=99,
+                                                     ufs_key="p/obj", ufs_length=MiB,
+                                                     token=TOKENS.mint(1001, READ)))
+            h = frames.recv_header(s)
+            assert h.errno == errno.EREMOTEIO and "no UFS mount 99" in h.message
+        assert master.mount_gets == [MOUNT, 99]
+        assert wait_for(lambda: any(b.block_id == 1000 for hb in master.heartbeats for b in hb.report.added))
+        channel = rpc.channel(f"127.0.0.1:{worker.rpc_port}", SECRET)
+        try:
+            stub = curvine_pb2_grpc.WorkerServiceStub(channel)
+            reply = stub.LoadBlocks(curvine_pb2.LoadBlocksRequest(
+                blocks=[ufs_block(1002, "p/obj", MiB, MiB, [A_ID])]), timeout=20)
+            assert list(reply.loaded) == [1002] and worker.store is not None
+            assert worker.store.read_range(1002) == obj[MiB:2 * MiB]
+        finally:
+            channel.close()
+    finally:
+        worker.stop()
+        server.stop(0)
