@@ -163,7 +163,7 @@ class Flight:
             self._buffers.release(buf)
 
     def wait_fetched(self) -> memoryview:
-        """The block's bytes (valid while held); the fetch's error, or ETIMEDOUT past the deadline."""
+        """The block's bytes (valid while held); the fetch's error, or EREMOTEIO past the deadline."""
         if not self.fetched.wait(max(0.0, self.deadline - time.monotonic())):
             raise self._timed_out()
         if self.error is not None:

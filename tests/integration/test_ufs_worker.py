@@ -487,3 +487,41 @@ def test_the_worker_process_wiring_asks_the_master_and_reports_the_block(tmp_pat
     finally:
         worker.stop()
         server.stop(0)
+
+
+# ---------------------------------------------------------------- against a real S3 server
+
+def test_read_through_and_persist_against_moto_s3(engine, tmp_path, request):
+    """The same READ and Persist with the S3 provider on moto's server (skipped where moto,
+    the moto_s3 fixture or open_ufs is missing)."""
+    try:
+        s3 = request.getfixturevalue("moto_s3")
+    except pytest.FixtureLookupError:
+        pytest.skip("tests/conftest.py has no moto_s3 fixture")
+    if _open_ufs is None:
+        pytest.skip("curvine_py.ufs.open_ufs is not there")
+    s3.make_bucket("cvworker")
+    obj = os.urandom(6 * MiB + 11)
+    s3.boto3_client().put_object(Bucket="cvworker", Key="pre/obj.bin", Body=obj)
+    options = {"endpoint_url": s3.endpoint, "region": s3.region, "access_key_id": s3.access_key,
+               "secret_access_key": s3.secret_key}
+    provider = Counting(_open_ufs("s3://cvworker/pre", options, 10.0))
+    a = Node(engine, tmp_path, "a", A_ID, provider)
+    try:
+        with connect(a) as s:
+            h, got = ufs_read(s, 1100, "obj.bin", 4 * MiB, len(obj) - 4 * MiB, offset=4096, length=4096)
+            assert h.errno == 0 and got == obj[4 * MiB + 4096:4 * MiB + 8192]
+            h, _ = ufs_read(s, 1101, "absent.bin", 0, MiB)
+            assert h.errno == errno.EREMOTEIO and "s3://cvworker/pre" in h.message and "absent.bin" in h.message
+        assert provider.reads[0] == ("obj.bin", 4 * MiB, len(obj) - 4 * MiB)
+        assert wait_for(lambda: 1100 in a.store)
+        store_block(a, 1102, obj[:4 * MiB])
+        blocks = [curvine_pb2.BlockInfo(block_id=1102, offset=0, length=4 * MiB, workers=[A_ID]),
+                  curvine_pb2.BlockInfo(block_id=1100, offset=4 * MiB, length=len(obj) - 4 * MiB, workers=[A_ID])]
+        persister = Persister(a.store, a.mounts, ConnectionPool(), a.fetcher.buffers, lambda: A_ID, 10.0)
+        reply = persister.persist(curvine_pb2.PersistRequest(mount_id=MOUNT, key="out/copy.bin", size=len(obj),
+                                                             blocks=blocks))
+        body = s3.boto3_client().get_object(Bucket="cvworker", Key="pre/out/copy.bin")["Body"].read()
+        assert body == obj and reply.etag
+    finally:
+        a.close()
