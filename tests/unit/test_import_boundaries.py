@@ -19,6 +19,18 @@ FORBIDDEN = {
     "curvine_py/csi": ("curvine_py.master", "curvine_py.worker", "curvine_py.fuse", "curvine_py.cli"),
 }
 
+# folder -> the only curvine_py modules its code may import (master/ and worker/ may
+# import curvine_py.ufs: the UFS providers sit below both)
+ONLY = {
+    "curvine_py/ufs": ("curvine_py.common", "curvine_py.ufs"),
+}
+
+# test tooling (moto, SeaweedFS launchers: dev-only packages) never reaches the product
+# (curvine_py/ufs is held to ONLY, which leaves it out too)
+TESTING = ("curvine_py.testing",)
+for _folder in ("master", "worker", "fuse", "curvine_py/client", "curvine_py/cli", "curvine_py/csi"):
+    FORBIDDEN[_folder] = tuple(dict.fromkeys(FORBIDDEN.get(_folder, ()) + TESTING))
+
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), str(path))
@@ -43,6 +55,11 @@ def violations() -> list[str]:
             for line, mod in imported_modules(path):
                 if banned(mod, banned_mods) or mod.split(".")[0] in ("master", "worker", "fuse"):
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    for folder, allowed in ONLY.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, mod in imported_modules(path):
+                if banned(mod, ("curvine_py",)) and mod != "curvine_py" and not banned(mod, allowed):
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
     for name in ("sdk.py", "localcluster.py", "processes.py"):
         path = ROOT / "curvine_py" / name
         if path.exists():
@@ -63,3 +80,5 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     assert any(banned(m, FORBIDDEN["master"]) for m in mods)
     assert any(banned(m, FORBIDDEN["worker"]) for m in mods)
     assert not banned("curvine_py.client.core", FORBIDDEN["curvine_py/cli"])
+    assert banned("curvine_py.testing.s3servers", FORBIDDEN["worker"])
+    assert not banned("curvine_py.ufs.s3", FORBIDDEN["master"])
