@@ -1,22 +1,24 @@
 """The S3 provider (``s3://bucket[/prefix]``), on OpenDAL's Python binding.
 
-Why OpenDAL (bench/ufs_libs.py, SeaweedFS on loopback, 2 cores, 512 MiB object, ranged
-GETs into a reused buffer; MB/s and this process's CPU s/GB, best of 3):
+Why OpenDAL (bench/ufs_libs.py: SeaweedFS on loopback, 2 cores, 512 MiB object, ranged
+GETs into a reused buffer; MB/s / this process's CPU s per GB, best of 3; load ~1):
 
-    library   4 MiB x1     4 MiB x4      16 MiB x1    16 MiB x4
-    boto3     627 / 0.82   867 / 0.96    960 / 0.52   1139 / 0.64
-    opendal   684 / 0.50   1111 / 0.67   882 / 0.53   1123 / 0.68
-    obstore   659 / 0.55   1050 / 0.75   929 / 0.54   1198 / 0.59
+    library            4 MiB x1     4 MiB x4      16 MiB x1    16 MiB x4
+    boto3              627 / 0.82   867 / 0.96    960 / 0.52   1139 / 0.64
+    opendal read()     684 / 0.50   1111 / 0.67   882 / 0.53   1123 / 0.68
+    opendal readinto   770 / 0.44   1144 / 0.66   856 / 0.41    910 / 0.52   (load ~2)
+    obstore            659 / 0.55   1050 / 0.75   929 / 0.54   1198 / 0.59
 
-At the worker's 4 MiB blocks boto3 moves 20-30 % less and burns ~40 % more CPU per GB;
-OpenDAL and obstore tie (SeaweedFS on the same two cores is the ceiling).  Between those
-two the API decides: obstore (object_store) cannot name a "key/" directory marker (it
-strips the trailing slash) and reads no ~/.aws files; OpenDAL makes markers, reads the
-whole AWS credential chain (env, ~/.aws/credentials + config, AWS_PROFILE, web identity),
-and is what Curvine itself uses.  Its one gap: the Python binding cannot abort a
-multipart upload, so ``abort()`` drops the writer: nothing becomes visible, but parts
-already sent stay as an incomplete upload until the bucket's
-AbortIncompleteMultipartUpload lifecycle rule removes them.
+At the worker's 4 MiB blocks boto3 moves 20-30 % less and burns 40-70 % more CPU per
+GB; OpenDAL and obstore tie (SeaweedFS on the same two cores is the ceiling; runs vary
+by ~15 %).  Between those two the API decides: obstore (object_store) cannot name a
+"key/" directory marker (it strips the trailing slash) and reads no ~/.aws files;
+OpenDAL makes markers, reads the AWS credential chain (env, ~/.aws/credentials + config,
+AWS_PROFILE, web identity), reads a bounded range straight into our buffer (readinto:
+the least CPU), and is what Curvine itself uses.  Its one gap: the Python binding
+cannot abort a multipart upload, so ``abort()`` drops the writer: nothing becomes
+visible and no object is replaced, but parts already sent stay as an incomplete upload
+until the bucket's AbortIncompleteMultipartUpload lifecycle rule removes them.
 
 Thread safety: one ``opendal.Operator`` per mount, shared by every thread (it is Sync;
 calls release the GIL).  Every call is bounded by a TimeoutLayer (timeout_s).

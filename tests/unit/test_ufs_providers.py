@@ -138,6 +138,19 @@ def test_read_into_ranges(store: Store) -> None:
     assert e.value.errno == errno.ENOENT
 
 
+def test_one_ufs_serves_many_threads(store: Store) -> None:
+    """Workers share one Ufs per mount: parallel ranged reads, each into its own buffer."""
+    data = payload(4 * MiB)
+    store.ufs.put("shared", data)
+
+    def read(i: int) -> bool:
+        buf = memoryview(bytearray(256 * 1024))
+        off = (i * 256 * 1024) % len(data)
+        return store.ufs.read_into("shared", off, buf) == len(buf) and buf == data[off:off + len(buf)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, range(32)))
+
+
 def test_writer_multipart(store: Store) -> None:
     """12 MiB through 5 MiB parts (S3's minimum), fed in 1 MiB views of a reused buffer."""
     data = payload(12 * MiB + 5)
