@@ -11,7 +11,7 @@ process and not counted).  Best of --runs passes per cell.
 Libraries, each in its best way to fill a caller's buffer:
 - boto3: get_object(Range=...) and StreamingBody.readinto (no intermediate bytes);
 - opendal: Operator.read(offset, size) -> bytes, copied into the buffer
-  ("opendal-file": Operator.open(...).seek + readinto, the no-intermediate variant);
+  ("opendal-file": Operator.open(offset, size) + readinto, the no-intermediate variant);
 - obstore: get_range -> a Rust-owned Bytes (buffer protocol), copied into the buffer.
 
     .venv/bin/python bench/ufs_libs.py [--size 256MiB] [--runs 2] [--json]
@@ -81,8 +81,7 @@ def opendal_file_reader(s3: SeaweedServer) -> Reader:
     op = _opendal(s3)
 
     def read(offset: int, into: memoryview) -> int:
-        with op.open(KEY, "rb") as f:
-            f.seek(offset)
+        with op.open(KEY, "rb", offset=offset, size=len(into)) as f:   # as curvine_py/ufs/s3.py
             n = 0
             while n < len(into):
                 got = f.readinto(into[n:])
