@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from curvine_py.common.errors import CurvineError, err
+from curvine_py.common.errors import err
+from curvine_py.common.types import ROOT_INO
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.store import Row
@@ -110,20 +111,18 @@ class UfsMounts:
         return mount
 
     def _mount_dir(self, path: str, cred: list[Any]) -> int:
-        """The mount point's inode; a missing last component is made (its parent must exist)."""
-        ns = self._ns()
+        """The mount point's inode; missing directories on the way are made (mkdir -p)."""
         c = Cred(cred[0], cred[1], frozenset(cred[2]))
-        try:
-            row = ns.resolve(c, path)
-        except CurvineError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            parent_path, _, name = path.rpartition("/")
-            parent = ns.resolve(c, parent_path or "/")
-            row = self.submit({"op": "mknod", "cred": cred, "request_id": "", "parent": parent["ino"], "name": name,
-                               "mode": stat.S_IFDIR | 0o755, "umask": 0, "exclusive": True})["attr"]
-        if not stat.S_ISDIR(row["mode"]):
-            raise err(errno.ENOTDIR, f"{path} is not a directory")
+        row = self._ns().inode(ROOT_INO)
+        for name in [p for p in path.split("/") if p]:
+            child = self._ns().lookup(c, row["ino"], name) if self._ns().child(row["ino"], name) else None
+            if child is None:
+                child = self.submit({"op": "mknod", "cred": cred, "request_id": "", "parent": row["ino"],
+                                     "name": name, "mode": stat.S_IFDIR | 0o755, "umask": 0,
+                                     "exclusive": True})["attr"]
+            row = child
+            if not stat.S_ISDIR(row["mode"]):
+                raise err(errno.ENOTDIR, f"{path}: {name} is not a directory")
         return row["ino"]
 
     def umount(self, path: str, force: bool) -> list[int]:
