@@ -303,13 +303,19 @@ class Evictor:
             policies = Policies(self.conn)
             if not policies.values[TTL]:
                 return 0
+            self.flush_reads()   # last reads count for UFS files
             now = time.time_ns()
             victims = []
-            for ino, generation, mtime in self.conn.execute(
-                    "SELECT ino, generation, mtime_ns FROM inodes WHERE (mode & ?) = ? AND complete = 1"
-                    " AND lease_id = 0", (_FMT, _REG)):
+            # A UFS file's TTL counts from its last read too (its mtime is the object's, maybe
+            # years old), and one with nothing cached has nothing to free.
+            for ino, generation, mtime, in_ufs in self.conn.execute(
+                    "SELECT i.ino, i.generation, CASE WHEN f.ino IS NULL THEN i.mtime_ns"
+                    " ELSE max(i.mtime_ns, coalesce(r.last_read_ns, 0)) END, f.ino IS NOT NULL"
+                    " FROM inodes i LEFT JOIN ufs_files f ON f.ino = i.ino LEFT JOIN reads r ON r.ino = i.ino"
+                    " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0", (_FMT, _REG)):
                 ttl = policies.ttl_s(ino)
-                if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino):
+                if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino) \
+                        and not (in_ufs and not self._frees(ino)):
                     victims.append([ino, generation])
             if not victims:
                 return 0

@@ -34,6 +34,13 @@ EVICTIONS = Counter("curvine_master_evictions",
                     "Files evicted, by reason: lru (capacity), ttl (user.curvine.ttl); pin_blocked counts "
                     "eviction passes that needed room but found only pinned or open files", ["reason"])
 EVICTED_BYTES = Counter("curvine_master_evicted_bytes", "Logical bytes of the files evicted, by reason", ["reason"])
+UFS_UPLOADS = Counter("curvine_master_ufs_uploads", "Uploads of UFS files (write-through and write-back), by outcome",
+                      ["outcome"])
+UFS_LISTINGS = Counter("curvine_master_ufs_listings", "UFS directory listings and object checks (HEAD), by outcome",
+                       ["outcome"])
+for _outcome in ("ok", "failed"):
+    UFS_UPLOADS.labels(_outcome)
+    UFS_LISTINGS.labels(_outcome)
 for _reason in ("lru", "ttl", "pin_blocked"):   # every series exists from the start (rate() needs a 0)
     EVICTIONS.labels(_reason)
 for _reason in ("lru", "ttl"):
@@ -69,6 +76,8 @@ class MasterCollector(Collector):
         g.add_metric(["lost"], sum(1 for w in workers if not w.live))
         yield g
         yield from _tier_gauges(w for w in workers if w.live)
+        pending = self.service.ns.conn.execute("SELECT count(*) FROM ufs_files WHERE state = 'pending'").fetchone()[0]
+        yield _gauge("curvine_master_ufs_pending_uploads", "UFS files waiting for their write-back upload", pending)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

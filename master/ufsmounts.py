@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import ROOT_INO
+from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.store import Row
@@ -180,6 +181,7 @@ class UfsMounts:
         except UfsError as e:
             self._failed(m, e)
             return
+        metrics.UFS_LISTINGS.labels("ok").inc()
         self.submit({"op": "ufs_sync_dir", "cred": [0, 0, []], "request_id": "", "ino": ino, "entries": entries})
 
     def fresh_file(self, ino: int) -> None:
@@ -196,6 +198,7 @@ class UfsMounts:
         except UfsError as e:
             self._failed(m, e)
             return
+        metrics.UFS_LISTINGS.labels("ok").inc()
         rec: dict[str, Any] = {"op": "ufs_refresh", "cred": [0, 0, []], "request_id": "", "ino": ino}
         if info is None or info.is_dir:
             rec["gone"] = True
@@ -226,6 +229,7 @@ class UfsMounts:
         return time.monotonic() < self._failed_until.get(m.mount_id, 0.0)
 
     def _failed(self, m: Mount, e: UfsError) -> None:
+        metrics.UFS_LISTINGS.labels("failed").inc()
         self._failed_until[m.mount_id] = time.monotonic() + BACKOFF_S
         log.warning("UFS %s: metadata not refreshed (%s); serving cached names for %.0f s", m.uri, e, BACKOFF_S)
 

@@ -19,6 +19,7 @@ import json
 import stat
 
 from curvine_py.common.errors import err
+from curvine_py.common.policy import TTL
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
 from curvine_py.master.store import Row, Store
 
@@ -59,7 +60,7 @@ class UfsOps(Store):
     def op_ufs_mount(self, rec: Row) -> Row:
         """Make the (empty or new) directory rec["path"] the root of a UFS mount."""
         ino = rec["ino"]
-        d = self.dir_inode(ino)
+        self.dir_inode(ino)
         if not self.is_empty_dir(ino):
             raise err(errno.ENOTEMPTY, f"{rec['path']} is not empty: a UFS mount needs an empty directory")
         if self.ufs_dir(ino) is not None or self._under_mount(ino):
@@ -76,7 +77,10 @@ class UfsOps(Store):
             (mid, rec["path"], ino, rec["uri"], json.dumps(rec["options"], sort_keys=True), rec["write_mode"],
              rec["metadata_ttl_ms"], rec["ttl_ms"], rec["now_ns"]))
         self.conn.execute("INSERT INTO ufs_dirs(ino, mount_id, ukey, listed_ns) VALUES (?,?,?,0)", (ino, mid, ""))
-        del d
+        if rec["ttl_ms"]:   # --ttl: the cache policy's TTL on the mount point (cachepolicy.py), which
+            # for a UFS file frees its cached blocks, counted from its last read or change
+            self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)",
+                              (ino, TTL, str(max(1, rec["ttl_ms"] // 1000)).encode()))
         return {"mount": self.ufs_mount(mid)}
 
     def _under_mount(self, ino: int) -> bool:

@@ -27,6 +27,7 @@ import grpc
 
 from curvine_py.common.config import UfsConfig
 from curvine_py.common.errors import CurvineError, err, from_rpc_error
+from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PENDING, PERSISTED
@@ -118,6 +119,7 @@ class Uploader:
             reply = self._send(m.mount_id, key, row["size"], blocks, addrs)
         except CurvineError as e:
             self.failures += 1
+            metrics.UFS_UPLOADS.labels("failed").inc()
             msg = f"upload to {m.object_uri(key)}: {e.strerror or e}"
             self.submit({"op": "ufs_state", "cred": [0, 0, []], "request_id": "", "ino": ino,
                          "generation": generation, "key": key, "message": msg, "final": final})
@@ -125,6 +127,7 @@ class Uploader:
         result = self.submit({"op": "ufs_state", "cred": [0, 0, []], "request_id": "", "ino": ino,
                               "generation": generation, "key": key, "etag": reply.etag, "mtime_ns": reply.mtime_ns})
         self.uploaded += 1
+        metrics.UFS_UPLOADS.labels("ok").inc()
         if result.get("stale"):
             self._drop_stray(m.mount_id, key)
             self.kick()

@@ -42,6 +42,13 @@ RPC_SECONDS = histogram("curvine_worker_rpc_duration_seconds",
                         "Time the worker spent answering one control call (gRPC), by method", ["method"])
 COPIES = Counter("curvine_worker_replication_copies",
                  "Re-replication copies this worker pushed to another, by outcome", ["outcome"])
+UFS_FETCHES = Counter("curvine_worker_ufs_fetches", "Blocks fetched from a UFS (one ranged read each), by outcome",
+                      ["outcome"])
+UFS_FETCH_BYTES = Counter("curvine_worker_ufs_fetch_bytes", "Bytes read from UFS mounts")
+UFS_FETCH_SECONDS = histogram("curvine_worker_ufs_fetch_duration_seconds", "One block's ranged read from its UFS")
+UFS_PERSISTS = Counter("curvine_worker_ufs_persists", "Files uploaded to a UFS for the master, by outcome",
+                       ["outcome"])
+UFS_PERSIST_BYTES = Counter("curvine_worker_ufs_persist_bytes", "Bytes uploaded to UFS mounts")
 for _via in ("network", "local"):
     BLOCK_WRITES.labels(_via)
     WRITE_BYTES.labels(_via)
@@ -49,6 +56,8 @@ for _op in ("read", "write"):
     CHECKSUM_FAILURES.labels(_op)
 for _outcome in ("ok", "failed"):
     COPIES.labels(_outcome)
+    UFS_FETCHES.labels(_outcome)
+    UFS_PERSISTS.labels(_outcome)
 
 
 class WorkerCollector(Collector):

@@ -274,12 +274,17 @@ class UfsFetcher:
                 raise _Short(got)
             flight.checksum = xxhash.xxh3_64_intdigest(view)
         except Exception as e:
+            metrics.UFS_FETCHES.labels("failed").inc()
             flight.error = _failure(b, flight.uri, e)
             log.warning("%s", flight.error.strerror)
             self._leave(flight)          # the next request tries again
             flight.fetched.set()
             return False
-        log.debug("fetched block %d (%d bytes) in %.3fs", b.block_id, b.length, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        metrics.UFS_FETCHES.labels("ok").inc()
+        metrics.UFS_FETCH_BYTES.inc(b.length)
+        metrics.UFS_FETCH_SECONDS.observe(took)
+        log.debug("fetched block %d (%d bytes) in %.3fs", b.block_id, b.length, took)
         flight.fetched.set()
         return True
 

@@ -25,7 +25,8 @@ from curvine_py.common import frames
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2, data_pb2
-from curvine_py.ufs.base import Ufs, UfsError, UfsWriter
+from curvine_py.ufs.base import ObjectInfo, Ufs, UfsError, UfsWriter
+from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.ufsfetch import BlockBuffers
 from curvine_py.worker.ufsmounts import UfsMounts
@@ -57,6 +58,19 @@ class Persister:
                                              f"the file {req.size}")
         ufs = self._mount(req.mount_id)
         start = time.perf_counter()
+        try:
+            info = self._upload(ufs, req, blocks)
+        except BaseException:
+            metrics.UFS_PERSISTS.labels("failed").inc()
+            raise
+        metrics.UFS_PERSISTS.labels("ok").inc()
+        metrics.UFS_PERSIST_BYTES.inc(req.size)
+        log.info("persisted %s key %r: %d bytes in %d blocks, %.2fs", ufs.uri, req.key, req.size,
+                 len(blocks), time.perf_counter() - start)
+        return curvine_pb2.PersistReply(etag=info.etag, mtime_ns=info.mtime_ns)
+
+    def _upload(self, ufs: Ufs, req: curvine_pb2.PersistRequest, blocks: list[curvine_pb2.BlockInfo]) -> ObjectInfo:
+        """The object's bytes, streamed block by block into one upload (aborted on failure)."""
         if req.size == 0:
             info = _ufs_call(ufs, req.key, lambda: ufs.put(req.key, b""))
         else:
@@ -69,9 +83,7 @@ class Persister:
             except BaseException:
                 writer.abort()
                 raise
-        log.info("persisted %s key %r: %d bytes in %d blocks, %.2fs", ufs.uri, req.key, req.size,
-                 len(blocks), time.perf_counter() - start)
-        return curvine_pb2.PersistReply(etag=info.etag, mtime_ns=info.mtime_ns)
+        return info
 
     def _mount(self, mount_id: int) -> Ufs:
         """The mount's provider; a provider that cannot be opened is EIO (ENOENT: unknown id)."""
