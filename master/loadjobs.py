@@ -18,9 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
-import grpc
-
-from curvine_py.common.errors import CurvineError, err, from_rpc_error
+from curvine_py.common.errors import CurvineError, err
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.ufsmounts import UfsMounts
@@ -142,13 +140,9 @@ class LoadJobs:
 
     def _load_batch(self, job: pb.LoadJob, wid: int, blocks: list[pb.BlockInfo],
                     addrs: list[pb.WorkerAddress]) -> None:
-        req = pb.LoadBlocksRequest(blocks=blocks, workers=addrs)
         length = {b.block_id: b.length for b in blocks}
         try:
-            reply = self.workers.stub(wid).LoadBlocks(req, timeout=self.timeout_s * 2 + 10)
-        except grpc.RpcError as e:
-            self._failed(job, list(length), str(from_rpc_error(e)))
-            return
+            reply = self.workers.load(wid, blocks, addrs, self.timeout_s * 2 + 10)
         except CurvineError as e:
             self._failed(job, list(length), e.strerror or str(e))
             return

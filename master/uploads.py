@@ -116,6 +116,9 @@ class Uploader:
         key, generation = f["ukey"], row["generation"]
         m = self.mounts.get(f["mount_id"])
         try:
+            if any(b.ufs.load for b in blocks):   # slots not rewritten and not cached: the old object's
+                self._load(blocks, addrs)
+                row, blocks, addrs = self.blocks_of(ino)
             reply = self._send(m.mount_id, key, row["size"], blocks, addrs)
         except CurvineError as e:
             self.failures += 1
@@ -131,6 +134,18 @@ class Uploader:
         if result.get("stale"):
             self._drop_stray(m.mount_id, key)
             self.kick()
+
+    def _load(self, blocks: list[pb.BlockInfo], addrs: list[pb.WorkerAddress]) -> None:
+        """Fetch a file's uncached slots from its current object before it is replaced."""
+        by_target: dict[int, list[pb.BlockInfo]] = {}
+        for b in blocks:
+            if b.ufs.load and b.workers:
+                by_target.setdefault(b.workers[0], []).append(b)
+        for wid, bs in by_target.items():
+            reply = self.workers.load(wid, bs, addrs, self.cfg.timeout_s * 2 + 10)
+            if reply.failed:
+                raise err(errno.EIO, f"{len(reply.failed)} unchanged blocks not readable from the UFS: "
+                                     f"{reply.message}")
 
     def _send(self, mount_id: int, key: str, size: int, blocks: list[pb.BlockInfo],
               addrs: list[pb.WorkerAddress]) -> pb.PersistReply:

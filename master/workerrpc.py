@@ -11,9 +11,10 @@ import threading
 
 import grpc
 
-from curvine_py.common.errors import err
+from curvine_py.common.errors import err, from_rpc_error
 from curvine_py.common.rpc import channel
 from curvine_py.master.workers import Registry
+from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 
@@ -37,6 +38,20 @@ class WorkerClients:
             if ch is None:
                 ch = self._channels[target] = channel(target, self.secret)
         return pb_grpc.WorkerServiceStub(ch)
+
+    def load(self, worker_id: int, blocks: list[pb.BlockInfo], addrs: list[pb.WorkerAddress],
+             timeout_s: float) -> pb.LoadBlocksReply:
+        """Have worker_id fetch blocks (their first target) from the UFS and forward copies.
+        The blocks it reports loaded are its replicas from now on (its next block report
+        says the same), so a reader or an upload right after sees them."""
+        try:
+            reply = self.stub(worker_id).LoadBlocks(pb.LoadBlocksRequest(blocks=blocks, workers=addrs),
+                                                    timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        for bid in reply.loaded:
+            self.registry.add_replica(bid, worker_id)
+        return reply
 
     def close(self) -> None:
         with self._lock:

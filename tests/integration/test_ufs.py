@@ -204,6 +204,21 @@ def test_write_through_puts_the_object_in_the_ufs_at_close(client: Client, nas: 
     assert e.value.errno == errno.EOPNOTSUPP
 
 
+def test_an_append_to_an_uncached_object_keeps_its_other_blocks(client: Client, nas: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """Appending rewrites only the last block: the untouched, uncached ones are fetched from
+    the old object before the upload replaces it."""
+    old = rand(2 * BLOCK + BLOCK // 2)
+    (nas / "log").write_bytes(old)
+    mp = mount_point(request)
+    client.ufs.mount(f"file://{nas}", mp)
+    assert client.ufs.stat(f"{mp}/log").cached_bytes == 0
+    with client.open(f"{mp}/log", "ab") as f:
+        f.write(b"tail" * 25)
+    assert (nas / "log").read_bytes() == old + b"tail" * 25
+    assert client.get_bytes(f"{mp}/log") == old + b"tail" * 25
+
+
 def test_write_back_uploads_soon_and_survives_a_master_kill(cluster_factory: typing.Callable[..., LocalCluster],
                                                             nas: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CURVINE_UFS_UPLOAD_DELAY_S", "3")
