@@ -26,8 +26,8 @@ import typing
 from pathlib import Path
 
 from curvine_py.cli import output
-from curvine_py.netcluster import NetCluster
-from curvine_py.testhosts import Hosts, HostsError
+from curvine_py.testing.netcluster import NetCluster
+from curvine_py.testing.testhosts import Hosts, HostsError
 
 MiB = 1 << 20
 SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

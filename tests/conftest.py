@@ -29,7 +29,7 @@ from curvine_py.worker.ioengine import IoEngine, ProbeResult, liburing_installed
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
-    from curvine_py.netcluster import NetCluster
+    from curvine_py.testing.netcluster import NetCluster
 
 # Heartbeats every 200 ms: workers register and are reported live within a fraction of
 # a second, which keeps fixture start-up and liveness assertions fast.

@@ -30,7 +30,37 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.worker import metrics
 
 if typing.TYPE_CHECKING:
-    from curvine_py.worker.blockstore import BlockEntry, BlockStore, DataDir
+    from curvine_py.common.buffers import BufferPool
+    from curvine_py.worker.ioengine import IoEngine
+
+
+class DataDir(typing.Protocol):
+    """A data directory as block files see it: opaque, handed back to the store."""
+
+
+class BlockEntry(typing.Protocol):
+    """An installed block as its reader needs it (blockstore.BlockEntry)."""
+
+    block_id: int
+    length: int
+    chunk_size: int
+    chunk_sums: list[int]
+
+
+class BlockStore(typing.Protocol):
+    """What block files ask of the store that made them (blockstore.BlockStore).  A
+    protocol, so this module does not import the store, which builds on it."""
+
+    io: "IoEngine"
+    read_io: str
+    read_pool: "BufferPool"
+
+    def grow_reservation(self, ddir: typing.Any, extra: int) -> None: ...
+    def discard_staging(self, ddir: typing.Any, path: str, reserved: int, size: int) -> None: ...
+    def install(self, writer: "BlockWriter", meta: BlockMeta, meta_staging: str) -> typing.Any: ...
+    def reader_done(self, entry: typing.Any) -> None: ...
+    def acquire_read_buffers(self) -> tuple[mmap.mmap, mmap.mmap]: ...
+    def mark_corrupt(self, entry: typing.Any, reason: str) -> None: ...
 
 log = logging.getLogger(__name__)
 

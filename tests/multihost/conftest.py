@@ -1,10 +1,10 @@
-"""Fixtures for tests across several hosts: network namespaces on one bridge (curvine_py.testhosts).
+"""Fixtures for tests across several hosts: network namespaces on one bridge (curvine_py.testing.testhosts).
 
 ``hosts`` makes 4 hosts for one test; ``net_cluster`` starts a cluster on them: the master
 on host 0, workers on hosts 1 and 2 (host 3 is free for clients and mounts);
 ``net_cluster_factory(worker_hosts=(1, 2, 3), ...)`` starts other shapes.  Everything is
 torn down after the test, also when it failed (the daemons' log tails are printed then),
-and a killed pytest run is cleaned up by the next one (or ``python -m curvine_py.testhosts down``).
+and a killed pytest run is cleaned up by the next one (or ``python -m curvine_py.testing.hostsctl down``).
 The tests are skipped, with the reason, where namespaces cannot be made (not root, no
 ``ip netns``).  Run only these: ``pytest -m multihost``.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.netcluster import NetCluster
-from curvine_py.testhosts import Hosts, unavailable_reason
+from curvine_py.testing.netcluster import NetCluster
+from curvine_py.testing.testhosts import Hosts, unavailable_reason
 from tests.conftest import FAST_MASTER_FLAGS, stop_clusters
 
 HOSTS = 4

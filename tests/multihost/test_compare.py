@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py import moosefs
-from curvine_py.testhosts import unavailable_reason
+from curvine_py.testing import moosefs
+from curvine_py.testing.testhosts import unavailable_reason
 
 COMPARE = Path(__file__).resolve().parents[2] / "bench" / "compare"
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
-from curvine_py.netcluster import NetCluster
+from curvine_py.testing.netcluster import NetCluster
 from tests import conftest
 from tests.multihost.faulttable import Row, record
 

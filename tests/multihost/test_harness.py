@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py import testhosts
+from curvine_py.testing import testhosts
 from curvine_py.localcluster import is_mounted
 from curvine_py.processes import pid_alive
-from curvine_py.netcluster import NetCluster
-from curvine_py.testhosts import Host, Hosts
+from curvine_py.testing.netcluster import NetCluster
+from curvine_py.testing.testhosts import Host, Hosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(120)]
 
@@ -98,7 +98,7 @@ def test_a_killed_creators_run_is_reaped_by_the_next_one() -> None:
     if testhosts.unavailable_reason():
         pytest.skip(testhosts.unavailable_reason())
     code = ("import sys, time\n"
-            "from curvine_py.testhosts import Hosts\n"
+            "from curvine_py.testing.testhosts import Hosts\n"
             "h = Hosts(2)\n"
             "h[0].popen(['sleep', '600'])\n"
             "print(h.id, flush=True)\n"
@@ -110,14 +110,14 @@ def test_a_killed_creators_run_is_reaped_by_the_next_one() -> None:
     assert state_path.exists()
     os.kill(p.pid, signal.SIGKILL)   # no atexit, no context exit: the run is left behind
     p.wait()
-    status = subprocess.run([sys.executable, "-m", "curvine_py.testhosts", "status"],
+    status = subprocess.run([sys.executable, "-m", "curvine_py.testing.hostsctl", "status"],
                             capture_output=True, text=True, timeout=30).stdout
     assert run_id in status and "dead" in status
     with Hosts(1):                   # any new run reaps runs whose creator died
         assert not state_path.exists()
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert run_id not in netns
-    r = subprocess.run([sys.executable, "-m", "curvine_py.testhosts", "down", run_id],
+    r = subprocess.run([sys.executable, "-m", "curvine_py.testing.hostsctl", "down", run_id],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "removed 0 run(s)" in r.stdout, r.stdout + r.stderr
 
@@ -125,7 +125,7 @@ def test_a_killed_creators_run_is_reaped_by_the_next_one() -> None:
 def test_up_status_down_by_hand() -> None:
     if testhosts.unavailable_reason():
         pytest.skip(testhosts.unavailable_reason())
-    cli = [sys.executable, "-m", "curvine_py.testhosts"]
+    cli = [sys.executable, "-m", "curvine_py.testing.hostsctl"]
     r = subprocess.run([*cli, "up", "--hosts", "2", "--prefix", "cvu"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     names = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("cvu")]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.netcluster import NetCluster
+from curvine_py.testing.netcluster import NetCluster
 from tests.conftest import CV
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.netcluster import NetCluster
+from curvine_py.testing.netcluster import NetCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]
 

@@ -1,11 +1,11 @@
 """Many hosts on one machine: network namespaces on a shared bridge (a cluster across them:
-curvine_py/netcluster.py).
+curvine_py/testing/netcluster.py).
 
 Used by ``tests/multihost`` and ``bench/compare``, and by hand::
 
-    python -m curvine_py.testhosts up --hosts 4 [--cluster DIR]   # leaves them running
-    python -m curvine_py.testhosts status
-    python -m curvine_py.testhosts down                           # also reaps crashed runs
+    python -m curvine_py.testing.hostsctl up --hosts 4 [--cluster DIR]   # leaves them running
+    python -m curvine_py.testing.hostsctl status
+    python -m curvine_py.testing.hostsctl down                           # also reaps crashed runs
 
 Layout of one run (id = 4 random hex digits, prefix ``cvt`` by default)::
 
@@ -27,7 +27,6 @@ next ``Hosts()`` and by ``down``.
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import fcntl
@@ -39,12 +38,11 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import typing
 from pathlib import Path
 
-from curvine_py.localcluster import STATE_FILE, ClusterError, is_mounted, unmount
+from curvine_py.localcluster import STATE_FILE, is_mounted, unmount
 from curvine_py.processes import _start_ticks, pid_alive
 
 STATE_DIR = Path(os.environ.get("CURVINE_TESTHOSTS_DIR", "/run/curvine-testhosts"))
@@ -95,7 +93,7 @@ def _state_lock() -> typing.Iterator[None]:
         yield
 
 
-def _read_states() -> list[dict[str, typing.Any]]:
+def read_states() -> list[dict[str, typing.Any]]:
     out = []
     for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
         with contextlib.suppress(OSError, ValueError):
@@ -110,13 +108,13 @@ def _write_state(state: dict[str, typing.Any]) -> None:
     os.replace(tmp, path)
 
 
-def _owner_alive(state: dict[str, typing.Any]) -> bool:
+def owner_alive(state: dict[str, typing.Any]) -> bool:
     return pid_alive(state.get("owner_pid"), state.get("owner_ticks"))
 
 
 def _used_subnets() -> set[int]:
     """Third octets of 10.213.X.0/24 networks this machine (or a recorded run) uses."""
-    used = {s["octet"] for s in _read_states()}
+    used = {s["octet"] for s in read_states()}
     ours = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
     for word in (_ip("-4", "-o", "addr").stdout + _ip("-4", "route").stdout).split():
         try:
@@ -133,7 +131,7 @@ def _used_subnets() -> set[int]:
 def _new_id(prefix: str) -> str:
     """A run id no recorded run, namespace or link uses (a clash would make a failed
     creation tear down someone else's).  Called with the state lock held."""
-    taken = " ".join([s["id"] for s in _read_states()] + [_ip("netns", "list").stdout,
+    taken = " ".join([s["id"] for s in read_states()] + [_ip("netns", "list").stdout,
                                                           _ip("-o", "link").stdout])
     while True:
         run_id = prefix + secrets.token_hex(2)
@@ -198,10 +196,10 @@ def reap_stale(ids: typing.Collection[str] = (), kept: bool = False, force: bool
     left alone unless force.  Returns the ids removed."""
     removed = []
     with _state_lock():
-        for state in _read_states():
+        for state in read_states():
             if ids and state["id"] not in ids:
                 continue
-            dead = not _owner_alive(state)
+            dead = not owner_alive(state)
             if force or (dead and (kept or not state.get("keep"))):
                 if not teardown_state(state):
                     removed.append(state["id"])
@@ -259,10 +257,10 @@ class Host:
                 _ip("-n", other.name, "neigh", "flush", "to", self.ip, check=False)
 
     def is_cut(self) -> bool:
-        return not _link_up(self.veth)
+        return not link_up(self.veth)
 
 
-def _link_up(link: str) -> bool:
+def link_up(link: str) -> bool:
     """Whether link is administratively up (UP among its <flags>); False when it is gone."""
     out = _ip("-o", "link", "show", link, check=False).stdout
     flags = out[out.find("<") + 1:out.find(">")].split(",") if "<" in out else []
@@ -390,72 +388,3 @@ class Hosts:
 
 
 # ---------------------------------------------------------------- command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m curvine_py.testhosts",
-                                description="Network-namespace hosts for multi-host tests (root only).")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="create hosts (and optionally a cluster) that stay until `down`")
-    up.add_argument("--hosts", type=int, default=4)
-    up.add_argument("--prefix", default="cvt")
-    up.add_argument("--cluster", metavar="DIR", help="also start a cluster: master on host 0, workers on the others")
-    sub.add_parser("status", help="list the runs on this machine")
-    down = sub.add_parser("down", help="remove the runs made by `up` and those whose creator died")
-    down.add_argument("ids", nargs="*", help="only these runs (see `status`)")
-    down.add_argument("--force", action="store_true",
-                      help="also runs whose creator still runs (another test session's!)")
-    return p
-
-
-def _up(args: argparse.Namespace) -> int:
-    from curvine_py.netcluster import NetCluster   # (it builds on this module)
-    hosts = Hosts(args.hosts, args.prefix, keep=True)
-    try:
-        for h in hosts.hosts:
-            print(f"{h.name}\t{h.ip}\tnsenter --net={h.netns_path} -- CMD")
-        print(f"gateway\t{hosts.gateway_ip}")
-        if args.cluster:
-            if args.hosts < 2:
-                raise HostsError("a cluster needs at least 2 hosts (master + a worker)")
-            c = NetCluster(hosts, args.cluster, worker_hosts=range(1, args.hosts), die_with_parent=False)
-            c.start()
-            print(f"cluster\t{c.master_address}\tconfig {c.config_path}")
-    except BaseException:
-        teardown_state(hosts.state)
-        raise
-    return 0
-
-
-def _status() -> int:
-    for s in _read_states():
-        owner = "up (kept)" if s.get("keep") else (
-            f"pid {s['owner_pid']}" + ("" if _owner_alive(s) else " (dead: `down` removes it)"))
-        alive = sum(pid_alive(p, t) for p, t in s.get("pids", []))
-        print(f"{s['id']}\t{SUBNET_PREFIX}.{s['octet']}.0/24\t{owner}\t{len(s['netns'])} hosts\t"
-              f"{alive} processes\t{len(s.get('mounts', []))} mounts")
-        for name, ip, veth in zip(s["netns"], s["ips"], s["veths"]):
-            print(f"  {name}\t{ip}\t{'up' if _link_up(veth) else 'CUT or missing'}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if args.cmd == "up":
-            return _up(args)
-        if args.cmd == "status":
-            return _status()
-        removed = reap_stale(args.ids, kept=True, force=args.force)
-        print(f"removed {len(removed)} run(s){': ' + ', '.join(removed) if removed else ''}")
-        return 0
-    except (HostsError, ClusterError) as e:
-        print(f"testhosts: {e}", file=sys.stderr)
-        detail = getattr(e, "detail", "")
-        if detail:
-            print(detail, file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

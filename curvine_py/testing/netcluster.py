@@ -1,7 +1,7 @@
-"""A cluster across network-namespace hosts (curvine_py/testhosts.py): the master, workers
+"""A cluster across network-namespace hosts (curvine_py/testing/testhosts.py): the master, workers
 and mounts each run inside a Host, bound to its address.
 
-Used by ``tests/multihost`` and ``bench/compare``; ``python -m curvine_py.testhosts up
+Used by ``tests/multihost`` and ``bench/compare``; ``python -m curvine_py.testing.hostsctl up
 --cluster DIR`` starts one by hand.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from curvine_py.localcluster import (
 )
 from curvine_py.pb import curvine_pb2
 from curvine_py.processes import ProcessRecord, terminate
-from curvine_py.testhosts import Host, Hosts
+from curvine_py.testing.testhosts import Host, Hosts
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -57,7 +57,7 @@ class _Daemons(LocalCluster):
     def prepare(self) -> None:
         """Write D/curvine.toml afresh (addresses differ per run), then LocalCluster's layout."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        header = ("# Written by curvine_py.testhosts for a cluster across network-namespace hosts.\n"
+        header = ("# Written by curvine_py.testing.testhosts for a cluster across network-namespace hosts.\n"
                   f"# Master on {self.master_host.name}; workers on "
                   f"{', '.join(h.name for h in self.worker_host_list)}.\n\n")
         tmp = self.config_path.with_suffix(".tmp")

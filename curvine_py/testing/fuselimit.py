@@ -8,7 +8,7 @@ any pyfuse3 filesystem pays before it does anything.  With the same kernel cache
 and read-ahead as our mount, the gap between its column and MooseFS's shows how much of
 a target is reachable through pyfuse3 at all.
 
-    python -m curvine_py.fuselimit SOURCE MOUNTPOINT     (foreground; unmount to stop)
+    python -m curvine_py.testing.fuselimit SOURCE MOUNTPOINT     (foreground; unmount to stop)
 """
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ class Passthrough(pyfuse3.Operations):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m curvine_py.fuselimit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m curvine_py.testing.fuselimit", description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="the directory to pass through")
     p.add_argument("mountpoint")
     args = p.parse_args(argv)

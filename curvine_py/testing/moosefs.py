@@ -21,7 +21,7 @@ from pathlib import Path
 from curvine_py.localcluster import is_mounted, unmount
 
 if typing.TYPE_CHECKING:
-    from curvine_py.testhosts import Host, Hosts
+    from curvine_py.testing.testhosts import Host, Hosts
 
 PACKAGES = ("moosefs-master", "moosefs-chunkserver", "moosefs-client")
 BINARIES = ("mfsmaster", "mfschunkserver", "mfsmount", "mfssetgoal", "mfsfileinfo")
