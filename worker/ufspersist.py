@@ -9,7 +9,14 @@ buffer, checked against its checksum, then written, so a replica that fails half
 is replaced by the next one before a byte of it reaches the upload.  Any failure aborts
 the upload (nothing partial is left visible) and is one CurvineError: EIO for the UFS
 and for blocks no replica could give, ENOENT for an unknown mount, EINVAL for a request
-whose blocks do not add up to its size.
+whose blocks overlap or reach past its size.
+
+A file's blocks need not cover it: a sparse write or a truncate that grows the file
+leaves holes (slots with no block, or a block shorter than its slot), which read as
+zeros and are uploaded as zeros.  A truncate that shrinks a file shortens its last
+block in the namespace only: the stored block keeps its longer bytes and checksum, so
+only the first ``length`` bytes are uploaded (verified chunk by chunk where they are
+read, as every partial READ is).
 """
 from __future__ import annotations
 
@@ -52,10 +59,7 @@ class Persister:
     def persist(self, req: curvine_pb2.PersistRequest) -> curvine_pb2.PersistReply:
         """Upload req's blocks to req.key of mount req.mount_id; the object's etag and mtime."""
         blocks = sorted(req.blocks, key=lambda b: b.offset)
-        total = sum(b.length for b in blocks)
-        if total != req.size:
-            raise CurvineError(errno.EINVAL, f"persist of {req.key!r}: blocks hold {total} bytes, "
-                                             f"the file {req.size}")
+        _check_layout(req.key, blocks, req.size)
         ufs = self._mount(req.mount_id)
         start = time.perf_counter()
         try:
@@ -77,8 +81,12 @@ class Persister:
             writer = _ufs_call(ufs, req.key, lambda: ufs.writer(req.key))
             try:
                 addresses = {w.worker_id: w for w in req.workers}
+                end = 0
                 for b in blocks:
+                    _write_zeros(ufs, req.key, writer, b.offset - end)      # a hole before it
                     self._copy_block(ufs, req.key, b, addresses, writer)
+                    end = b.offset + b.length
+                _write_zeros(ufs, req.key, writer, req.size - end)          # a hole at the end
                 info = _ufs_call(ufs, req.key, writer.close)
             except BaseException:
                 writer.abort()
@@ -103,7 +111,7 @@ class Persister:
         its first chunk, another length): a replica may still give it."""
         written = False
         try:
-            with self.store.open_reader(b.block_id) as reader:
+            with self.store.open_reader(b.block_id, 0, b.length) as reader:   # a truncated block: its head
                 if reader.length != b.length:
                     raise CurvineError(errno.EIO, f"holds {reader.length} bytes, the file's block {b.length}")
                 for piece in reader:
@@ -151,7 +159,8 @@ class Persister:
 def read_block(pool: ConnectionPool, addr: curvine_pb2.WorkerAddress, b: curvine_pb2.BlockInfo,
                into: memoryview) -> None:
     """READ the whole block b from the worker at addr into `into` (len = b.length) and
-    check it against the reply's checksum (and b.checksum when the master knows it).
+    check it against the reply's checksum (and b.checksum when the master knows it),
+    unless the worker's copy is longer (a block cut by a truncate: _holds_more).
     The connection goes back to the pool only after a clean exchange."""
     sock = pool.get(addr.ip, addr.data_port)
     clean = False
@@ -165,12 +174,47 @@ def read_block(pool: ConnectionPool, addr: curvine_pb2.WorkerAddress, b: curvine
         if h.length != b.length:
             raise CurvineError(errno.EIO, f"sent {h.length} bytes of a {b.length}-byte block")
         frames.recv_exact_into(sock, into)
-        clean = True
         got = xxhash.xxh3_64_intdigest(into)
-        if got != h.checksum or (b.checksum and got != b.checksum):
+        if (got != h.checksum or (b.checksum and got != b.checksum)) and not _holds_more(sock, b):
+            clean = True
             raise CurvineError(errno.EBADMSG, "checksum mismatch")
+        clean = True
     finally:
         _return(pool, addr, sock, clean)
+
+
+def _holds_more(sock: socket.socket, b: curvine_pb2.BlockInfo) -> bool:
+    """Does the worker's copy of b run past b.length?  Then b was cut by a truncate, and
+    both checksums (the reply's, the master's) cover bytes the file no longer has; the
+    head we read was verified chunk by chunk by the sending worker."""
+    frames.send_frame(sock, data_pb2.DataHeader(op=Op.READ, block_id=b.block_id, offset=b.length,
+                                                length=1, token=b.token))
+    h = frames.check_reply(frames.recv_header(sock), f"block {b.block_id}")
+    if h.length:
+        frames.recv_exact_into(sock, memoryview(bytearray(h.length)))
+    return h.length == 1
+
+
+def _check_layout(key: str, blocks: list[curvine_pb2.BlockInfo], size: int) -> None:
+    """EINVAL unless the blocks (sorted by offset) lie inside the file without overlapping."""
+    end = 0
+    for b in blocks:
+        if b.offset < end or b.offset + b.length > size:
+            raise CurvineError(errno.EINVAL, f"persist of {key!r}: block {b.block_id} at [{b.offset}, "
+                                             f"+{b.length}) overlaps another or lies past the file's {size} bytes")
+        end = b.offset + b.length
+
+
+ZERO_PIECE = 4 << 20
+ZEROS = memoryview(bytes(ZERO_PIECE))
+
+
+def _write_zeros(ufs: Ufs, key: str, writer: UfsWriter, n: int) -> None:
+    """n zero bytes into the upload (a hole of a sparse file), a piece at a time."""
+    while n > 0:
+        piece = ZEROS[:min(n, ZERO_PIECE)]
+        _ufs_call(ufs, key, lambda: writer.write(piece))
+        n -= len(piece)
 
 
 def _return(pool: ConnectionPool, addr: curvine_pb2.WorkerAddress, sock: socket.socket, clean: bool) -> None:
