@@ -302,6 +302,20 @@ class UfsOps(Store):
         if stat.S_ISDIR(src["mode"]):
             raise err(errno.EXDEV, "directories under a UFS mount are not renamed (copy them)")
         self.conn.execute("UPDATE ufs_files SET ukey=? WHERE ino=?", (child_key(du["ukey"], dn), src["ino"]))
+        self._inherit_object(src["ino"], self.child(dp, dn))
+
+    def _inherit_object(self, ino: int, replaced: Row | None) -> None:
+        """A file not in the UFS yet (pending, no etag) moved onto one that is: the replaced
+        file's object stays at the key until this file's upload replaces it, so this file
+        now owns it (its etag): an unlink before that upload deletes it, where it would
+        otherwise stay in the UFS and the name come back at the next listing."""
+        if replaced is None or replaced["ino"] == ino or not stat.S_ISREG(replaced["mode"]):
+            return
+        old, f = self.ufs_file(replaced["ino"]), self.ufs_file(ino)
+        if old is None or not old["etag"] or f is None or f["etag"]:
+            return
+        self.conn.execute("UPDATE ufs_files SET etag=?, ufs_size=?, ufs_mtime_ns=? WHERE ino=?",
+                          (old["etag"], old["ufs_size"], old["ufs_mtime_ns"], ino))
 
     def ufs_linked(self, ino: int, new_parent: int) -> None:
         if self.ufs_dir(new_parent) is not None or self.ufs_file(ino) is not None:
