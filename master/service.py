@@ -241,8 +241,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
                          uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
                          mtime_ns=request.mtime_ns)
         attr = self.submit(rec)["attr"]
-        if request.valid & SETATTR_SIZE and not attr["lease_id"]:
-            self._persisted(request.ino)   # truncate(path): nobody's close will upload it
+        if request.valid & SETATTR_SIZE and not (attr["lease_id"] and not attr["complete"]):
+            self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
         return pb.AttrReply(attr=to_attr(attr))
 
     @rpc_method
@@ -261,7 +261,10 @@ class MasterService(pb_grpc.MasterServiceServicer):
         rec = caller_rec(request.caller, "create", parent=request.parent, name=request.name, mode=request.mode,
                          umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
                          flags=request.open_flags, lease_ms=self.lease_ms)
-        return self._open_reply(self.submit(rec))
+        result = self.submit(rec)
+        if result.get("soft") and self._write_through(result["attr"]["ino"]):
+            self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
+        return self._open_reply(result)
 
     @rpc_method
     def Link(self, request: pb.LinkRequest, context: grpc.ServicerContext) -> pb.AttrReply:
@@ -292,7 +295,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
                          new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
                          **keep_of(request))
         result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
-                                 lambda: self.submit(rec))
+                                 request.flags, lambda: self.submit(rec))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
@@ -370,6 +373,10 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self.uploader.persist(ino, final=True)
         else:
             self.uploader.kick()
+
+    def _write_through(self, ino: int) -> bool:
+        f = self.ns.ufs_file(ino)
+        return f is not None and self.ufs.get(f["mount_id"]).write_mode == "through"
 
     @rpc_method
     def RenewLeases(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from curvine_py.common.errors import err
-from curvine_py.common.types import ROOT_INO
+from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
@@ -265,13 +265,17 @@ class UfsMounts:
         if at is not None:
             self.store(at[0].mount_id).delete(at[1])
 
-    def rename(self, parent: int, name: str, new_parent: int, new_name: str,
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int,
                apply: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Copy the object to its new key, apply the rename, then delete the old key."""
+        """Copy the object to its new key, apply the rename, then delete the old key.  A
+        rename the namespace will refuse for its flags (no-replace onto an existing name,
+        exchange) goes to the namespace first, so the copy never overwrites the object of a
+        name that stays (mv -n)."""
         src = self.in_ufs(parent, name)
         dst = self.where(new_parent, new_name)
-        if src is None or dst is None or src[0].mount_id != dst[0].mount_id:
-            return apply()      # nothing in the UFS yet (or the namespace refuses: EXDEV)
+        refused = flags & RENAME_EXCHANGE or (flags & RENAME_NOREPLACE and self._ns().child(new_parent, new_name))
+        if src is None or dst is None or src[0].mount_id != dst[0].mount_id or refused:
+            return apply()      # nothing in the UFS yet, or the namespace refuses (EXDEV, EEXIST)
         store = self.store(src[0].mount_id)
         row = self._ns().child(parent, name)
         info = store.copy(src[1], dst[1])

@@ -56,6 +56,7 @@ class Uploader:
         self._pool = ThreadPoolExecutor(max(1, cfg.upload_threads), thread_name_prefix="ufs-upload")
         self._flights: dict[int, Future[None]] = {}
         self._next_try: dict[int, float] = {}
+        self._queued: set[int] = set()   # handed to the pool, not finished (the scan skips them)
         self._lock = threading.Lock()
         self._kick = threading.Event()
         self._stop = threading.Event()
@@ -194,14 +195,17 @@ class Uploader:
         ns = self._ns()
         for f in ns.ufs_pending():
             ino = f["ino"]
-            if f["dirty_ns"] + delay_ns > now_ns or self._next_try.get(ino, 0.0) > now or self.uploading(ino):
+            if f["dirty_ns"] + delay_ns > now_ns or self._next_try.get(ino, 0.0) > now or self.uploading(ino) \
+                    or ino in self._queued:
                 continue
             row = ns.q1("SELECT lease_id, complete FROM inodes WHERE ino=?", (ino,))
             if row is None or (row["lease_id"] and not row["complete"]):
                 continue   # being written: its close queues it again
+            self._queued.add(ino)
             self._pool.submit(self._background, ino, f["attempts"])
 
     def _background(self, ino: int, attempts: int) -> None:
+        """One write-back attempt (on the upload pool); a failure waits its backoff."""
         try:
             self.persist(ino, final=False)
             self._next_try.pop(ino, None)
@@ -209,3 +213,5 @@ class Uploader:
             wait = min(self.cfg.upload_retry_max_s, 0.5 * 2 ** min(attempts, 16))
             self._next_try[ino] = time.monotonic() + wait
             log.warning("write-back of inode %d failed (%s); retrying in %.1f s", ino, e.strerror or e, wait)
+        finally:
+            self._queued.discard(ino)

@@ -61,6 +61,7 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
         try:
             return _fetch_once(core, block, offset, into, progress)
         except UfsFailure as e:   # every replica would ask the same UFS: fail now, bounded
+            log.warning("read of block %d of inode %d failed in its UFS: %s", block.block_id, ino, e.strerror)
             raise CurvineError(errno.EIO, str(e.strerror)) from None
         except CurvineError as e:
             last = e

@@ -18,10 +18,7 @@ the CLI; this module proves what issue 22 asks of S3 and of the mount:
   the S3 objects compared with the model too;
 - bad mounts (missing bucket, wrong keys, unknown option) refused in one line.
 
-Tests named after a fixed bug say so in their docstring; strict xfails record what is
-still wrong (a created, unwritten file under `through` is not in S3 at close, nor after
-a truncate; the mount does not log why a UFS read failed; a refused no-replace rename
-deletes the destination's object).  Every wait is bounded;
+Tests named after a fixed bug say so in their docstring.  Every wait is bounded;
 SeaweedFS is restarted in a finally block after the outage test.
 """
 from __future__ import annotations
@@ -367,8 +364,6 @@ def test_a_read_of_an_object_deleted_behind_our_back_fails_with_eio_at_once(
     assert took < UFS_TIMEOUT_S, took
 
 
-@pytest.mark.xfail(strict=True, reason="the mount answers EIO without logging why: client/reader.py turns the "
-                   "worker's EREMOTEIO (with the cause) into EIO and fuse/ops.py _fs_errors logs no OSError")
 def test_the_mount_logs_the_cause_of_a_failed_ufs_read(seaweed_s3: S3Server, s3_cluster: LocalCluster,
                                                         client: Client, mnt: Path,
                                                         request: pytest.FixtureRequest) -> None:
@@ -408,8 +403,6 @@ def test_write_through_the_mount_puts_moves_and_deletes_objects(
     assert s3_keys(seaweed_s3, bucket) == set() and os.listdir(root) == []
 
 
-@pytest.mark.xfail(strict=True, reason="master/ufsmounts.py rename copies src onto dst's key before the namespace "
-                   "refuses (EEXIST), then deletes dst's key; it is not told the rename's flags")
 def test_a_refused_no_replace_rename_leaves_both_objects(moto_s3: S3Server, client: Client,
                                                          request: pytest.FixtureRequest) -> None:
     """rename(RENAME_NOREPLACE) onto an existing file (`mv -n`, renameat2) is refused
@@ -668,8 +661,6 @@ def test_a_cut_block_on_another_worker_is_uploaded_from_its_replica(
             assert s3_get(moto_s3, bucket, key) == body, key
 
 
-@pytest.mark.xfail(strict=True, reason="a file created and closed unwritten sends no commit (its lease is "
-                   "soft), so write-through uploads it only later, from the background loop")
 def test_an_empty_file_created_in_through_mode_is_in_s3_at_close(seaweed_s3: S3Server, client: Client, mnt: Path,
                                                                  request: pytest.FixtureRequest) -> None:
     """`touch` under a write-through mount: close should return once the (empty) object
@@ -682,8 +673,6 @@ def test_an_empty_file_created_in_through_mode_is_in_s3_at_close(seaweed_s3: S3S
         wait_for(lambda: s3_get(seaweed_s3, bucket, "touched") == b"", 10, "the background upload")
 
 
-@pytest.mark.xfail(strict=True, reason="SetAttr(size) uploads only files without a lease (master/service.py "
-                   "SetAttr), and a created, unwritten file keeps its soft lease for master.lease_s")
 def test_a_truncate_of_a_just_created_file_in_through_mode_is_in_s3_at_return(
         seaweed_s3: S3Server, client: Client, mnt: Path, request: pytest.FixtureRequest) -> None:
     """`touch f; truncate -s 5 f` under a write-through mount: truncate(2) of a closed
