@@ -77,7 +77,7 @@ def main() -> int:
     args = ap.parse_args()
     capacity, size = parse_size(args.capacity), parse_size(args.size)
     runs = []
-    for i in range(args.runs):
+    for _ in range(args.runs):
         base = Path(tempfile.mkdtemp(prefix="evict-bench-", dir=args.dir or "."))
         try:
             runs.append(one_run(base, capacity, args.files, size))

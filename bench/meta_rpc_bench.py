@@ -113,7 +113,8 @@ def main() -> int:
         address, secret, master_pid = cluster.master_address, cluster.secret, cluster.master.pid
     cfg = Config().client
     try:
-        clients = {"gRPC": MasterClient(address, cfg, secret, frames=False), "frames": MasterClient(address, cfg, secret)}
+        clients = {"gRPC": MasterClient(address, cfg, secret, frames=False),
+                   "frames": MasterClient(address, cfg, secret)}
         name = f"meta-rpc-bench-{os.getpid()}"
         ino = clients["frames"].mknod(1, name, 0o100644).ino
         clients["gRPC"].getattr(ino)
@@ -130,7 +131,8 @@ def main() -> int:
                         if kind not in best or r["rate"] > best[kind]["rate"]:
                             best[kind] = r
                 g, f = best["gRPC"], best["frames"]
-                print(f"{label:<14}{threads:>4} | {g['us']:>8.0f} {g['rate']:>8.0f} {g['cpu']:>7.0f} {g['mcpu']:>8.0f} | "
+                print(f"{label:<14}{threads:>4} | "
+                      f"{g['us']:>8.0f} {g['rate']:>8.0f} {g['cpu']:>7.0f} {g['mcpu']:>8.0f} | "
                       f"{f['us']:>9.0f} {f['rate']:>8.0f} {f['cpu']:>7.0f} {f['mcpu']:>8.0f} | "
                       f"{f['rate'] / g['rate']:>7.1f}x", flush=True)
         clients["frames"].unlink(1, name)

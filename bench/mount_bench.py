@@ -171,7 +171,8 @@ def main() -> int:
         r = results[k]
         print(f"{k:14} " + " ".join(f"{r[o + '_per_s']:9.0f}" for o in ("create", "stat", "rename", "unlink")))
     d = results["disk"]
-    print(f"\ndd {args.dd_mib} MiB on the local disk: write {d['dd_write_GiBps']:.2f} GiB/s, cold read {d['dd_read_cold_GiBps']:.2f} GiB/s")
+    print(f"\ndd {args.dd_mib} MiB on the local disk: write {d['dd_write_GiBps']:.2f} GiB/s, "
+          f"cold read {d['dd_read_cold_GiBps']:.2f} GiB/s")
     return 0
 
 

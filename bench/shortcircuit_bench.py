@@ -77,7 +77,8 @@ def sdk_read(master: str, secret: str, host: str, short_circuit: bool, data: byt
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--size", type=int, default=KV_BYTES, help="bytes of the object (default 103 MB, BRIEF.md's prompt)")
+    ap.add_argument("--size", type=int, default=KV_BYTES,
+                    help="bytes of the object (default 103 MB, BRIEF.md's prompt)")
     ap.add_argument("--dir", help="where the cluster and the local file live (default: the current dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -116,7 +116,8 @@ def main() -> None:
             t = time.perf_counter()
             read_blocks(sock_b, dst, block, first)
             tb = time.perf_counter() - t
-            print(f"round {r} ({'fresh files' if r == 0 or args.new_ids else 'recycled files'}): write A->B {total / tw / 1e9:.2f} GB/s, read A {total / tr / 1e9:.2f} GB/s, "
+            kind = 'fresh files' if r == 0 or args.new_ids else 'recycled files'
+            print(f"round {r} ({kind}): write A->B {total / tw / 1e9:.2f} GB/s, read A {total / tr / 1e9:.2f} GB/s, "
                   f"read B {total / tb / 1e9:.2f} GB/s", flush=True)
     finally:
         for p in procs:

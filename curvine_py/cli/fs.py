@@ -60,7 +60,7 @@ def exists_as(client: "Client", path: str) -> "FileStatus | None":
     except CurvineError as e:
         if e.errno == errno.ENOENT:
             return None
-        raise e if e.path else e.with_path(path)
+        raise (e if e.path else e.with_path(path)) from None
 
 
 def into_dir(client: "Client", dest: str, name: str, trailing_slash: bool) -> str:

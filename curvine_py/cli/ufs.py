@@ -45,7 +45,8 @@ def cmd_mount(ctx: Context) -> int:
     path = remote(a.path)
     with on_path(path):
         m = ctx.client.ufs.mount(a.uri, path, _options(a.option), a.write_mode, ttl, data_ttl)
-    print(f"mounted {m.uri} at {m.path} (write {m.write_mode}, metadata ttl {output.format_duration(m.metadata_ttl_s)})")
+    ttl = output.format_duration(m.metadata_ttl_s)
+    print(f"mounted {m.uri} at {m.path} (write {m.write_mode}, metadata ttl {ttl})")
     return 0
 
 
@@ -140,7 +141,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="UFS option (endpoint_url, region, access_key_id, secret_access_key, ...)")
     p.add_argument("--write-mode", choices=("through", "back"), default="through",
                    help="through: close returns once the UFS has the file; back: once the pool has it")
-    p.add_argument("--metadata-ttl", metavar="DURATION", help="how long listings are trusted (default ufs.metadata_ttl_s)")
+    p.add_argument("--metadata-ttl", metavar="DURATION",
+                   help="how long listings are trusted (default ufs.metadata_ttl_s)")
     p.add_argument("--ttl", metavar="DURATION", help="cached data expires after this (default: never)")
     p.set_defaults(func=cmd_mount)
     p = cmds.add_parser("ls", parents=[common], help="list UFS mounts")

@@ -73,7 +73,7 @@ class WorkerConfig:
     buffer_size: int = 1 * MiB    # piece size of the data channel
     read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
     direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
-    cache_received: bool = True   # ...except blocks that arrive over the network: kept in the page cache (docs/worker.md)
+    cache_received: bool = True   # ...except blocks arriving over the network: in the page cache (docs/worker.md)
     memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off
     local_writes: bool = True     # clients on this host may write block files themselves (worker/localwrite.py)
     rpc_threads: int = 8
@@ -109,8 +109,8 @@ class FuseConfig:
     max_read_ahead: int = 16 * MiB
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
-    request_timeout_s: float = 60.0  # a request unanswered this long fails with EIO, logged with the state (fuse/watchdog.py); 0 = never
-    metrics_port: int = 9002      # Prometheus /metrics of the mount; taken: an ephemeral port (docs/metrics.md); 0 = off
+    request_timeout_s: float = 60.0  # unanswered this long: EIO, logged with the state (fuse/watchdog.py); 0 = never
+    metrics_port: int = 9002      # the mount's /metrics; taken: an ephemeral port (docs/metrics.md); 0 = off
     metrics_bind: str = "0.0.0.0"  # the address that /metrics listens on
 
 
@@ -121,7 +121,7 @@ class UfsConfig:
     metadata_ttl_s: float = 30.0  # default of `cv ufs mount --metadata-ttl`
     upload_threads: int = 2       # the master's write-back uploads running at once
     upload_retry_max_s: float = 60.0  # backoff cap between retries of a failing write-back upload
-    upload_delay_s: float = 1.0   # write-back: a file is uploaded once closed this long (a .tmp renamed meanwhile is uploaded once, under its final name)
+    upload_delay_s: float = 1.0   # write-back: uploaded once closed this long (a .tmp renamed meanwhile: once)
     part_size: int = 16 * MiB     # multipart upload part size
     load_threads: int = 4         # cv load: blocks fetched at once per job
 

@@ -184,10 +184,10 @@ class MooseFS:
             if is_mounted(str(mp)):
                 subprocess.run(["umount", str(mp)], capture_output=True, timeout=30)
             unmount(str(mp))
-        for name, p, _ in reversed(self.procs):
+        for _name, p, _ in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
-        for name, p, _ in reversed(self.procs):
+        for _name, p, _ in reversed(self.procs):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:

@@ -118,7 +118,7 @@ class S3Server:
         try:
             proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise ServerError(f"{self.name} (pid {proc.pid}) survived SIGKILL for {STOP_TIMEOUT_S:.0f} s")
+            raise ServerError(f"{self.name} (pid {proc.pid}) survived SIGKILL for {STOP_TIMEOUT_S:.0f} s") from None
 
     def close(self) -> None:
         """stop(), and remove the data dir if this object made it."""

@@ -105,7 +105,7 @@ class Driver:
                 return self
             except grpc.RpcError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"cv csi {self.role} did not start:\n{log_tail(self.log, 30)}")
+                    raise AssertionError(f"cv csi {self.role} did not start:\n{log_tail(self.log, 30)}") from None
                 time.sleep(0.2)
 
     @property

@@ -27,7 +27,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
 from curvine_py.sdk import Client
 
-from tests.conftest import START_TIMEOUT_S, client_config, start_cluster, stop_clusters
+from tests.conftest import START_TIMEOUT_S, client_config, start_cluster
 
 MiB = 1 << 20
 BLOCK = 4 * MiB

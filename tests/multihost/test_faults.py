@@ -260,10 +260,10 @@ def test_master_killed_and_restarted_under_a_mount_workload(three: NetCluster, t
             if proc.poll() is None:
                 proc.kill()
     done = lines()
-    assert proc.returncode == 0 and not any(l.startswith("ERR") for l in done), \
+    assert proc.returncode == 0 and not any(line.startswith("ERR") for line in done), \
         f"a call failed instead of waiting for the master: {done[-1:]}"
-    acknowledged = {mnt / "meta" / l.split()[1]: workload_data(l.split()[1]) for l in done}
-    latencies = [float(l.split()[2]) for l in done]
+    acknowledged = {mnt / "meta" / line.split()[1]: workload_data(line.split()[1]) for line in done}
+    latencies = [float(line.split()[2]) for line in done]
     fresh = c.mount(0, tmp_path / "r")
     good = verify(acknowledged, fresh / "meta")
     assert sorted(p.name for p in (fresh / "meta").iterdir()) == sorted(p.name for p in acknowledged)

@@ -92,7 +92,7 @@ def test_32_writers_read_back_exactly_while_block_files_are_recycled(net_cluster
         d = w / f"round{round_}"
         d.mkdir()
         write_chunks(d, files=32, size=6 * MiB, writers=32)
-        for path, r in readers.items():
+        for r in readers.values():
             read_chunks(r / f"round{round_}")
         shutil.rmtree(d)   # the blocks freed here are recycled by the next round
     for r in readers.values():

@@ -26,7 +26,7 @@ def cv_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_writes_through_one_mount_and_reads_through_another(d: Path, second_mount: object) -> None:
-    other = Path(getattr(second_mount, "path")) / d.name
+    other = Path(second_mount.path) / d.name
     r = cv_bench(str(d), *SMALL, "--reader-dir", str(other), "--drop-caches", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -48,7 +48,7 @@ def test_a_byte_changed_through_the_mount_fails_the_read(d: Path, second_mount: 
         old = f.read(1)[0]
         f.seek(offset)
         f.write(bytes([old ^ 0xFF]))
-    other = Path(getattr(second_mount, "path")) / d.name
+    other = Path(second_mount.path) / d.name
     r = cv_bench(str(other), "--phase", "read")
     assert r.returncode == 1, r.stdout
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

@@ -277,7 +277,8 @@ def test_a_second_signal_while_unmounting_does_not_kill_the_daemon(daemons: Daem
     mnt2 = daemons.mountpoint("check")
     daemons.foreground(mnt2)
     got = (mnt2 / "pending-2sig").read_bytes()
-    assert len(got) == len(data) and got == data, (len(got), len(data), next((k for k in range(min(len(got), len(data))) if got[k] != data[k]), None))
+    first_diff = next((k for k in range(min(len(got), len(data))) if got[k] != data[k]), None)
+    assert len(got) == len(data) and got == data, (len(got), len(data), first_diff)
 
 
 def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: Daemons) -> None:

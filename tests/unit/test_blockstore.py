@@ -414,7 +414,7 @@ def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(engine, tmp_pat
     entry, w = aligned_put(store, 1, data, piece=300_000)   # the first piece leaves a tail
     assert not w.direct
     assert store.read_range(1) == data
-    entry = put(store, 2, data, piece=MiB)                   # bytes objects: not aligned memory
+    put(store, 2, data, piece=MiB)                           # bytes objects: not aligned memory
     assert store.read_range(2) == data
 
 
