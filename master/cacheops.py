@@ -10,6 +10,8 @@ from __future__ import annotations
 import stat
 
 from curvine_py.master.cachepolicy import Policies
+from curvine_py.master.handlers import applies
+from curvine_py.master.records import Evict, RecordReads
 from curvine_py.master.store import Row, Store
 
 
@@ -20,22 +22,25 @@ class CacheOps(Store):
         """A UFS file's blocks dropped, its name kept (ufsops.py overrides); None: not one."""
         return None
 
-    def op_record_reads(self, rec: Row) -> Row:
+    @applies(RecordReads)
+    def op_record_reads(self, rec: RecordReads) -> Row:
         """Remember when files were last opened for reading (LRU order across restarts)."""
         self.conn.executemany(
             "INSERT INTO reads(ino, last_read_ns) SELECT ?, ? WHERE EXISTS (SELECT 1 FROM inodes WHERE ino=?)"
             " ON CONFLICT(ino) DO UPDATE SET last_read_ns=max(last_read_ns, excluded.last_read_ns)",
-            [(ino, ns, ino) for ino, ns in rec["reads"]])
+            [(r.ino, r.last_read_ns, r.ino) for r in rec.reads])
         return {}
 
-    def op_evict(self, rec: Row) -> Row:
-        """Remove victims [[ino, generation], ...] with all their names; returns freed blocks."""
+    @applies(Evict)
+    def op_evict(self, rec: Evict) -> Row:
+        """Remove the victims (at the generation the evictor saw) with all their names;
+        returns freed blocks."""
         policies = Policies(self.conn)
         freed: list[int] = []
         evicted: list[int] = []
         nbytes = 0
-        now = rec["now_ns"]
-        for ino, generation in rec["victims"]:
+        now = rec.now_ns
+        for ino, generation in ((v.ino, v.generation) for v in rec.victims):
             row = self.q1("SELECT mode, size, generation, complete, lease_id FROM inodes WHERE ino=?", (ino,))
             if (row is None or not stat.S_ISREG(row["mode"]) or row["generation"] != generation
                     or not row["complete"] or row["lease_id"] or policies.pinned(ino)):

@@ -31,6 +31,7 @@ from curvine_py.common.errors import err
 from curvine_py.master import metrics, schema
 from curvine_py.master.cachepolicy import TTL, Policies
 from curvine_py.master.capacity import Capacity
+from curvine_py.master.records import Evict, LastRead, RecordReads, Submit, Victim
 from curvine_py.master.workers import Registry
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Evictor:
     """One per master; its own thread plus synchronous calls from AllocateBlocks."""
 
     def __init__(self, cfg: MasterConfig, db_path: str, registry: Registry, capacity: Capacity,
-                 submit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+                 submit: Submit) -> None:
         self.cfg = cfg
         self.db_path = db_path
         self.registry = registry
@@ -118,8 +119,7 @@ class Evictor:
         with self._reads_lock:
             reads, self._reads = self._reads, {}
         if reads:
-            self.submit({"op": "record_reads", "cred": [0, 0, []], "request_id": "",
-                         "reads": sorted(reads.items())})
+            self.submit(RecordReads(reads=tuple(LastRead(ino, ns) for ino, ns in sorted(reads.items()))))
 
     # ------------------------------------------------------------------ watermarks
     @property
@@ -188,7 +188,7 @@ class Evictor:
                 log.warning("pool above its watermark but nothing is evictable (pinned or open files only)")
             metrics.EVICTIONS.labels("pin_blocked").inc()
             return 0
-        result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims})
+        result = self.submit(Evict(victims=tuple(victims), reason="lru"))
         done = set(result["evicted"])
         self.capacity.note_freed({w: n for w, n in per_worker.items()} if done else {})
         self.evicted_files += len(done)
@@ -207,10 +207,10 @@ class Evictor:
             " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0 AND i.nlink > 0"
             " ORDER BY recency", (_FMT, _REG))
 
-    def _choose(self, pool: int, workers: dict[int, int]) -> tuple[list[list[int]], dict[int, int], int]:
-        """Victims [[ino, generation]], bytes they free per worker, and the total."""
+    def _choose(self, pool: int, workers: dict[int, int]) -> tuple[list[Victim], dict[int, int], int]:
+        """Victims, bytes they free per worker, and the total."""
         policies = Policies(self.conn)
-        victims: list[list[int]] = []
+        victims: list[Victim] = []
         per_worker: dict[int, int] = {}
         total = 0
         need = dict(workers)
@@ -224,7 +224,7 @@ class Evictor:
                 continue
             if pool <= 0 and not any(need.get(w, 0) > 0 for w in frees):
                 continue   # only workers that are fine hold it
-            victims.append([ino, generation])
+            victims.append(Victim(ino, generation))
             for w, n in frees.items():
                 per_worker[w] = per_worker.get(w, 0) + n
                 need[w] = need.get(w, 0) - n
@@ -316,15 +316,14 @@ class Evictor:
                 ttl = policies.ttl_s(ino)
                 if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino) \
                         and not (in_ufs and not self._frees(ino)):
-                    victims.append([ino, generation])
+                    victims.append(Victim(ino, generation))
             if not victims:
                 return 0
             freed: dict[int, int] = {}
-            for ino, _ in victims:
-                for w, n in self._frees(ino).items():
+            for v in victims:
+                for w, n in self._frees(v.ino).items():
                     freed[w] = freed.get(w, 0) + n
-            result = self.submit({"op": "evict", "cred": [0, 0, []], "request_id": "", "victims": victims,
-                                  "reason": "ttl"})
+            result = self.submit(Evict(victims=tuple(victims), reason="ttl"))
             self.capacity.note_freed(freed)
             self.expired_files += len(result["evicted"])
             metrics.EVICTIONS.labels("ttl").inc(len(result["evicted"]))

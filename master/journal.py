@@ -7,8 +7,11 @@ and commits the batch once (group commit); only then are the callers answered, s
 reply always follows durability.  A lone caller applies its own record in its own
 thread: no hand-off to a writer thread and back (two thread wake-ups, ~30% of a
 mutation's time on two busy cores).  The ``oplog`` rows are the records a Raft log
-will later replicate; they double as the retry cache: a record whose request id was
-already applied gets the stored result instead of being applied twice.
+will later replicate (``Record.to_json()``, read back with ``records.decode``); they
+double as the retry cache: a record whose request id was already applied gets the
+stored result instead of being applied twice.  Records are checked when they are built
+(``records.py``), so the only error an op raises is its own ``CurvineError``, which
+fails that record alone.
 """
 from __future__ import annotations
 
@@ -20,11 +23,14 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
+from curvine_py.master.records import Record, json_default
+from curvine_py.master.store import Row
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256
@@ -47,7 +53,7 @@ class Journal:
         self.ns = ns
         self.conn: sqlite3.Connection = ns.conn
         self.retry_cache_s = retry_cache_s
-        self._q: queue.SimpleQueue[tuple[dict[str, Any], Future]] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Record, Future[Row]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stopped = False
         self._last_prune = time.monotonic()
@@ -63,10 +69,12 @@ class Journal:
         with self._lock:
             self._stopped = True
 
-    def submit(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """Apply rec durably and return its result (raises the op's CurvineError)."""
-        rec.setdefault("now_ns", time.time_ns())
-        fut: Future[dict[str, Any]] = Future()
+    def submit(self, rec: Record) -> Row:
+        """Apply rec durably and return its result (raises the op's CurvineError).  A record
+        not yet stamped (now_ns 0) gets the time of its submission."""
+        if not rec.now_ns:
+            rec = replace(rec, now_ns=time.time_ns())
+        fut: Future[Row] = Future()
         self._q.put((rec, fut))
         with self._lock:
             while not fut.done():   # another caller's batch may have applied ours already
@@ -80,8 +88,8 @@ class Journal:
                 self._apply_batch(batch)
         return fut.result()
 
-    def _take_batch(self) -> list[tuple[dict[str, Any], Future]]:
-        batch: list[tuple[dict[str, Any], Future]] = []
+    def _take_batch(self) -> list[tuple[Record, Future[Row]]]:
+        batch: list[tuple[Record, Future[Row]]] = []
         while len(batch) < MAX_BATCH:
             try:
                 batch.append(self._q.get_nowait())
@@ -93,8 +101,8 @@ class Journal:
         for _, fut in self._take_batch():
             fut.set_exception(error)
 
-    def _apply_batch(self, batch: list[tuple[dict[str, Any], Future]]) -> None:
-        outcomes: list[tuple[Future, Any]] = []
+    def _apply_batch(self, batch: list[tuple[Record, Future[Row]]]) -> None:
+        outcomes: list[tuple[Future[Row], Any]] = []
         start = time.perf_counter()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
@@ -116,7 +124,7 @@ class Journal:
         metrics.JOURNAL_COMMIT_SECONDS.observe(time.perf_counter() - start)
         metrics.JOURNAL_BATCH.observe(len(batch))
         for rec, _ in batch:
-            metrics.JOURNAL_RECORDS.labels(rec.get("op", "?")).inc()
+            metrics.JOURNAL_RECORDS.labels(rec.op).inc()
         for fut, outcome in outcomes:
             if isinstance(outcome, BaseException):
                 fut.set_exception(outcome)
@@ -124,9 +132,9 @@ class Journal:
                 fut.set_result(outcome)
         self._maybe_prune()
 
-    def _apply_one(self, rec: dict[str, Any]) -> Any:
+    def _apply_one(self, rec: Record) -> Any:
         """Apply one record in a savepoint; returns its result or its CurvineError."""
-        rid = rec.get("request_id") or ""
+        rid = rec.request_id
         if rid:
             row = self.conn.execute(RETRY_LOOKUP, (rid,)).fetchone()
             if row is not None:
@@ -134,12 +142,9 @@ class Journal:
         self.conn.execute("SAVEPOINT op")
         try:
             result = self.ns.apply(rec)
-        except (CurvineError, ValueError, TypeError, OverflowError, KeyError) as e:
+        except CurvineError as e:
             self.conn.execute("ROLLBACK TO op")
             self.conn.execute("RELEASE op")
-            if not isinstance(e, CurvineError):  # a malformed record: fail it alone
-                log.warning("op %s rejected: %r", rec.get("op"), e)
-                e = CurvineError(22, f"invalid {rec.get('op')} request: {e}")
             if rid:  # a failed op is remembered too, so its retry fails the same way
                 self._log(rec, rid, {"__errno": e.errno, "__msg": e.strerror})
             return e
@@ -147,10 +152,10 @@ class Journal:
         self._log(rec, rid, result)
         return result
 
-    def _log(self, rec: dict[str, Any], rid: str, result: dict[str, Any]) -> None:
+    def _log(self, rec: Record, rid: str, result: Row) -> None:
         self.conn.execute("INSERT INTO oplog(request_id, ts_ms, op, result) VALUES (?,?,?,?)",
-                          (rid, rec["now_ns"] // 1_000_000, json.dumps(rec, default=_bytes_hex),
-                           json.dumps(result, default=_bytes_hex) if rid else None))
+                          (rid, rec.now_ns // 1_000_000, rec.to_json(),
+                           json.dumps(result, default=json_default) if rid else None))
 
     def _maybe_prune(self) -> None:
         """Trim oplog rows older than the retry-cache window (they are in the tables already)."""
@@ -163,12 +168,6 @@ class Journal:
     def prune(self, cutoff_ms: int) -> None:
         """Delete the oplog rows written before cutoff_ms."""
         self.conn.execute(PRUNE, (cutoff_ms,))
-
-
-def _bytes_hex(o: Any) -> Any:
-    if isinstance(o, (bytes, bytearray, memoryview)):
-        return {"__bytes": bytes(o).hex()}
-    raise TypeError(f"not serializable: {type(o)}")
 
 
 def _decode_result(text: str | None) -> Any:

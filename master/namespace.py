@@ -1,7 +1,8 @@
 """The namespace: inodes and directory entries in SQLite, changed only by op records.
 
-Every mutation is a plain dict (an *op record*: ``{"op": "mknod", "cred": ..., "now_ns": ...}``)
-applied by ``Namespace.apply`` inside the journal's transaction.  ``apply`` depends only on
+Every mutation is an *op record* (a typed, frozen dataclass of ``records.py``: ``Mknod``,
+``Rename``, ...) applied by ``Namespace.apply`` inside the journal's transaction; the op
+method of each record type is marked ``@applies(Type)`` (``handlers.py``).  ``apply`` depends only on
 the record and the store, never on the clock or on memory, so replaying the same records
 on another master (the future Raft log) yields the same namespace.  POSIX rules come from
 ``posix.py``; side effects outside the store (telling workers to delete blocks) are
@@ -23,8 +24,12 @@ from curvine_py.common.types import (
 from curvine_py.master import cachepolicy, posix
 from curvine_py.master.cacheops import CacheOps
 from curvine_py.master.files import FileOps
+from curvine_py.master.handlers import applies, handlers
 from curvine_py.master.posix import R, W, X, Cred
-from curvine_py.master.store import ATTR_COLS, Row, cred_of
+from curvine_py.master.records import (
+    Link, Mknod, Record, RegisterWorker, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink,
+)
+from curvine_py.master.store import ATTR_COLS, Row
 from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
@@ -33,10 +38,9 @@ MAX_BLOCK = 1 << 30         # ...up to 1 GiB
 XATTR_MAX = 64 * 1024
 
 
-def _kept(rec: Row, victim: Row) -> bool:
-    """Would removing this name drop a file the caller has open (rec["keep"])?  Then the
+def _kept(keep: tuple[int, ...], victim: Row) -> bool:
+    """Would removing this name drop a file the caller has open (in keep)?  Then the
     caller hides it instead (UnlinkRequest.keep): only a regular file's last link counts."""
-    keep = rec.get("keep")
     return bool(keep) and victim["ino"] in keep and stat.S_ISREG(victim["mode"]) and victim["nlink"] == 1
 
 
@@ -47,16 +51,11 @@ class Namespace(UfsOps, FileOps, CacheOps):
         super().__init__(conn)
         self.default_block_size = default_block_size
         self.default_replicas = default_replicas
-        self._ops: dict[str, Callable[[Row], Row]] = {
-            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
 
     # ------------------------------------------------------------------ apply
-    def apply(self, rec: Row) -> Row:
+    def apply(self, rec: Record) -> Row:
         """Apply one op record inside the caller's transaction; return its result."""
-        fn = self._ops.get(rec["op"])
-        if fn is None:
-            raise err(errno.ENOSYS, f"unknown op {rec['op']}")
-        return fn(rec)
+        return handlers(type(self))[type(rec)](self, rec)
 
     # ------------------------------------------------------------------ reads
     def lookup(self, cred: Cred, parent: int, name: str) -> Row:
@@ -207,14 +206,15 @@ class Namespace(UfsOps, FileOps, CacheOps):
             raise err(errno.EPERM, "sticky directory")
 
     # ------------------------------------------------------------------ mutations
-    def op_mknod(self, rec: Row) -> Row:
-        cred, now = cred_of(rec), rec["now_ns"]
-        parent, name, mode = rec["parent"], rec["name"], rec["mode"]
+    @applies(Mknod)
+    def op_mknod(self, rec: Mknod) -> Row:
+        cred, now = rec.cred, rec.now_ns
+        parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
         d = self._writable_dir(cred, parent)
         existing = self.child(parent, name)
         if existing is not None:
-            if rec.get("exclusive", True) or not stat.S_ISREG(mode):
+            if rec.exclusive or not stat.S_ISREG(mode):
                 raise err(errno.EEXIST)
             if stat.S_ISDIR(existing["mode"]):
                 raise err(errno.EISDIR)   # open(O_CREAT) of a directory
@@ -227,69 +227,72 @@ class Namespace(UfsOps, FileOps, CacheOps):
             raise err(errno.EINVAL, "bad file type")
         if ftype in (stat.S_IFCHR, stat.S_IFBLK) and not cred.root:
             raise err(errno.EPERM)
-        perm = 0o777 if ftype == stat.S_IFLNK else (mode & 0o7777) & ~rec.get("umask", 0)
+        perm = 0o777 if ftype == stat.S_IFLNK else (mode & 0o7777) & ~rec.umask
         gid, full = posix.new_owner(d, cred, ftype | perm)
         ino = self.counter("next_ino")
-        target = rec.get("target") or None
+        target = rec.target or None
         if ftype == stat.S_IFLNK:
             if not target or len(target.encode("utf-8", "surrogateescape")) >= 4096:
                 raise err(errno.ENAMETOOLONG if target else errno.ENOENT)
         size = DIR_SIZE if ftype == stat.S_IFDIR else len(target.encode("utf-8", "surrogateescape")) if target else 0
-        block_size = rec.get("block_size") or d["block_size"] or self.default_block_size
-        if rec.get("block_size") and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
+        block_size = rec.block_size or d["block_size"] or self.default_block_size
+        if rec.block_size and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
             raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
         self.conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
             " block_size, replicas, target) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
-             rec.get("rdev", 0), block_size, d["replicas"] or self.default_replicas, target))
+             rec.rdev, block_size, d["replicas"] or self.default_replicas, target))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
         return {"attr": self.inode(ino), "created": True, "dirs": self._dirs(parent)}
 
-    def op_link(self, rec: Row) -> Row:
-        cred, now = cred_of(rec), rec["now_ns"]
-        posix.check_name(rec["new_name"])
-        row = self.inode(rec["ino"])
+    @applies(Link)
+    def op_link(self, rec: Link) -> Row:
+        cred, now = rec.cred, rec.now_ns
+        posix.check_name(rec.new_name)
+        row = self.inode(rec.ino)
         if stat.S_ISDIR(row["mode"]):
             raise err(errno.EPERM, "hard links to directories are not allowed")
-        self._writable_dir(cred, rec["new_parent"])
-        if self.child(rec["new_parent"], rec["new_name"]) is not None:
+        self._writable_dir(cred, rec.new_parent)
+        if self.child(rec.new_parent, rec.new_name) is not None:
             raise err(errno.EEXIST)
         if row["nlink"] == 0:
             raise err(errno.ENOENT)
-        self.ufs_linked(row["ino"], rec["new_parent"])
-        self._add_entry(rec["new_parent"], rec["new_name"], row["ino"])
+        self.ufs_linked(row["ino"], rec.new_parent)
+        self._add_entry(rec.new_parent, rec.new_name, row["ino"])
         self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row["ino"]))
-        self._touch_dir(rec["new_parent"], now)
-        return {"attr": self.inode(row["ino"]), "dirs": self._dirs(rec["new_parent"])}
+        self._touch_dir(rec.new_parent, now)
+        return {"attr": self.inode(row["ino"]), "dirs": self._dirs(rec.new_parent)}
 
-    def op_unlink(self, rec: Row) -> Row:
-        cred, now = cred_of(rec), rec["now_ns"]
-        posix.check_name(rec["name"])
-        d = self._writable_dir(cred, rec["parent"])
-        victim = self.child(rec["parent"], rec["name"])
+    @applies(Unlink)
+    def op_unlink(self, rec: Unlink) -> Row:
+        cred, now = rec.cred, rec.now_ns
+        posix.check_name(rec.name)
+        d = self._writable_dir(cred, rec.parent)
+        victim = self.child(rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
         if stat.S_ISDIR(victim["mode"]):
             raise err(errno.EISDIR)
         self._check_removable(cred, d, victim)
-        if _kept(rec, victim):
+        if _kept(rec.keep, victim):
             return {"freed": [], "kept": True}
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
-        self._touch_dir(rec["parent"], now)
-        return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec["parent"])}
+        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
+        self._touch_dir(rec.parent, now)
+        return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec.parent)}
 
-    def op_rmdir(self, rec: Row) -> Row:
-        cred, now = cred_of(rec), rec["now_ns"]
-        if rec["name"] == ".":
+    @applies(Rmdir)
+    def op_rmdir(self, rec: Rmdir) -> Row:
+        cred, now = rec.cred, rec.now_ns
+        if rec.name == ".":
             raise err(errno.EINVAL)
-        if rec["name"] == "..":
+        if rec.name == "..":
             raise err(errno.ENOTEMPTY)
-        posix.check_name(rec["name"])
-        d = self._writable_dir(cred, rec["parent"])
-        victim = self.child(rec["parent"], rec["name"])
+        posix.check_name(rec.name)
+        d = self._writable_dir(cred, rec.parent)
+        victim = self.child(rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
         if not stat.S_ISDIR(victim["mode"]):
@@ -297,9 +300,9 @@ class Namespace(UfsOps, FileOps, CacheOps):
         if not self.is_empty_dir(victim["ino"]):
             raise err(errno.ENOTEMPTY)
         self._check_removable(cred, d, victim)
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec["parent"], rec["name"]))
-        self._touch_dir(rec["parent"], now, -1)
-        return {"freed": self._delete_inode(victim["ino"]), "dirs": self._dirs(rec["parent"])}
+        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
+        self._touch_dir(rec.parent, now, -1)
+        return {"freed": self._delete_inode(victim["ino"]), "dirs": self._dirs(rec.parent)}
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:
         """Is anc an ancestor of (or equal to) directory ino?"""
@@ -312,9 +315,10 @@ class Namespace(UfsOps, FileOps, CacheOps):
             ino = self.parent_of_dir(ino)
             seen += 1
 
-    def op_rename(self, rec: Row) -> Row:
-        cred, now = cred_of(rec), rec["now_ns"]
-        sp, sn, dp, dn, flags = rec["parent"], rec["name"], rec["new_parent"], rec["new_name"], rec.get("flags", 0)
+    @applies(Rename)
+    def op_rename(self, rec: Rename) -> Row:
+        cred, now = rec.cred, rec.now_ns
+        sp, sn, dp, dn, flags = rec.parent, rec.name, rec.new_parent, rec.new_name, rec.flags
         posix.check_name(sn)
         posix.check_name(dn)
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
@@ -349,7 +353,7 @@ class Namespace(UfsOps, FileOps, CacheOps):
                 if not self.is_empty_dir(dst["ino"]):
                     raise err(errno.ENOTEMPTY)
                 self._touch_dir(dp, now, -1)
-            elif _kept(rec, dst):
+            elif _kept(rec.keep, dst):
                 return {"freed": [], "kept": True}
             self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
             freed = self._drop_link(dst, now)
@@ -360,18 +364,18 @@ class Namespace(UfsOps, FileOps, CacheOps):
         self._touch_dir(dp, now, 1 if src_dir and sp != dp else 0)
         return {"freed": freed, "dirs": self._dirs(sp, dp)}
 
-    def _exchange(self, cred: Cred, rec: Row, src: Row, dst: Row | None, dd: Row) -> Row:
+    def _exchange(self, cred: Cred, rec: Rename, src: Row, dst: Row | None, dd: Row) -> Row:
         if dst is None:
             raise err(errno.ENOENT)
         self._check_removable(cred, dd, dst)
-        sp, dp, now = rec["parent"], rec["new_parent"], rec["now_ns"]
+        sp, dp, now = rec.parent, rec.new_parent, rec.now_ns
         if self.ufs_dir(sp) is not None or self.ufs_dir(dp) is not None:
             raise err(errno.EXDEV, "RENAME_EXCHANGE under a UFS mount")
         for a, b in ((src, dp), (dst, sp)):
             if stat.S_ISDIR(a["mode"]) and self._is_ancestor(a["ino"], b) and sp != dp:
                 raise err(errno.EINVAL, "cannot move a directory into itself")
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst["ino"], sp, rec["name"]))
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src["ino"], dp, rec["new_name"]))
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst["ino"], sp, rec.name))
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src["ino"], dp, rec.new_name))
         if sp != dp:
             delta = int(stat.S_ISDIR(src["mode"])) - int(stat.S_ISDIR(dst["mode"]))
             self._touch_dir(sp, now, -delta)
@@ -381,20 +385,21 @@ class Namespace(UfsOps, FileOps, CacheOps):
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino IN (?, ?)", (now, src["ino"], dst["ino"]))
         return {"freed": [], "dirs": self._dirs(sp, dp)}
 
-    def op_setattr(self, rec: Row) -> Row:
-        cred, now, valid = cred_of(rec), rec["now_ns"], rec["valid"]
-        row = self.inode(rec["ino"])
+    @applies(Setattr)
+    def op_setattr(self, rec: Setattr) -> Row:
+        cred, now, valid = rec.cred, rec.now_ns, rec.valid
+        row = self.inode(rec.ino)
         sets: dict[str, Any] = {}
         freed: list[int] = []
         mode = row["mode"]
         if valid & SETATTR_MODE:
-            if posix.only_clears_suid(row["mode"], rec["mode"]):
-                mode = (row["mode"] & ~0o7777) | (rec["mode"] & 0o7777)
+            if posix.only_clears_suid(row["mode"], rec.mode):
+                mode = (row["mode"] & ~0o7777) | (rec.mode & 0o7777)
             else:
-                mode = posix.chmod_mode(row, cred, rec["mode"])
+                mode = posix.chmod_mode(row, cred, rec.mode)
         if valid & (SETATTR_UID | SETATTR_GID):
-            uid = rec["uid"] if valid & SETATTR_UID else None
-            gid = rec["gid"] if valid & SETATTR_GID else None
+            uid = rec.uid if valid & SETATTR_UID else None
+            gid = rec.gid if valid & SETATTR_GID else None
             posix.chown_check(row, cred, uid, gid)
             if uid is not None:
                 sets["uid"] = uid
@@ -405,8 +410,8 @@ class Namespace(UfsOps, FileOps, CacheOps):
         if valid & SETATTR_SIZE:
             freed = self._setsize(row, cred, rec)
             self.ufs_dirty(row["ino"], now)
-            sets.update(size=rec["size"], mtime_ns=now, generation=row["generation"] + 1)
-            if rec["size"] != row["size"] or not cred.root:
+            sets.update(size=rec.size, mtime_ns=now, generation=row["generation"] + 1)
+            if rec.size != row["size"] or not cred.root:
                 mode = posix.clear_suid(mode, cred)
         self._settimes(row, cred, rec, sets)
         sets["mode"] = mode
@@ -415,21 +420,20 @@ class Namespace(UfsOps, FileOps, CacheOps):
         self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
         return {"attr": self.inode(row["ino"]), "freed": freed}
 
-    def _setsize(self, row: Row, cred: Cred, rec: Row) -> list[int]:
+    def _setsize(self, row: Row, cred: Cred, rec: Setattr) -> list[int]:
         if stat.S_ISDIR(row["mode"]):
             raise err(errno.EISDIR)
         if not stat.S_ISREG(row["mode"]):
             raise err(errno.EINVAL)
-        if rec["size"] < 0 or rec["size"] > 1 << 50:
-            raise err(errno.EFBIG if rec["size"] > 0 else errno.EINVAL)
-        if not rec.get("skip_perm"):
-            posix.require(row, cred, W)
-        if self._lease_busy(row, rec.get("client_id", ""), rec["now_ns"] // 1_000_000):
+        if rec.size < 0 or rec.size > 1 << 50:
+            raise err(errno.EFBIG if rec.size > 0 else errno.EINVAL)
+        posix.require(row, cred, W)
+        if self._lease_busy(row, rec.client_id, rec.now_ns // 1_000_000):
             raise err(errno.EBUSY, "file is open for writing on another client")
-        return self._truncate(row, rec["size"]) if rec["size"] < row["size"] else []
+        return self._truncate(row, rec.size) if rec.size < row["size"] else []
 
-    def _settimes(self, row: Row, cred: Cred, rec: Row, sets: dict[str, Any]) -> None:
-        valid, now = rec["valid"], rec["now_ns"]
+    def _settimes(self, row: Row, cred: Cred, rec: Setattr, sets: dict[str, Any]) -> None:
+        valid, now = rec.valid, rec.now_ns
         explicit = valid & (SETATTR_ATIME | SETATTR_MTIME) and not valid & (SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)
         if valid & (SETATTR_ATIME | SETATTR_MTIME | SETATTR_ATIME_NOW | SETATTR_MTIME_NOW):
             if explicit and not (cred.root or cred.uid == row["uid"]):
@@ -440,44 +444,49 @@ class Namespace(UfsOps, FileOps, CacheOps):
         if valid & SETATTR_ATIME_NOW:
             sets["atime_ns"] = now
         elif valid & SETATTR_ATIME:
-            sets["atime_ns"] = rec["atime_ns"]
+            sets["atime_ns"] = rec.atime_ns
         if valid & SETATTR_MTIME_NOW:
             sets["mtime_ns"] = now
         elif valid & SETATTR_MTIME:
-            sets["mtime_ns"] = rec["mtime_ns"]
+            sets["mtime_ns"] = rec.mtime_ns
 
-    def op_setxattr(self, rec: Row) -> Row:
-        cred, name, value = cred_of(rec), rec["name"], rec["value"]
-        row = self.inode(rec["ino"])
+    @applies(Setxattr)
+    def op_setxattr(self, rec: Setxattr) -> Row:
+        cred, name, value = rec.cred, rec.name, rec.value
+        row = self.inode(rec.ino)
         self._xattr_access(row, cred, name, write=True)
         if len(value) > XATTR_MAX:
             raise err(errno.E2BIG)
         if name in cachepolicy.POLICY_XATTRS:
             value = cachepolicy.normalize(name, value)
         exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
-        if rec.get("flags", 0) & XATTR_CREATE and exists:
+        if rec.flags & XATTR_CREATE and exists:
             raise err(errno.EEXIST)
-        if rec.get("flags", 0) & XATTR_REPLACE and not exists:
+        if rec.flags & XATTR_REPLACE and not exists:
             raise err(errno.ENODATA)
         self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)", (row["ino"], name, value))
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec["now_ns"], row["ino"]))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}
 
-    def op_removexattr(self, rec: Row) -> Row:
-        cred = cred_of(rec)
-        row = self.inode(rec["ino"])
-        self._xattr_access(row, cred, rec["name"], write=True)
-        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec["name"])).rowcount == 0:
+    @applies(Removexattr)
+    def op_removexattr(self, rec: Removexattr) -> Row:
+        row = self.inode(rec.ino)
+        self._xattr_access(row, rec.cred, rec.name, write=True)
+        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
             raise err(errno.ENODATA)
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec["now_ns"], row["ino"]))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}
 
-    def op_register_worker(self, rec: Row) -> Row:
-        r = self.conn.execute("SELECT worker_id FROM workers WHERE storage_id=?", (rec["storage_id"],)).fetchone()
+    @applies(RegisterWorker)
+    def op_register_worker(self, rec: RegisterWorker) -> Row:
+        r = self.conn.execute("SELECT worker_id FROM workers WHERE storage_id=?", (rec.storage_id,)).fetchone()
         if r is not None:
-            self.conn.execute("UPDATE workers SET host=? WHERE storage_id=?", (rec["host"], rec["storage_id"]))
+            self.conn.execute("UPDATE workers SET host=? WHERE storage_id=?", (rec.host, rec.storage_id))
             return {"worker_id": r[0]}
         wid = self.counter("next_worker")
         self.conn.execute("INSERT INTO workers(storage_id, worker_id, host) VALUES (?,?,?)",
-                          (rec["storage_id"], wid, rec["host"]))
+                          (rec.storage_id, wid, rec.host))
         return {"worker_id": wid}
+
+
+handlers(Namespace)   # every record type has its op method: checked at import

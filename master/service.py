@@ -29,6 +29,10 @@ from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
+from curvine_py.master.records import (
+    Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, Record,
+    RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
+)
 from curvine_py.master.replication import Replicator
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
@@ -54,12 +58,6 @@ def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
     return [to_attr(d) for d in result.get("dirs", ())]
 
 
-def keep_of(request: pb.UnlinkRequest | pb.RenameRequest) -> dict[str, Any]:
-    """The record field for a request's `keep` inodes (absent when there are none, so the
-    journal records of ordinary calls stay as they were)."""
-    return {"keep": list(request.keep)} if request.keep else {}
-
-
 def _require_root(c: pb.Caller, what: str) -> None:
     if c.uid != 0:
         raise err(errno.EPERM, f"only root may {what}")
@@ -69,9 +67,9 @@ def cred_of(c: pb.Caller) -> Cred:
     return Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
 
 
-def caller_rec(c: pb.Caller, op: str, **fields: Any) -> dict[str, Any]:
-    return {"op": op, "cred": [c.uid, c.gid, sorted(set(c.groups) | {c.gid})],
-            "request_id": c.request_id, "client_id": c.client_id, **fields}
+def envelope(c: pb.Caller) -> Envelope:
+    """A record's envelope from the caller of a request (the journal stamps the time)."""
+    return Envelope(cred=cred_of(c), request_id=c.request_id, client_id=c.client_id, now_ns=0)
 
 
 class MasterService(pb_grpc.MasterServiceServicer):
@@ -116,7 +114,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self._local.ns = ns
         return ns
 
-    def submit(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, rec: Record) -> Row:
         result = self.journal.submit(rec)
         if result.get("freed"):
             self.registry.free_blocks(result["freed"])
@@ -237,9 +235,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
     # ------------------------------------------------------------------ namespace mutations
     @rpc_method
     def SetAttr(self, request: pb.SetAttrRequest, context: grpc.ServicerContext) -> pb.AttrReply:
-        rec = caller_rec(request.caller, "setattr", ino=request.ino, valid=request.valid, mode=request.mode,
-                         uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
-                         mtime_ns=request.mtime_ns)
+        rec = Setattr(**envelope(request.caller), ino=request.ino, valid=request.valid, mode=request.mode,
+                      uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
+                      mtime_ns=request.mtime_ns)
         attr = self.submit(rec)["attr"]
         if request.valid & SETATTR_SIZE and not (attr["lease_id"] and not attr["complete"]):
             self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
@@ -249,18 +247,18 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def Mknod(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.AttrReply:
         if stat.S_ISDIR(request.mode) and not request.symlink_target:
             self.ufs.mkdir(request.parent, request.name)
-        rec = caller_rec(request.caller, "mknod", parent=request.parent, name=request.name, mode=request.mode,
-                         umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
-                         block_size=request.block_size)
+        rec = Mknod(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
+                    umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
+                    block_size=request.block_size)
         result = self.submit(rec)
         return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
     @rpc_method
     def Create(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.OpenReply:
         self.ufs.fresh_dir(request.parent)
-        rec = caller_rec(request.caller, "create", parent=request.parent, name=request.name, mode=request.mode,
-                         umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
-                         flags=request.open_flags, lease_ms=self.lease_ms)
+        rec = Create(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
+                     umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
+                     flags=request.open_flags, lease_ms=self.lease_ms)
         result = self.submit(rec)
         if result.get("soft") and self._write_through(result["attr"]["ino"]):
             self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
@@ -268,16 +266,16 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Link(self, request: pb.LinkRequest, context: grpc.ServicerContext) -> pb.AttrReply:
-        rec = caller_rec(request.caller, "link", ino=request.ino, new_parent=request.new_parent,
-                         new_name=request.new_name)
+        rec = Link(**envelope(request.caller), ino=request.ino, new_parent=request.new_parent,
+                   new_name=request.new_name)
         result = self.submit(rec)
         return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
     @rpc_method
     def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
         self.ufs.unlink(request.parent, request.name)
-        result = self.submit(caller_rec(request.caller, "unlink", parent=request.parent, name=request.name,
-                                        **keep_of(request)))
+        result = self.submit(Unlink(**envelope(request.caller), parent=request.parent, name=request.name,
+                                    keep=tuple(request.keep)))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
@@ -285,28 +283,28 @@ class MasterService(pb_grpc.MasterServiceServicer):
         child = self.ns.child(request.parent, request.name)
         if child is not None:
             self.ufs.fresh_dir(child["ino"])   # names only the UFS has make it non-empty
-        result = self.submit(caller_rec(request.caller, "rmdir", parent=request.parent, name=request.name))
+        result = self.submit(Rmdir(**envelope(request.caller), parent=request.parent, name=request.name))
         self.ufs.rmdir(request.parent, request.name)
         return pb.DirsReply(dirs=dirs_of(result))
 
     @rpc_method
     def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.DirsReply:
-        rec = caller_rec(request.caller, "rename", parent=request.parent, name=request.name,
-                         new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
-                         **keep_of(request))
+        rec = Rename(**envelope(request.caller), parent=request.parent, name=request.name,
+                     new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
+                     keep=tuple(request.keep))
         result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
                                  request.flags, lambda: self.submit(rec))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
     @rpc_method
     def SetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.submit(caller_rec(request.caller, "setxattr", ino=request.ino, name=request.name,
-                               value=bytes(request.value), flags=request.flags))
+        self.submit(Setxattr(**envelope(request.caller), ino=request.ino, name=request.name,
+                             value=bytes(request.value), flags=request.flags))
         return pb.Empty()
 
     @rpc_method
     def RemoveXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.submit(caller_rec(request.caller, "removexattr", ino=request.ino, name=request.name))
+        self.submit(Removexattr(**envelope(request.caller), ino=request.ino, name=request.name))
         return pb.Empty()
 
     # ------------------------------------------------------------------ file data
@@ -314,8 +312,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
         self.ufs.fresh_file(request.ino)
         if request.write:
-            rec = caller_rec(request.caller, "open_write", ino=request.ino, flags=request.flags,
-                             lease_ms=self.lease_ms)
+            rec = OpenWrite(**envelope(request.caller), ino=request.ino, flags=request.flags,
+                            lease_ms=self.lease_ms)
             return self._open_reply(self.submit(rec))
         row = self.ns.inode(request.ino)
         if stat.S_ISDIR(row["mode"]):
@@ -333,8 +331,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
         tier = self.evictor.tier_of(self.ns.conn, request.ino)
         self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier)
-        result = self.submit(caller_rec(request.caller, "allocate", ino=request.ino, lease_id=request.lease_id,
-                                        count=request.count or 1))
+        result = self.submit(Allocate(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id,
+                                      count=request.count or 1))
         exclude = frozenset(request.exclude_workers)
         blocks, wids = [], set()
         for bid in result["block_ids"]:
@@ -348,10 +346,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.AttrReply:
-        blocks = [{"block_id": b.block_id, "offset": b.offset, "length": b.length, "checksum": b.checksum}
-                  for b in request.blocks]
-        rec = caller_rec(request.caller, "commit", ino=request.ino, lease_id=request.lease_id, size=request.size,
-                         blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
+        blocks = tuple(CommitBlock(b.block_id, b.offset, b.length, b.checksum) for b in request.blocks)
+        rec = Commit(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id, size=request.size,
+                     blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
         result = self.submit(rec)
         on_disk: dict[int, int] = {}
         for b in request.blocks:
@@ -380,8 +377,9 @@ class MasterService(pb_grpc.MasterServiceServicer):
 
     @rpc_method
     def RenewLeases(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
-        rec = caller_rec(request.caller, "renew", lease_ids=list(request.lease_ids), lease_ms=self.lease_ms)
-        rec["request_id"] = ""  # renewals are naturally idempotent
+        # no request id: renewals are naturally idempotent (and need no retry-cache row)
+        rec = Renew(cred=cred_of(request.caller), client_id=request.caller.client_id,
+                    lease_ids=tuple(request.lease_ids), lease_ms=self.lease_ms)
         return pb.LeaseReply(expired=self.submit(rec)["expired"])
 
     @rpc_method
@@ -407,8 +405,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     def RegisterWorker(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         if not request.storage_id or not request.ip or not request.data_port:
             raise err(errno.EINVAL, "registration needs storage_id, ip and data_port")
-        result = self.journal.submit({"op": "register_worker", "storage_id": request.storage_id,
-                                      "host": request.host})
+        result = self.journal.submit(RegisterWorker(storage_id=request.storage_id, host=request.host))
         self.registry.register(result["worker_id"], request)
         return pb.RegisterReply(worker_id=result["worker_id"], heartbeat_ms=self.cfg.master.heartbeat_ms)
 
@@ -502,8 +499,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
     @rpc_method
     def UfsMountAdd(self, request: pb.UfsMountRequest, context: grpc.ServicerContext) -> pb.UfsMount:
         _require_root(request.caller, "mount a UFS")
-        rec = caller_rec(request.caller, "ufs_mount")
-        return self.ufs.mount(request.mount, rec["cred"]).to_pb(secrets=False)
+        return self.ufs.mount(request.mount, cred_of(request.caller)).to_pb(secrets=False)
 
     @rpc_method
     def UfsMountRemove(self, request: pb.UfsPathRequest, context: grpc.ServicerContext) -> pb.Empty:
@@ -554,7 +550,7 @@ class MasterService(pb_grpc.MasterServiceServicer):
         if stat.S_ISDIR(row["mode"]) and not request.recursive:
             raise err(errno.EISDIR, f"{request.path} is a directory (free it with -r)")
         inos = [row["ino"]] if not stat.S_ISDIR(row["mode"]) else self.ns.files_below(row["ino"])
-        result = self.submit({"op": "ufs_free", "cred": [0, 0, []], "request_id": "", "inos": inos})
+        result = self.submit(UfsFree(inos=tuple(inos)))
         return pb.FreeReply(files=result["files"], bytes=result["bytes"], skipped=result["skipped"])
 
     def under_replicated(self) -> int:
@@ -570,4 +566,4 @@ class MasterService(pb_grpc.MasterServiceServicer):
         now_ms = time.time_ns() // 1_000_000
         if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
                                 (now_ms,)).fetchone():
-            self.submit({"op": "expire_leases", "cred": [0, 0, []], "request_id": ""})
+            self.submit(ExpireLeases())

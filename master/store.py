@@ -8,7 +8,6 @@ from typing import Any
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import ROOT_INO
-from curvine_py.master.posix import Cred
 
 Row = dict[str, Any]
 ATTR_COLS = ("ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, "
@@ -22,11 +21,6 @@ def to_i64(u: int) -> int:
 
 def to_u64(i: int) -> int:
     return i + (1 << 64) if i < 0 else i
-
-
-def cred_of(rec: Row) -> Cred:
-    c = rec["cred"]
-    return Cred(c[0], c[1], frozenset(c[2]))
 
 
 class Store:

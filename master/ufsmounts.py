@@ -31,6 +31,8 @@ from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
+from curvine_py.master.records import Mknod, Submit, SyncEntry, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
+from curvine_py.master.records import UfsMount as UfsMountRecord
 from curvine_py.master.store import Row
 from curvine_py.master.ufsops import PERSISTED, child_key
 from curvine_py.pb import curvine_pb2 as pb
@@ -75,7 +77,7 @@ class Mount:
 class UfsMounts:
     """One per master: opened stores by mount id, and the metadata calls made on them."""
 
-    def __init__(self, ns: Callable[[], Namespace], submit: Callable[[dict[str, Any]], dict[str, Any]],
+    def __init__(self, ns: Callable[[], Namespace], submit: Submit,
                  timeout_s: float) -> None:
         """ns: this thread's read connection; submit: the journal (the service's submit,
         which also sends the delete orders of the blocks an op freed)."""
@@ -88,7 +90,7 @@ class UfsMounts:
         self._failed_until: dict[int, float] = {}
 
     # ------------------------------------------------------------------ the table
-    def mount(self, m: pb.UfsMount, cred: list[Any]) -> Mount:
+    def mount(self, m: pb.UfsMount, cred: Cred) -> Mount:
         """Check the UFS, then journal the mount; refuses with one line, mounting nothing."""
         if m.write_mode not in WRITE_MODES:
             raise err(errno.EINVAL, f"write mode {m.write_mode!r}: one of {', '.join(WRITE_MODES)}")
@@ -102,33 +104,30 @@ class UfsMounts:
             raise
         path = "/" + m.path.strip("/")
         ino = self._mount_dir(path, cred)
-        result = self.submit({"op": "ufs_mount", "cred": cred, "request_id": "", "path": path, "ino": ino,
-                              "uri": m.uri, "options": dict(m.options), "write_mode": m.write_mode,
-                              "metadata_ttl_ms": m.metadata_ttl_ms, "ttl_ms": m.ttl_ms})
+        result = self.submit(UfsMountRecord(cred=cred, path=path, ino=ino, uri=m.uri,
+                                            options=tuple(sorted(m.options.items())), write_mode=m.write_mode,
+                                            metadata_ttl_ms=m.metadata_ttl_ms, ttl_ms=m.ttl_ms))
         mount = Mount.of(result["mount"])
         with self._lock:
             self._stores[mount.mount_id] = store
         log.info("UFS %s mounted at %s (write %s)", m.uri, path, m.write_mode)
         return mount
 
-    def _mount_dir(self, path: str, cred: list[Any]) -> int:
+    def _mount_dir(self, path: str, cred: Cred) -> int:
         """The mount point's inode; missing directories on the way are made (mkdir -p)."""
-        c = Cred(cred[0], cred[1], frozenset(cred[2]))
         row = self._ns().inode(ROOT_INO)
         for name in [p for p in path.split("/") if p]:
-            child = self._ns().lookup(c, row["ino"], name) if self._ns().child(row["ino"], name) else None
+            child = self._ns().lookup(cred, row["ino"], name) if self._ns().child(row["ino"], name) else None
             if child is None:
-                child = self.submit({"op": "mknod", "cred": cred, "request_id": "", "parent": row["ino"],
-                                     "name": name, "mode": stat.S_IFDIR | 0o755, "umask": 0,
-                                     "exclusive": True})["attr"]
+                child = self.submit(Mknod(cred=cred, parent=row["ino"], name=name, mode=stat.S_IFDIR | 0o755,
+                                          umask=0, exclusive=True))["attr"]
             row = child
             if not stat.S_ISDIR(row["mode"]):
                 raise err(errno.ENOTDIR, f"{path}: {name} is not a directory")
         return row["ino"]
 
     def umount(self, path: str, force: bool) -> list[int]:
-        result = self.submit({"op": "ufs_umount", "cred": [0, 0, []], "request_id": "",
-                              "path": "/" + path.strip("/"), "force": force})
+        result = self.submit(UfsUmount(path="/" + path.strip("/"), force=force))
         with self._lock:
             store = self._stores.pop(result["mount"]["mount_id"], None)
         if store is not None:
@@ -176,13 +175,13 @@ class UfsMounts:
 
     def _list(self, m: Mount, ino: int, key: str) -> None:
         try:
-            entries = [[e.key.rsplit("/", 1)[-1], e.is_dir, e.size, e.mtime_ns, e.etag]
-                       for e in self.store(m.mount_id).list(key)]
+            entries = tuple(SyncEntry(e.key.rsplit("/", 1)[-1], e.is_dir, e.size, e.mtime_ns, e.etag)
+                            for e in self.store(m.mount_id).list(key))
         except UfsError as e:
             self._failed(m, e)
             return
         metrics.UFS_LISTINGS.labels("ok").inc()
-        self.submit({"op": "ufs_sync_dir", "cred": [0, 0, []], "request_id": "", "ino": ino, "entries": entries})
+        self.submit(UfsSyncDir(ino=ino, entries=entries))
 
     def fresh_file(self, ino: int) -> None:
         """At open: check the file's object if its last check is older than the TTL.  An
@@ -199,11 +198,10 @@ class UfsMounts:
             self._failed(m, e)
             return
         metrics.UFS_LISTINGS.labels("ok").inc()
-        rec: dict[str, Any] = {"op": "ufs_refresh", "cred": [0, 0, []], "request_id": "", "ino": ino}
         if info is None or info.is_dir:
-            rec["gone"] = True
+            rec = UfsRefresh(ino=ino, gone=True)
         else:
-            rec.update(size=info.size, mtime_ns=info.mtime_ns, etag=info.etag)
+            rec = UfsRefresh(ino=ino, size=info.size, mtime_ns=info.mtime_ns, etag=info.etag)
         if self.submit(rec).get("gone"):
             raise err(errno.ENOENT, f"{m.object_uri(f['ukey'])} was deleted from the UFS")
 
@@ -289,7 +287,6 @@ class UfsMounts:
             f = self._ns().ufs_file(row["ino"])
             if f is not None and f["state"] == PERSISTED:
                 cur = self._ns().inode(row["ino"])
-                self.submit({"op": "ufs_state", "cred": [0, 0, []], "request_id": "", "ino": row["ino"],
-                             "generation": cur["generation"], "key": dst[1], "etag": info.etag,
-                             "mtime_ns": info.mtime_ns})
+                self.submit(UfsState(ino=row["ino"], generation=cur["generation"], key=dst[1], etag=info.etag,
+                                     mtime_ns=info.mtime_ns))
         return result

@@ -21,6 +21,8 @@ import stat
 from curvine_py.common.errors import err
 from curvine_py.common.policy import TTL
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
+from curvine_py.master.handlers import applies
+from curvine_py.master.records import UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
 from curvine_py.master.store import Row, Store
 
 PERSISTED, PENDING, FAILED = "persisted", "pending", "failed"
@@ -57,30 +59,31 @@ class UfsOps(Store):
             "SELECT * FROM ufs_files WHERE state = ? ORDER BY dirty_ns LIMIT ?", (PENDING, limit))]
 
     # ------------------------------------------------------------------ mount table
-    def op_ufs_mount(self, rec: Row) -> Row:
-        """Make the (empty or new) directory rec["path"] the root of a UFS mount."""
-        ino = rec["ino"]
+    @applies(UfsMount)
+    def op_ufs_mount(self, rec: UfsMount) -> Row:
+        """Make the (empty or new) directory rec.path the root of a UFS mount."""
+        ino = rec.ino
         self.dir_inode(ino)
         if not self.is_empty_dir(ino):
-            raise err(errno.ENOTEMPTY, f"{rec['path']} is not empty: a UFS mount needs an empty directory")
+            raise err(errno.ENOTEMPTY, f"{rec.path} is not empty: a UFS mount needs an empty directory")
         if self.ufs_dir(ino) is not None or self._under_mount(ino):
-            raise err(errno.EBUSY, f"{rec['path']} is already under a UFS mount")
+            raise err(errno.EBUSY, f"{rec.path} is already under a UFS mount")
         if self.q1("SELECT 1 AS x FROM ufs_mounts WHERE path LIKE ? ESCAPE '\\'",
-                   (_like_prefix(rec["path"]),)):
-            raise err(errno.EBUSY, f"{rec['path']} contains a UFS mount")
+                   (_like_prefix(rec.path),)):
+            raise err(errno.EBUSY, f"{rec.path} contains a UFS mount")
         if ino == ROOT_INO:
             raise err(errno.EINVAL, "the root cannot be a UFS mount")
         mid = self.counter("next_mount")
         self.conn.execute(
             "INSERT INTO ufs_mounts(mount_id, path, ino, uri, options, write_mode, metadata_ttl_ms, ttl_ms,"
             " created_ns) VALUES (?,?,?,?,?,?,?,?,?)",
-            (mid, rec["path"], ino, rec["uri"], json.dumps(rec["options"], sort_keys=True), rec["write_mode"],
-             rec["metadata_ttl_ms"], rec["ttl_ms"], rec["now_ns"]))
+            (mid, rec.path, ino, rec.uri, json.dumps(dict(rec.options), sort_keys=True), rec.write_mode,
+             rec.metadata_ttl_ms, rec.ttl_ms, rec.now_ns))
         self.conn.execute("INSERT INTO ufs_dirs(ino, mount_id, ukey, listed_ns) VALUES (?,?,?,0)", (ino, mid, ""))
-        if rec["ttl_ms"]:   # --ttl: the cache policy's TTL on the mount point (cachepolicy.py), which
+        if rec.ttl_ms:   # --ttl: the cache policy's TTL on the mount point (cachepolicy.py), which
             # for a UFS file frees its cached blocks, counted from its last read or change
             self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)",
-                              (ino, TTL, str(max(1, rec["ttl_ms"] // 1000)).encode()))
+                              (ino, TTL, str(max(1, rec.ttl_ms // 1000)).encode()))
         return {"mount": self.ufs_mount(mid)}
 
     def _under_mount(self, ino: int) -> bool:
@@ -90,18 +93,19 @@ class UfsOps(Store):
                 return True
         return False
 
-    def op_ufs_umount(self, rec: Row) -> Row:
+    @applies(UfsUmount)
+    def op_ufs_umount(self, rec: UfsUmount) -> Row:
         """Drop a mount and everything cached under it; the UFS is never touched.  Files not
-        yet uploaded are refused unless rec["force"] (they would be lost)."""
-        m = self.q1("SELECT * FROM ufs_mounts WHERE path=?", (rec["path"],))
+        yet uploaded are refused unless rec.force (they would be lost)."""
+        m = self.q1("SELECT * FROM ufs_mounts WHERE path=?", (rec.path,))
         if m is None:
-            raise err(errno.EINVAL, f"{rec['path']} is not a UFS mount")
+            raise err(errno.EINVAL, f"{rec.path} is not a UFS mount")
         pending = self.conn.execute("SELECT count(*) FROM ufs_files WHERE mount_id=? AND state != ?",
                                     (m["mount_id"], PERSISTED)).fetchone()[0]
-        if pending and not rec.get("force"):
-            raise err(errno.EBUSY, f"{pending} files under {rec['path']} are not in the UFS yet "
+        if pending and not rec.force:
+            raise err(errno.EBUSY, f"{pending} files under {rec.path} are not in the UFS yet "
                                    "(wait for their upload, or umount with --force to drop them)")
-        freed = self._clear_dir(m["ino"], rec["now_ns"])
+        freed = self._clear_dir(m["ino"], rec.now_ns)
         self.conn.execute("DELETE FROM ufs_dirs WHERE ino=?", (m["ino"],))
         self.conn.execute("DELETE FROM ufs_mounts WHERE mount_id=?", (m["mount_id"],))
         return {"freed": freed, "mount": m}
@@ -119,19 +123,20 @@ class UfsOps(Store):
         return freed
 
     # ------------------------------------------------------------------ what the UFS said
-    def op_ufs_sync_dir(self, rec: Row) -> Row:
-        """Reconcile directory rec["ino"] with its UFS listing rec["entries"]
-        ([name, is_dir, size, mtime_ns, etag], ...): new names appear, changed objects get
-        fresh blocks, names whose object is gone go (files with unsent data stay)."""
-        ino, now = rec["ino"], rec["now_ns"]
+    @applies(UfsSyncDir)
+    def op_ufs_sync_dir(self, rec: UfsSyncDir) -> Row:
+        """Reconcile directory rec.ino with its UFS listing rec.entries: new names appear,
+        changed objects get fresh blocks, names whose object is gone go (files with unsent
+        data stay)."""
+        ino, now = rec.ino, rec.now_ns
         d, u = self.dir_inode(ino), self.ufs_dir(ino)
         if u is None:
             return {"freed": []}
         seen: set[str] = set()
         freed: list[int] = []
-        for name, is_dir, size, mtime_ns, etag in rec["entries"]:
-            seen.add(name)
-            freed += self._sync_entry(d, u, name, bool(is_dir), size, mtime_ns, etag, now)
+        for e in rec.entries:
+            seen.add(e.name)
+            freed += self._sync_entry(d, u, e.name, e.is_dir, e.size, e.mtime_ns, e.etag, now)
         for name, child in self.conn.execute("SELECT name, ino FROM dirents WHERE parent=?", (ino,)).fetchall():
             if name not in seen:
                 freed += self._vanished(ino, name, child, now)
@@ -230,14 +235,15 @@ class UfsOps(Store):
                     return False
         return True
 
-    def op_ufs_refresh(self, rec: Row) -> Row:
-        """An open found the file's object changed (rec["gone"]: deleted) after its TTL."""
-        row = self.inode(rec["ino"])
-        f = self.ufs_file(rec["ino"])
+    @applies(UfsRefresh)
+    def op_ufs_refresh(self, rec: UfsRefresh) -> Row:
+        """An open found the file's object changed (rec.gone: deleted) after its TTL."""
+        row = self.inode(rec.ino)
+        f = self.ufs_file(rec.ino)
         if f is None or f["state"] != PERSISTED or row["lease_id"]:
             return {"freed": []}
-        now = rec["now_ns"]
-        if rec.get("gone"):
+        now = rec.now_ns
+        if rec.gone:
             freed: list[int] = []
             for parent, name in self.conn.execute("SELECT parent, name FROM dirents WHERE ino=?",
                                                   (row["ino"],)).fetchall():
@@ -245,29 +251,30 @@ class UfsOps(Store):
                 self._touch_dir(parent, now)
                 freed += self._drop_link(self.inode(row["ino"]), now) if self._exists(row["ino"]) else []
             return {"freed": freed, "gone": True}
-        if f["etag"] == rec["etag"]:
+        if f["etag"] == rec.etag:
             self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row["ino"]))
             return {"freed": []}
-        return {"freed": self._replace_data(row, rec["size"], rec["mtime_ns"], rec["etag"], now)}
+        return {"freed": self._replace_data(row, rec.size, rec.mtime_ns, rec.etag, now)}
 
     # ------------------------------------------------------------------ uploads
-    def op_ufs_state(self, rec: Row) -> Row:
-        """An upload of generation rec["generation"] to rec["key"] ended (rec["etag"] set) or
-        failed (rec["message"]).  A file changed, renamed or removed meanwhile stays pending
-        (its new state is uploaded next) and "stale" tells the uploader so."""
-        f = self.ufs_file(rec["ino"])
-        if f is None or not self._exists(rec["ino"]):
+    @applies(UfsState)
+    def op_ufs_state(self, rec: UfsState) -> Row:
+        """An upload of generation rec.generation to rec.key ended (rec.etag set) or failed
+        (rec.message).  A file changed, renamed or removed meanwhile stays pending (its new
+        state is uploaded next) and "stale" tells the uploader so."""
+        f = self.ufs_file(rec.ino)
+        if f is None or not self._exists(rec.ino):
             return {"stale": True}
-        row = self.inode(rec["ino"])
-        if row["generation"] != rec["generation"] or f["ukey"] != rec["key"] or row["lease_id"] and not row["complete"]:
+        row = self.inode(rec.ino)
+        if row["generation"] != rec.generation or f["ukey"] != rec.key or row["lease_id"] and not row["complete"]:
             return {"stale": True}
-        if rec.get("etag") is not None:
+        if rec.etag is not None:
             self.conn.execute("UPDATE ufs_files SET state=?, etag=?, ufs_size=?, ufs_mtime_ns=?, checked_ns=?,"
                               " message='', attempts=0 WHERE ino=?",
-                              (PERSISTED, rec["etag"], row["size"], rec["mtime_ns"], rec["now_ns"], rec["ino"]))
+                              (PERSISTED, rec.etag, row["size"], rec.mtime_ns, rec.now_ns, rec.ino))
         else:
             self.conn.execute("UPDATE ufs_files SET state=?, message=?, attempts=attempts+1 WHERE ino=?",
-                              (FAILED if rec.get("final") else PENDING, rec["message"][:500], rec["ino"]))
+                              (FAILED if rec.final else PENDING, rec.message[:500], rec.ino))
         return {"stale": False}
 
     def ufs_dirty(self, ino: int, now: int) -> None:
@@ -340,11 +347,12 @@ class UfsOps(Store):
             self.conn.execute("UPDATE blocks SET block_id=?, checksum=0 WHERE ino=? AND idx=?", (first + i, ino, idx))
         return [r[1] for r in rows]
 
-    def op_ufs_free(self, rec: Row) -> Row:
-        """cv fs free: drop the cached blocks of rec["inos"] (persisted UFS files only)."""
+    @applies(UfsFree)
+    def op_ufs_free(self, rec: UfsFree) -> Row:
+        """cv fs free: drop the cached blocks of rec.inos (persisted UFS files only)."""
         freed: list[int] = []
         files = skipped = nbytes = 0
-        for ino in rec["inos"]:
+        for ino in rec.inos:
             f = self.ufs_file(ino) if self._exists(ino) else None
             if f is None or f["state"] != PERSISTED:
                 skipped += 1          # its only copy is in the pool: freeing it would lose it

@@ -29,6 +29,7 @@ from curvine_py.common.config import UfsConfig
 from curvine_py.common.errors import CurvineError, err, from_rpc_error
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
+from curvine_py.master.records import Submit, UfsState
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PENDING, PERSISTED
 from curvine_py.master.workerrpc import WorkerClients
@@ -45,7 +46,7 @@ BlocksOf = Callable[[int], tuple[dict[str, Any], list[pb.BlockInfo], list[pb.Wor
 class Uploader:
     """One per master: the write-back loop plus write-through uploads on request."""
 
-    def __init__(self, cfg: UfsConfig, ns: Callable[[], Namespace], submit: Callable[[dict[str, Any]], dict[str, Any]],
+    def __init__(self, cfg: UfsConfig, ns: Callable[[], Namespace], submit: Submit,
                  mounts: UfsMounts, workers: WorkerClients, blocks_of: BlocksOf) -> None:
         self.cfg = cfg
         self._ns = ns
@@ -125,11 +126,10 @@ class Uploader:
             self.failures += 1
             metrics.UFS_UPLOADS.labels("failed").inc()
             msg = f"upload to {m.object_uri(key)}: {e.strerror or e}"
-            self.submit({"op": "ufs_state", "cred": [0, 0, []], "request_id": "", "ino": ino,
-                         "generation": generation, "key": key, "message": msg, "final": final})
+            self.submit(UfsState(ino=ino, generation=generation, key=key, message=msg, final=final))
             raise CurvineError(e.errno or errno.EIO, msg) from None
-        result = self.submit({"op": "ufs_state", "cred": [0, 0, []], "request_id": "", "ino": ino,
-                              "generation": generation, "key": key, "etag": reply.etag, "mtime_ns": reply.mtime_ns})
+        result = self.submit(UfsState(ino=ino, generation=generation, key=key, etag=reply.etag,
+                                      mtime_ns=reply.mtime_ns))
         self.uploaded += 1
         metrics.UFS_UPLOADS.labels("ok").inc()
         if result.get("stale"):

@@ -11,6 +11,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import ROOT_INO
 from curvine_py.master.cachepolicy import PIN, TIER, TTL, Policies, parse_ttl
 from curvine_py.master.posix import Cred
+from curvine_py.master.records import Allocate, Commit, CommitBlock, Evict, LastRead, Link, RecordReads, Setxattr, Victim
 
 from tests.unit.test_namespace import NS, errno_of
 
@@ -25,10 +26,10 @@ def ns(tmp_path: Path) -> Iterator[NS]:
 def _file(ns: NS, parent: int, name: str, size: int = 10) -> int:
     r = ns.create(parent, name)
     ino = r["attr"]["ino"]
-    alloc = ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=1)
+    alloc = ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)
     bid = alloc["block_ids"][0]
-    ns.do("commit", ino=ino, lease_id=r["lease_id"], size=size, release=True,
-          blocks=[{"block_id": bid, "offset": 0, "length": size, "checksum": 1}])
+    ns.do(Commit, ino=ino, lease_id=r["lease_id"], size=size, release=True,
+          blocks=[CommitBlock(bid, 0, size, 1)])
     return ino
 
 
@@ -45,14 +46,14 @@ def test_parse_ttl() -> None:
 
 def test_policy_xattrs_are_validated_and_normalised(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "d")
-    ns.do("setxattr", ino=d, name=TTL, value=b"2h")
-    ns.do("setxattr", ino=d, name=TIER, value=b"SSD")
-    ns.do("setxattr", ino=d, name=PIN, value=b"true")
+    ns.do(Setxattr, ino=d, name=TTL, value=b"2h")
+    ns.do(Setxattr, ino=d, name=TIER, value=b"SSD")
+    ns.do(Setxattr, ino=d, name=PIN, value=b"true")
     assert ns.ns.getxattr(Cred(0, 0, frozenset()), d, TTL) == b"7200"
     assert ns.ns.getxattr(Cred(0, 0, frozenset()), d, PIN) == b"1"
-    assert errno_of(lambda: ns.do("setxattr", ino=d, name=TTL, value=b"soon")) == errno.EINVAL
-    assert errno_of(lambda: ns.do("setxattr", ino=d, name=TIER, value=b"tape")) == errno.EINVAL
-    assert errno_of(lambda: ns.do("setxattr", ino=d, name=PIN, value=b"maybe")) == errno.EINVAL
+    assert errno_of(lambda: ns.do(Setxattr, ino=d, name=TTL, value=b"soon")) == errno.EINVAL
+    assert errno_of(lambda: ns.do(Setxattr, ino=d, name=TIER, value=b"tape")) == errno.EINVAL
+    assert errno_of(lambda: ns.do(Setxattr, ino=d, name=PIN, value=b"maybe")) == errno.EINVAL
 
 
 def test_effective_policies_inherit(ns: NS) -> None:
@@ -60,25 +61,25 @@ def test_effective_policies_inherit(ns: NS) -> None:
     b = ns.mkdir(a, "b")
     f = _file(ns, b, "f")
     g = _file(ns, ROOT_INO, "g")
-    ns.do("setxattr", ino=a, name=TTL, value=b"100")
-    ns.do("setxattr", ino=b, name=TIER, value=b"mem")
-    ns.do("setxattr", ino=a, name=PIN, value=b"1")
+    ns.do(Setxattr, ino=a, name=TTL, value=b"100")
+    ns.do(Setxattr, ino=b, name=TIER, value=b"mem")
+    ns.do(Setxattr, ino=a, name=PIN, value=b"1")
     p = Policies(ns.ns.conn)
     assert p.pinned(f) and not p.pinned(g)
     assert p.ttl_s(f) == 100 and p.ttl_s(g) is None
     assert p.tier(f) == "MEM" and p.tier(g) == ""
-    ns.do("link", ino=g, new_parent=b, new_name="g2")   # a name under a pinned tree pins the file
+    ns.do(Link, ino=g, new_parent=b, new_name="g2")   # a name under a pinned tree pins the file
     assert Policies(ns.ns.conn).pinned(g)
 
 
 def test_evict_removes_every_name_and_rechecks(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "d")
     f = _file(ns, d, "f")
-    ns.do("link", ino=f, new_parent=ROOT_INO, new_name="f2")
+    ns.do(Link, ino=f, new_parent=ROOT_INO, new_name="f2")
     gen = ns.ns.inode(f)["generation"]
-    stale = ns.do("evict", victims=[[f, gen - 1]])          # rewritten since the decision: kept
+    stale = ns.do(Evict, victims=[Victim(f, gen - 1)])          # rewritten since the decision: kept
     assert stale["evicted"] == [] and ns.lookup(d, "f")["ino"] == f
-    r = ns.do("evict", victims=[[f, gen]])
+    r = ns.do(Evict, victims=[Victim(f, gen)])
     assert r["evicted"] == [f] and r["bytes"] == 10 and len(r["freed"]) == 1
     assert errno_of(lambda: ns.lookup(d, "f")) == errno.ENOENT
     assert errno_of(lambda: ns.lookup(ROOT_INO, "f2")) == errno.ENOENT
@@ -86,9 +87,9 @@ def test_evict_removes_every_name_and_rechecks(ns: NS) -> None:
 
 def test_evict_spares_pinned_and_open_files(ns: NS) -> None:
     p = _file(ns, ROOT_INO, "p")
-    ns.do("setxattr", ino=p, name=PIN, value=b"1")
+    ns.do(Setxattr, ino=p, name=PIN, value=b"1")
     w = ns.create(ROOT_INO, "w")["attr"]["ino"]        # open for writing (lease held)
-    r = ns.do("evict", victims=[[p, ns.ns.inode(p)["generation"]], [w, ns.ns.inode(w)["generation"]]])
+    r = ns.do(Evict, victims=[Victim(p, ns.ns.inode(p)["generation"]), Victim(w, ns.ns.inode(w)["generation"])])
     assert r["evicted"] == []
-    ns.do("record_reads", reads=[[p, 123], [999999, 5]])
+    ns.do(RecordReads, reads=[LastRead(p, 123), LastRead(999999, 5)])
     assert [tuple(r) for r in ns.ns.conn.execute("SELECT ino, last_read_ns FROM reads")] == [(p, 123)]

@@ -16,10 +16,13 @@ from curvine_py.master import schema
 from curvine_py.master.journal import Journal
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
+from curvine_py.master.records import (
+    ROOT, Allocate, Commit, CommitBlock, Create, ExpireLeases, Link, Mknod, OpenWrite, Record, Rename, Rmdir,
+    Setattr, Unlink,
+)
 
-ROOT = [0, 0, []]
-ALICE = [1000, 1000, []]
-BOB = [1001, 1001, []]
+ALICE = Cred(1000, 1000, frozenset())
+BOB = Cred(1001, 1001, frozenset())
 
 
 class NS:
@@ -33,18 +36,19 @@ class NS:
         self.journal = Journal(self.ns)
         self.journal.start()
 
-    def do(self, op: str, cred: list = ROOT, **kw: Any) -> dict:
-        return self.journal.submit({"op": op, "cred": cred, "client_id": "c1", **kw})
+    def do(self, record: type[Record], cred: Cred = ROOT, **kw: Any) -> dict:
+        """Submit a record of type record (client c1 unless kw says otherwise)."""
+        return self.journal.submit(record(cred=cred, **{"client_id": "c1", **kw}))
 
-    def mkdir(self, parent: int, name: str, mode: int = 0o755, cred: list = ROOT) -> int:
-        return self.do("mknod", cred, parent=parent, name=name, mode=stat.S_IFDIR | mode)["attr"]["ino"]
+    def mkdir(self, parent: int, name: str, mode: int = 0o755, cred: Cred = ROOT) -> int:
+        return self.do(Mknod, cred, parent=parent, name=name, mode=stat.S_IFDIR | mode)["attr"]["ino"]
 
-    def create(self, parent: int, name: str, mode: int = 0o644, cred: list = ROOT, **kw: Any) -> dict:
-        return self.do("create", cred, parent=parent, name=name, mode=mode, exclusive=kw.pop("exclusive", False),
+    def create(self, parent: int, name: str, mode: int = 0o644, cred: Cred = ROOT, **kw: Any) -> dict:
+        return self.do(Create, cred, parent=parent, name=name, mode=mode, exclusive=kw.pop("exclusive", False),
                        lease_ms=60000, flags=kw.pop("flags", 0), **kw)
 
-    def lookup(self, parent: int, name: str, cred: list = ROOT) -> dict:
-        return self.ns.lookup(Cred(cred[0], cred[1], frozenset(cred[2])), parent, name)
+    def lookup(self, parent: int, name: str, cred: Cred = ROOT) -> dict:
+        return self.ns.lookup(cred, parent, name)
 
 
 @pytest.fixture
@@ -70,59 +74,59 @@ def test_mkdir_lookup_and_nlink(ns: NS) -> None:
     assert errno_of(lambda: ns.lookup(ROOT_INO, "zz")) == errno.ENOENT
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "x" * 256)) == errno.ENAMETOOLONG
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "a/b")) == errno.EINVAL
-    assert errno_of(lambda: ns.do("rmdir", parent=ROOT_INO, name="a")) == errno.ENOTEMPTY
+    assert errno_of(lambda: ns.do(Rmdir, parent=ROOT_INO, name="a")) == errno.ENOTEMPTY
 
 
 def test_rename_rules(ns: NS) -> None:
     a, b = ns.mkdir(ROOT_INO, "a"), ns.mkdir(ROOT_INO, "b")
     f = ns.create(a, "f")["attr"]["ino"]
-    ns.do("commit", ino=f, lease_id=ns.ns.inode(f)["lease_id"], size=0, blocks=[], release=True)
-    ns.do("rename", parent=a, name="f", new_parent=b, new_name="g")
+    ns.do(Commit, ino=f, lease_id=ns.ns.inode(f)["lease_id"], size=0, blocks=[], release=True)
+    ns.do(Rename, parent=a, name="f", new_parent=b, new_name="g")
     assert ns.lookup(b, "g")["ino"] == f
-    assert errno_of(lambda: ns.do("rename", parent=ROOT_INO, name="a", new_parent=a, new_name="x")) == errno.EINVAL
-    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=ROOT_INO, new_name="a")) == errno.EISDIR
-    assert errno_of(lambda: ns.do("rename", parent=ROOT_INO, name="a", new_parent=b, new_name="g")) == errno.ENOTDIR
+    assert errno_of(lambda: ns.do(Rename, parent=ROOT_INO, name="a", new_parent=a, new_name="x")) == errno.EINVAL
+    assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=ROOT_INO, new_name="a")) == errno.EISDIR
+    assert errno_of(lambda: ns.do(Rename, parent=ROOT_INO, name="a", new_parent=b, new_name="g")) == errno.ENOTDIR
     ns.mkdir(a, "sub")
-    ns.do("rename", parent=a, name="sub", new_parent=b, new_name="sub")
+    ns.do(Rename, parent=a, name="sub", new_parent=b, new_name="sub")
     assert ns.ns.inode(a)["nlink"] == 2 and ns.ns.inode(b)["nlink"] == 3
-    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=b, new_name="sub",
+    assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=b, new_name="sub",
                                   flags=RENAME_NOREPLACE)) == errno.EEXIST
     ns.create(b, "h")
-    assert errno_of(lambda: ns.do("rename", parent=b, name="g", new_parent=b, new_name="h",
+    assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=b, new_name="h",
                                   flags=RENAME_NOREPLACE)) == errno.EEXIST
     g, h = ns.lookup(b, "g")["ino"], ns.lookup(b, "h")["ino"]
-    ns.do("rename", parent=b, name="g", new_parent=b, new_name="h", flags=RENAME_EXCHANGE)
+    ns.do(Rename, parent=b, name="g", new_parent=b, new_name="h", flags=RENAME_EXCHANGE)
     assert ns.lookup(b, "g")["ino"] == h and ns.lookup(b, "h")["ino"] == g
 
 
 def test_rename_over_file_frees_its_blocks(ns: NS) -> None:
     r = ns.create(ROOT_INO, "t.tmp")
     ino, lease = r["attr"]["ino"], r["lease_id"]
-    ids = ns.do("allocate", ino=ino, lease_id=lease, count=2)["block_ids"]
-    ns.do("commit", ino=ino, lease_id=lease, size=5 << 20, release=True,
-          blocks=[{"block_id": ids[0], "offset": 0, "length": 4 << 20, "checksum": 1},
-                  {"block_id": ids[1], "offset": 4 << 20, "length": 1 << 20, "checksum": 2}])
+    ids = ns.do(Allocate, ino=ino, lease_id=lease, count=2)["block_ids"]
+    ns.do(Commit, ino=ino, lease_id=lease, size=5 << 20, release=True,
+          blocks=[CommitBlock(ids[0], 0, 4 << 20, 1),
+                  CommitBlock(ids[1], 4 << 20, 1 << 20, 2)])
     r2 = ns.create(ROOT_INO, "u.tmp")
-    ns.do("commit", ino=r2["attr"]["ino"], lease_id=r2["lease_id"], size=0, blocks=[], release=True)
-    out = ns.do("rename", parent=ROOT_INO, name="u.tmp", new_parent=ROOT_INO, new_name="t.tmp")
+    ns.do(Commit, ino=r2["attr"]["ino"], lease_id=r2["lease_id"], size=0, blocks=[], release=True)
+    out = ns.do(Rename, parent=ROOT_INO, name="u.tmp", new_parent=ROOT_INO, new_name="t.tmp")
     assert sorted(out["freed"]) == sorted(ids)
 
 
 def test_hard_links_and_unlink(ns: NS) -> None:
     r = ns.create(ROOT_INO, "f")
     ino = r["attr"]["ino"]
-    ns.do("commit", ino=ino, lease_id=r["lease_id"], size=0, blocks=[], release=True)
-    ns.do("link", ino=ino, new_parent=ROOT_INO, new_name="f2")
+    ns.do(Commit, ino=ino, lease_id=r["lease_id"], size=0, blocks=[], release=True)
+    ns.do(Link, ino=ino, new_parent=ROOT_INO, new_name="f2")
     assert ns.ns.inode(ino)["nlink"] == 2
-    ns.do("unlink", parent=ROOT_INO, name="f")
+    ns.do(Unlink, parent=ROOT_INO, name="f")
     assert ns.ns.inode(ino)["nlink"] == 1
-    ns.do("unlink", parent=ROOT_INO, name="f2")
+    ns.do(Unlink, parent=ROOT_INO, name="f2")
     assert errno_of(lambda: ns.ns.inode(ino)) == errno.ENOENT
 
 
 def _closed_file(ns: NS, name: str) -> int:
     r = ns.create(ROOT_INO, name)
-    ns.do("commit", ino=r["attr"]["ino"], lease_id=r["lease_id"], size=0, blocks=[], release=True)
+    ns.do(Commit, ino=r["attr"]["ino"], lease_id=r["lease_id"], size=0, blocks=[], release=True)
     return int(r["attr"]["ino"])
 
 
@@ -131,44 +135,44 @@ def test_unlink_and_rename_keep_the_callers_open_files(ns: NS) -> None:
     the caller has open is left alone (`kept`), in the same transaction as the check;
     anything else is removed as usual."""
     f, g, other = _closed_file(ns, "f"), _closed_file(ns, "g"), _closed_file(ns, "other")
-    out = ns.do("unlink", parent=ROOT_INO, name="f", keep=[other, f])
+    out = ns.do(Unlink, parent=ROOT_INO, name="f", keep=[other, f])
     assert out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == f
-    out = ns.do("rename", parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[f])
+    out = ns.do(Rename, parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[f])
     assert out.get("kept")
     assert ns.lookup(ROOT_INO, "f")["ino"] == f and ns.lookup(ROOT_INO, "g")["ino"] == g
     # a kept name is not a held one: without it in `keep` (the file closed) it goes
-    out = ns.do("rename", parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[other])
+    out = ns.do(Rename, parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[other])
     assert not out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == g
     assert errno_of(lambda: ns.ns.inode(f)) == errno.ENOENT
     # one link of two: removing it drops no file, so nothing is kept
-    ns.do("link", ino=g, new_parent=ROOT_INO, new_name="g2")
-    out = ns.do("unlink", parent=ROOT_INO, name="g2", keep=[g])
+    ns.do(Link, ino=g, new_parent=ROOT_INO, new_name="g2")
+    out = ns.do(Unlink, parent=ROOT_INO, name="g2", keep=[g])
     assert not out.get("kept") and ns.ns.inode(g)["nlink"] == 1
     # errors come first, as without keep
-    assert errno_of(lambda: ns.do("unlink", ALICE, parent=ROOT_INO, name="f", keep=[g])) == errno.EACCES
-    assert errno_of(lambda: ns.do("unlink", parent=ROOT_INO, name="nothing", keep=[g])) == errno.ENOENT
+    assert errno_of(lambda: ns.do(Unlink, ALICE, parent=ROOT_INO, name="f", keep=[g])) == errno.EACCES
+    assert errno_of(lambda: ns.do(Unlink, parent=ROOT_INO, name="nothing", keep=[g])) == errno.ENOENT
 
 
 def test_permissions_and_sticky_bit(ns: NS) -> None:
     tmp = ns.mkdir(ROOT_INO, "tmp", 0o1777)
     mine = ns.create(tmp, "alice-file", cred=ALICE)
     assert mine["attr"]["uid"] == 1000 and mine["attr"]["gid"] == 1000
-    ns.do("commit", cred=ALICE, ino=mine["attr"]["ino"], lease_id=mine["lease_id"], size=0, blocks=[],
+    ns.do(Commit, cred=ALICE, ino=mine["attr"]["ino"], lease_id=mine["lease_id"], size=0, blocks=[],
           release=True)
-    assert errno_of(lambda: ns.do("unlink", BOB, parent=tmp, name="alice-file")) == errno.EPERM
+    assert errno_of(lambda: ns.do(Unlink, BOB, parent=tmp, name="alice-file")) == errno.EPERM
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "nope", cred=ALICE)) == errno.EACCES
     private = ns.mkdir(ROOT_INO, "private", 0o700)
     assert errno_of(lambda: ns.lookup(private, "x", cred=ALICE)) == errno.EACCES
-    assert errno_of(lambda: ns.do("setattr", ALICE, ino=private, valid=SETATTR_MODE, mode=0o777)) == errno.EPERM
-    assert errno_of(lambda: ns.do("setattr", ALICE, ino=mine["attr"]["ino"], valid=SETATTR_UID,
+    assert errno_of(lambda: ns.do(Setattr, ALICE, ino=private, valid=SETATTR_MODE, mode=0o777)) == errno.EPERM
+    assert errno_of(lambda: ns.do(Setattr, ALICE, ino=mine["attr"]["ino"], valid=SETATTR_UID,
                                   uid=0)) == errno.EPERM
-    ns.do("unlink", ALICE, parent=tmp, name="alice-file")
+    ns.do(Unlink, ALICE, parent=tmp, name="alice-file")
 
 
 def test_setgid_directory_inheritance(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "shared", 0o2777)
-    ns.do("setattr", ino=d, valid=4, gid=50)
-    sub = ns.do("mknod", ALICE, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)["attr"]
+    ns.do(Setattr, ino=d, valid=4, gid=50)
+    sub = ns.do(Mknod, ALICE, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)["attr"]
     assert sub["gid"] == 50 and sub["mode"] & stat.S_ISGID
     f = ns.create(d, "f", cred=ALICE)["attr"]
     assert f["gid"] == 50
@@ -179,19 +183,19 @@ def test_suid_cleared_on_write_by_non_root(ns: NS) -> None:
     r = ns.create(d, "prog", 0o6755, cred=ALICE)
     ino = r["attr"]["ino"]
     assert r["attr"]["mode"] & stat.S_ISUID
-    ids = ns.do("allocate", ALICE, ino=ino, lease_id=r["lease_id"], count=1)["block_ids"]
-    attr = ns.do("commit", ALICE, ino=ino, lease_id=r["lease_id"], size=10, release=True,
-                 blocks=[{"block_id": ids[0], "offset": 0, "length": 10, "checksum": 0}])["attr"]
+    ids = ns.do(Allocate, ALICE, ino=ino, lease_id=r["lease_id"], count=1)["block_ids"]
+    attr = ns.do(Commit, ALICE, ino=ino, lease_id=r["lease_id"], size=10, release=True,
+                 blocks=[CommitBlock(ids[0], 0, 10, 0)])["attr"]
     assert not attr["mode"] & stat.S_ISUID and not attr["mode"] & stat.S_ISGID
 
 
 def test_truncate_drops_blocks(ns: NS) -> None:
     r = ns.create(ROOT_INO, "big")
     ino, lease = r["attr"]["ino"], r["lease_id"]
-    ids = ns.do("allocate", ino=ino, lease_id=lease, count=3)["block_ids"]
-    blocks = [{"block_id": b, "offset": i * (4 << 20), "length": 4 << 20, "checksum": 0} for i, b in enumerate(ids)]
-    ns.do("commit", ino=ino, lease_id=lease, size=12 << 20, blocks=blocks, release=True)
-    out = ns.do("setattr", ino=ino, valid=SETATTR_SIZE, size=5 << 20)
+    ids = ns.do(Allocate, ino=ino, lease_id=lease, count=3)["block_ids"]
+    blocks = [CommitBlock(b, i * (4 << 20), 4 << 20, 0) for i, b in enumerate(ids)]
+    ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, blocks=blocks, release=True)
+    out = ns.do(Setattr, ino=ino, valid=SETATTR_SIZE, size=5 << 20)
     assert out["freed"] == [ids[2]]
     assert [b["length"] for b in ns.ns.blocks(ino)] == [4 << 20, 1 << 20]
 
@@ -199,11 +203,11 @@ def test_truncate_drops_blocks(ns: NS) -> None:
 def test_lease_excludes_other_clients_and_expires(ns: NS) -> None:
     r = ns.create(ROOT_INO, "leased")
     ino = r["attr"]["ino"]
-    ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=1)   # the writer's first write
-    assert errno_of(lambda: ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
-    ns.do("expire_leases", now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
+    ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)   # the writer's first write
+    assert errno_of(lambda: ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
+    ns.do(ExpireLeases, now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
     assert ns.ns.inode(ino)["lease_id"] == 0
-    assert ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)["lease_id"]
+    assert ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)["lease_id"]
 
 
 def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
@@ -213,17 +217,17 @@ def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
     r = ns.create(ROOT_INO, "soft", exclusive=True)
     ino = r["attr"]["ino"]
     assert r["soft"] and r["lease_id"] and ns.ns.inode(ino)["complete"] == 1
-    other = ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)   # no EBUSY
+    other = ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)   # no EBUSY
     assert other["lease_id"] != r["lease_id"] and not other["soft"]
     assert ns.ns.inode(ino)["complete"] == 0
-    assert errno_of(lambda: ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=1)) == errno.ESTALE
-    assert errno_of(lambda: ns.do("open_write", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY  # now hard
+    assert errno_of(lambda: ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)) == errno.ESTALE
+    assert errno_of(lambda: ns.do(OpenWrite, ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY  # now hard
 
     r = ns.create(ROOT_INO, "hardened")
     ino = r["attr"]["ino"]
-    ns.do("allocate", ino=ino, lease_id=r["lease_id"], count=2)
+    ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=2)
     assert ns.ns.inode(ino)["complete"] == 0
-    assert errno_of(lambda: ns.do("open_write", client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
+    assert errno_of(lambda: ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)) == errno.EBUSY
 
     existing = ns.create(ROOT_INO, "hardened", client_id="c1")   # open of an existing file: hard at once
     assert not existing["soft"]
@@ -233,9 +237,9 @@ def test_a_soft_lease_lapses_and_an_unlink_takes_the_file_at_once(ns: NS) -> Non
     r = ns.create(ROOT_INO, "kept")
     kept = r["attr"]["ino"]
     gone = ns.create(ROOT_INO, "gone")["attr"]["ino"]
-    ns.do("unlink", parent=ROOT_INO, name="gone")
+    ns.do(Unlink, parent=ROOT_INO, name="gone")
     assert errno_of(lambda: ns.ns.inode(gone)) == errno.ENOENT   # no writer holds anything
-    ns.do("expire_leases", now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
+    ns.do(ExpireLeases, now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
     row = ns.ns.inode(kept)
     assert row["lease_id"] == 0 and row["complete"] == 1 and row["size"] == 0
 
@@ -246,13 +250,13 @@ def test_lapsed_leases_are_released_soft_ones_at_once_hard_ones_in_batches(ns: N
     monkeypatch.setattr(files, "EXPIRE_BATCH", 3)
     soft = [ns.create(ROOT_INO, f"s{i}") for i in range(5)]
     hard = [ns.create(ROOT_INO, f"h{i}") for i in range(5)]
-    pending = {r["attr"]["ino"]: ns.do("allocate", ino=r["attr"]["ino"], lease_id=r["lease_id"], count=1)["block_ids"]
+    pending = {r["attr"]["ino"]: ns.do(Allocate, ino=r["attr"]["ino"], lease_id=r["lease_id"], count=1)["block_ids"]
                for r in hard}
     later = (max(r["lease_expiry_ms"] for r in soft + hard) + 1) * 1_000_000
-    out = ns.do("expire_leases", now_ns=later)
+    out = ns.do(ExpireLeases, now_ns=later)
     assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in soft)
     assert sum(1 for r in hard if ns.ns.inode(r["attr"]["ino"])["lease_id"]) == 2
-    freed = out["freed"] + ns.do("expire_leases", now_ns=later)["freed"]
+    freed = out["freed"] + ns.do(ExpireLeases, now_ns=later)["freed"]
     assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in hard)
     assert sorted(freed) == sorted(b for ids in pending.values() for b in ids)   # never-committed ids go
     assert all(ns.ns.inode(r["attr"]["ino"])["complete"] == 1 for r in soft + hard)
@@ -261,10 +265,10 @@ def test_lapsed_leases_are_released_soft_ones_at_once_hard_ones_in_batches(ns: N
 def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
     r = ns.create(ROOT_INO, "f")
     ino = r["attr"]["ino"]
-    assert errno_of(lambda: ns.do("commit", ino=ino, lease_id=r["lease_id"] + 99, size=0, blocks=[],
+    assert errno_of(lambda: ns.do(Commit, ino=ino, lease_id=r["lease_id"] + 99, size=0, blocks=[],
                                   release=True)) == errno.ESTALE
-    bad = [{"block_id": 999999, "offset": 0, "length": 1, "checksum": 0}]
-    assert errno_of(lambda: ns.do("commit", ino=ino, lease_id=r["lease_id"], size=1, blocks=bad,
+    bad = [CommitBlock(999999, 0, 1, 0)]
+    assert errno_of(lambda: ns.do(Commit, ino=ino, lease_id=r["lease_id"], size=1, blocks=bad,
                                   release=True)) == errno.EINVAL
 
 
@@ -278,9 +282,9 @@ def test_retry_cache_lookup_uses_the_request_index(ns: NS) -> None:
 
 def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
     for i in range(5):
-        ns.do("mknod", request_id=f"old-{i}", parent=ROOT_INO, name=f"old{i}", mode=stat.S_IFDIR | 0o755,
+        ns.do(Mknod, request_id=f"old-{i}", parent=ROOT_INO, name=f"old{i}", mode=stat.S_IFDIR | 0o755,
               now_ns=1_000_000_000 * (i + 1))
-    ns.do("mknod", request_id="new-1", parent=ROOT_INO, name="new1", mode=stat.S_IFDIR | 0o755)
+    ns.do(Mknod, request_id="new-1", parent=ROOT_INO, name="new1", mode=stat.S_IFDIR | 0o755)
     conn = ns.ns.conn
     count = lambda: conn.execute("SELECT count(*) FROM oplog").fetchone()[0]  # noqa: E731
     assert count() == 6
@@ -294,12 +298,12 @@ def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
 
 
 def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:
-    first = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
-    again = ns.do("mknod", request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
+    first = ns.do(Mknod, request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
+    again = ns.do(Mknod, request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
     assert again["attr"]["ino"] == first["attr"]["ino"]
-    e1 = errno_of(lambda: ns.do("unlink", request_id="req-3", parent=ROOT_INO, name="missing"))
+    e1 = errno_of(lambda: ns.do(Unlink, request_id="req-3", parent=ROOT_INO, name="missing"))
     ns.create(ROOT_INO, "missing")
-    e2 = errno_of(lambda: ns.do("unlink", request_id="req-3", parent=ROOT_INO, name="missing"))
+    e2 = errno_of(lambda: ns.do(Unlink, request_id="req-3", parent=ROOT_INO, name="missing"))
     assert e1 == e2 == errno.ENOENT  # the retry gets the first answer, not a second application
 
 
@@ -309,7 +313,7 @@ def test_readdir_offsets_are_stable(ns: NS) -> None:
         ns.create(d, f"f{i}")
     root = Cred(0, 0, frozenset())
     first = ns.ns.readdir(root, d, 0, 4, False)
-    ns.do("unlink", parent=d, name="f0")
+    ns.do(Unlink, parent=d, name="f0")
     ns.create(d, "new")
     rest = ns.ns.readdir(root, d, first[-1]["seq"], 100, False)
     names = [r["name"] for r in first + rest]
@@ -320,8 +324,8 @@ def test_readdir_offsets_are_stable(ns: NS) -> None:
 def test_symlinks_resolve(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "real")
     ns.create(d, "file")
-    ns.do("mknod", parent=ROOT_INO, name="link", mode=stat.S_IFLNK | 0o777, target="real")
-    ns.do("mknod", parent=ROOT_INO, name="loop", mode=stat.S_IFLNK | 0o777, target="/loop")
+    ns.do(Mknod, parent=ROOT_INO, name="link", mode=stat.S_IFLNK | 0o777, target="real")
+    ns.do(Mknod, parent=ROOT_INO, name="loop", mode=stat.S_IFLNK | 0o777, target="/loop")
     root = Cred(0, 0, frozenset())
     assert ns.ns.resolve(root, "/link/file")["ino"] == ns.lookup(d, "file")["ino"]
     assert stat.S_ISLNK(ns.ns.resolve(root, "/link", follow=False)["mode"])
