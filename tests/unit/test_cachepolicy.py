@@ -11,7 +11,9 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import ROOT_INO
 from curvine_py.master.cachepolicy import PIN, TIER, TTL, Policies, parse_ttl
 from curvine_py.master.posix import Cred
-from curvine_py.master.records import Allocate, Commit, CommitBlock, Evict, LastRead, Link, RecordReads, Setxattr, Victim
+from curvine_py.master.records import (
+    Allocate, Commit, CommitBlock, Evict, LastRead, Link, RecordReads, Setxattr, Victim,
+)
 
 from tests.unit.test_namespace import NS, errno_of
 
