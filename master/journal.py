@@ -142,9 +142,12 @@ class Journal:
         self.conn.execute("SAVEPOINT op")
         try:
             result = self.ns.apply(rec)
-        except CurvineError as e:
+        except (CurvineError, ValueError, TypeError, OverflowError, KeyError) as e:
             self.conn.execute("ROLLBACK TO op")
             self.conn.execute("RELEASE op")
+            if not isinstance(e, CurvineError):   # a bug in one op fails that record, not its batch
+                log.exception("op %s failed", rec.op)
+                e = CurvineError(errno.EIO, f"internal error applying {rec.op}: {e}")
             if rid:  # a failed op is remembered too, so its retry fails the same way
                 self._log(rec, rid, {"__errno": e.errno, "__msg": e.strerror})
             return e
