@@ -15,6 +15,7 @@ run: install
 	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground
 
 test: install peer-deps
+	$(VENV)/bin/ruff check curvine_py master worker fuse tests bench bench/compare
 	$(PY) -m pytest -q tests
 
 install: $(STAMP)
@@ -64,9 +65,11 @@ proto:
 bench: install
 	$(PY) bench/sdk_bench.py
 
-# Ours vs MooseFS vs a local directory on 3 network-namespace hosts (root), one table.
+# Ours vs MooseFS vs a local directory on 3 network-namespace hosts (root), one table;
+# then the UFS smoke run (SeaweedFS on loopback vs OpenDAL's own GETs, ~20 s; bench/ufs_bench.py).
 compare: install peer-deps
 	$(PY) bench/compare
+	$(PY) bench/ufs_bench.py --quick
 
 clean:
 	-$(VENV)/bin/cv cluster stop --dir .curvine

@@ -181,9 +181,9 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
     """fn(*args) in a worker thread for request req, as trio.to_thread.run_sync with
     abandon_on_cancel=True, but given up by the watchdog (Hop.abandon: Abandoned raised
     here) without a cancel scope (but for a wait for a free thread).  An outer cancellation
-    (the loop stopping) abandons it too.  A result that comes after the request was given up goes to discard (an unpin, a
-    descriptor to close, a writer to fail), in a thread.  The limiter's token is held until
-    the thread really ends."""
+    (the loop stopping) abandons it too.  A result that comes after the request was given
+    up goes to discard (an unpin, a descriptor to close, a writer to fail), in a thread.
+    The limiter's token is held until the thread really ends."""
     if req.expired:
         raise Abandoned()
     task = trio.lowlevel.current_task()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
-from curvine_py.testhosts import unavailable_reason
+from curvine_py.testing.testhosts import unavailable_reason
 from tests.conftest import uring_probe
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -37,10 +37,13 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "kv_concurrency.py": ("--small", "--json"),
     "metrics_cost.py": ("--files", "2", "--size", "1MiB", "--meta", "20", "--rounds", "1", "--json"),
     "random_reads.py": ("--size", "64MiB", "--reads", "20", "--json"),
+    "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--json"),
+    "ufs_bench.py": ("--quick", "--json"),
 }
-NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py"}   # under the system temp dir, removed after
-MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py"}
-NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testhosts.py)
+NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py"}   # under the system temp dir, removed after
+MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
+          "ufs_bench.py"}
+NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testing/testhosts.py)
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
 
@@ -139,6 +142,14 @@ def check_figures(script: str, out: str) -> None:
         assert set(res) == {"local disk", "curvine, replica here", "curvine, over the network"}, res
         for figs in res.values():
             positive(figs, "iops", "MiBps", "p50_ms")
+    elif script == "ufs_libs.py":
+        rows = json.loads(out[out.index("["):])   # (a load-average line comes first)
+        assert rows, out
+        for row in rows:
+            positive(row, "MBps")
+    elif script == "ufs_bench.py":
+        positive(json.loads(out), "peer_x1_MBps", "cold_MBps", "warm_disk_MBps", "load_MBps", "kv_pool_GBps",
+                 "kv_back_GBps")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
