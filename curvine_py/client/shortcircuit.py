@@ -256,12 +256,12 @@ class ShortCircuit:
             local = self._blocks.get(key)
             if local is not None:
                 self._blocks.move_to_end(key)
-        if local is not None and local.meta.checksum == block.checksum:
+        if local is not None and _same_version(local.meta.checksum, block):
             return local
         local = self._probe_layout(addr, block)
         if local is None:   # not where the layout says (another dir, a changed layout): ask
             reply = self._stub(addr).StatBlock(pb.BlockRequest(block_id=block.block_id), timeout=STAT_TIMEOUT_S)
-            if not reply.exists or not reply.path or reply.checksum != block.checksum:
+            if not reply.exists or not reply.path or not _same_version(reply.checksum, block):
                 return None
             local = _load(reply.path, block)
             if local is None:
@@ -373,9 +373,18 @@ def _load(path: str, block: pb.BlockInfo) -> LocalBlock | None:
     """path's sidecar parsed, if it describes this block version (else None)."""
     with open(path + ".meta", "rb") as f:
         meta = BlockMeta.decode(f.read())
-    if meta.checksum != block.checksum or meta.length != block.length:
+    if not _same_version(meta.checksum, block) or meta.length != block.length:
         return None
     return LocalBlock(path, meta)
+
+
+def _same_version(checksum: int, block: pb.BlockInfo) -> bool:
+    """Is a local file with this whole-block checksum the block the master means?  A UFS
+    file's block cut from its object has checksum 0 at the master (unknown until a worker
+    fetched it; its id is never reused, a changed object gets new ids): then the worker's
+    sidecar, written from the fetched bytes, is the reference, and every chunk is still
+    verified against it."""
+    return checksum == block.checksum or (block.checksum == 0 and bool(block.ufs.mount_id))
 
 
 def _pread_full(fd: int, view: memoryview, offset: int) -> None:

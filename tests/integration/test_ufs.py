@@ -27,7 +27,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
 from curvine_py.sdk import Client
 
-from tests.conftest import START_TIMEOUT_S, client_config, start_cluster
+from tests.conftest import START_TIMEOUT_S, client_config, client_on_host, start_cluster
 
 MiB = 1 << 20
 BLOCK = 4 * MiB
@@ -155,6 +155,24 @@ def test_an_object_changed_behind_our_back_reads_new_after_the_ttl(client: Clien
     (nas / "g").unlink()
     time.sleep(1.2)
     assert "g" not in client.listdir(mp)
+
+
+def test_cached_ufs_blocks_are_read_from_the_local_block_file(ufs_cluster: LocalCluster, client: Client,
+                                                               nas: Path, request: pytest.FixtureRequest) -> None:
+    """A fetched UFS block has checksum 0 at the master (cut from the object): a reader on a
+    worker's host still reads its replica there by short-circuit, verified against the
+    sidecar the worker wrote from the fetched bytes."""
+    body = rand(2 * BLOCK + 3)
+    (nas / "sc").write_bytes(body)
+    mp = mount_point(request)
+    client.ufs.mount(f"file://{nas}", mp)
+    assert client.get_bytes(f"{mp}/sc") == body
+    wait_for(lambda: client.ufs.stat(f"{mp}/sc").cached_bytes == len(body), 10, "cached")
+    with client_on_host(ufs_cluster, ufs_cluster.worker_host(0)) as local:
+        sc = local.core.shortcircuit
+        assert sc is not None
+        assert local.get_bytes(f"{mp}/sc") == body
+        assert sc.stats()["reads"] >= 1 and sc.stats()["fallbacks"] == 0, sc.stats()
 
 
 def test_freed_and_lost_files_read_again(client: Client, ufs_cluster: LocalCluster, nas: Path,
