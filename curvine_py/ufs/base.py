@@ -101,5 +101,6 @@ def parse_options(uri: str, options: Mapping[str, str], known: frozenset[str]) -
     """The options a provider understands, or a UfsError naming the first unknown one."""
     unknown = sorted(set(options) - known)
     if unknown:
-        raise invalid(uri, f"unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        takes = f"known: {', '.join(sorted(known))}" if known else "this scheme takes no options"
+        raise invalid(uri, f"unknown option {unknown[0]!r} ({takes})")
     return dict(options)
