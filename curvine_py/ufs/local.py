@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat as st
+import typing
 from collections.abc import Iterator, Mapping
 
 from curvine_py.ufs.base import ObjectInfo, UfsError, parse_options
@@ -148,24 +149,21 @@ class LocalUfs:
             raise self._err("copy", f"{src} -> {dst}", e) from None
 
     def delete(self, key: str) -> None:
-        try:
-            os.unlink(self.path(key, root_ok=False))
-        except FileNotFoundError:
-            pass
-        except UfsError:
-            raise
-        except OSError as e:
-            raise self._err("delete", key, e) from None
+        self._remove("delete", os.unlink, key)
 
     def rmdir(self, key: str) -> None:
+        self._remove("rmdir", os.rmdir, key)
+
+    def _remove(self, op: str, remove: typing.Callable[[str], None], key: str) -> None:
+        """remove(key's path); a missing one is not an error (S3's delete is idempotent too)."""
         try:
-            os.rmdir(self.path(key, root_ok=False))
+            remove(self.path(key, root_ok=False))
         except FileNotFoundError:
             pass
         except UfsError:
             raise
         except OSError as e:
-            raise self._err("rmdir", key, e) from None
+            raise self._err(op, key, e) from None
 
     def close(self) -> None:
         """Nothing held between calls."""
