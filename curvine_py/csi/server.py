@@ -91,13 +91,20 @@ def _serve(endpoint: Endpoint, add: typing.Callable[[grpc.Server], None], what: 
     """Serve until SIGTERM/SIGINT (the signal only sets an event: the stop runs here).
     prepare runs once the endpoint is ours (a second driver stops before touching a mount)
     and before the first request is served."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
-    add(server)
-    _listen(server, endpoint)
-    prepare()
-    server.start()
+    # The handlers go in before the socket is bound: a SIGTERM that arrives once a
+    # supervisor can see the socket answer must stop the server, not kill the process.
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
+    try:
+        add(server)
+        _listen(server, endpoint)
+        prepare()
+        server.start()
+    except BaseException:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        raise
     log.info("%s serving on %s", what, endpoint.address)
     try:
         while not stop.wait(1.0):

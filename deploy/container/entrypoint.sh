@@ -61,9 +61,14 @@ supervise() {
     rc=0
     wait "$child" || rc=$?
     if [ "$stopping" = 1 ]; then
-      # wait was interrupted by the signal: now wait for the driver's own exit
+      # wait was interrupted by the signal: now wait for the driver's own exit.  A driver
+      # still starting (before its handlers) dies of the TERM we forwarded: that is the
+      # stop that was asked for, not a failure.
       rc=0
       wait "$child" || rc=$?
+      case "$rc" in
+        143) rc=0 ;;
+      esac
       exit "$rc"
     fi
     child=""

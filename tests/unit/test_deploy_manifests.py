@@ -743,6 +743,25 @@ def test_entrypoint_starts_a_killed_csi_node_again_and_stops_on_sigterm(tmp_path
         log.close()
 
 
+def test_entrypoint_stopped_while_its_csi_node_starts_exits_0(tmp_path: Path) -> None:
+    """A pod ended while its driver is still importing (no handlers yet): the TERM the
+    entrypoint forwards kills the driver, and that is the asked-for stop, exit 0 (CI saw 143)."""
+    env = entrypoint_env({}, os.devnull)
+    ep = subprocess.Popen(["sh", str(ENTRYPOINT), "csi-node", "--endpoint", f"unix://{tmp_path / 'csi.sock'}",
+                           "--node-id", "n1", "--state-dir", str(tmp_path / "state")], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait("the driver", lambda: _children(ep.pid))
+        ep.send_signal(signal.SIGTERM)
+        assert ep.wait(timeout=30) == 0
+    finally:
+        if ep.poll() is None:
+            for child in _children(ep.pid):
+                os.kill(child, signal.SIGKILL)
+            ep.kill()
+            ep.wait()
+
+
 def _zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
