@@ -1,15 +1,15 @@
-"""The master's framed metadata server: MasterService over plain TCP frames.
+"""The master's framed metadata server: MasterService's handlers over plain TCP frames.
 
-The gRPC server stays (workers, tests and older clients use it); this one serves the
-same ``MasterService`` method objects to clients, without gRPC's per-call cost (0.4-0.6
-ms of a Python gRPC round trip against ~12 us of handler, docs/performance.md).  The
-wire format is in ``common/metaframes.py`` and docs/wire.md.
+The gRPC server stays (workers, tests and other languages' clients use it); this one
+serves the same transport-neutral handlers (``errors.handler``: request -> reply) to
+clients, without gRPC's per-call cost (0.4-0.6 ms of a Python gRPC round trip against
+~12 us of handler, docs/performance.md).  The wire format is in
+``common/metaframes.py`` and docs/wire.md.
 
-One thread per connection, one request at a time per connection: a client keeps one
-connection per calling thread, so replies never need reordering, and the mount's up to
-64 threads make at most 64 connections.  The handlers are the gRPC ones, decorated with
-``errors.rpc_method``: they report errors through a ``FrameContext`` that implements
-the two calls that decorator makes on a ``grpc.ServicerContext``.
+One thread per connection (``common/listener.py``'s server), one request at a time per
+connection: a client keeps one connection per calling thread, so replies never need
+reordering, and the mount's up to 64 threads make at most 64 connections.  A handler's
+CurvineError becomes its errno on the wire, Unavailable the UNAVAILABLE status.
 """
 from __future__ import annotations
 
@@ -18,135 +18,54 @@ import hmac
 import logging
 import os
 import socket
-import threading
 import typing
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from curvine_py.common import metaframes as mf
-from curvine_py.common.errors import ERRNO_KEY
+from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.common.frames import send_all
+from curvine_py.common.listener import ConnectionServer
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
-# What errors.status_of maps each errno to, inverted (for aborts that carry no errno).
-_ERRNO_OF_CODE = {
-    grpc.StatusCode.NOT_FOUND: errno.ENOENT, grpc.StatusCode.ALREADY_EXISTS: errno.EEXIST,
-    grpc.StatusCode.PERMISSION_DENIED: errno.EACCES, grpc.StatusCode.RESOURCE_EXHAUSTED: errno.ENOSPC,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errno.ETIMEDOUT, grpc.StatusCode.INTERNAL: errno.EIO,
-    grpc.StatusCode.UNIMPLEMENTED: errno.ENOSYS, grpc.StatusCode.FAILED_PRECONDITION: errno.ESTALE,
-    grpc.StatusCode.INVALID_ARGUMENT: errno.EINVAL,
-}
-Handler = typing.Callable[[typing.Any, "FrameContext"], typing.Any]
+Handler = typing.Callable[[typing.Any], typing.Any]
 
 
-class FrameAbort(grpc.RpcError):
-    """Raised by FrameContext.abort; an RpcError so that rpc_method lets it through."""
-
-    def __init__(self, status: int, details: str) -> None:
-        super().__init__(details)
-        self.status = status
-        self.details = details
-
-
-class FrameContext:
-    """The part of grpc.ServicerContext the master's handlers use (via errors.rpc_method)."""
-
-    __slots__ = ("errno",)
-
-    def __init__(self) -> None:
-        self.errno = 0
-
-    def set_trailing_metadata(self, metadata: typing.Iterable[tuple[str, str]]) -> None:
-        for key, value in metadata:
-            if key == ERRNO_KEY:
-                self.errno = int(value)
-
-    def abort(self, code: grpc.StatusCode, details: str) -> typing.NoReturn:
-        raise FrameAbort(status_of(code, self.errno), details)
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def peer(self) -> str:
-        return "frames"
-
-    def time_remaining(self) -> None:
-        return None
-
-    def is_active(self) -> bool:
-        return True
-
-
-def status_of(code: grpc.StatusCode, err: int = 0) -> int:
-    """A frame status for a gRPC outcome: the errno if there is one, else by code."""
-    if err > 0:
-        return err
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return mf.UNAVAILABLE
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return mf.UNAUTHENTICATED
-    return _ERRNO_OF_CODE.get(code, errno.EIO)
-
-
-class FrameServer:
+class FrameServer(ConnectionServer):
     """Listens on the frame port and serves MasterService calls until stop()."""
 
     def __init__(self, service: object, secret: str, bind: str, port: int) -> None:
         self._handlers: list[Handler] = [getattr(service, m.name) for m in mf.METHODS]
         self._secret = secret
-        self._bind, self._port = bind, port
-        self._listener: socket.socket | None = None
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def start(self) -> int:
-        """Bind, listen and start accepting; returns the bound port (OSError if taken)."""
-        lsock = socket.socket(socket.AF_INET6 if ":" in self._bind else socket.AF_INET, socket.SOCK_STREAM)
+        self._address = (bind, port)
+        lsock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a restarted master rebinds at once
+        super().__init__(lsock, "frames")
+
+    def start(self) -> "FrameServer":
+        """Bind, listen and start accepting (OSError if the port is taken)."""
         try:
-            lsock.bind((self._bind, self._port))
-            lsock.listen(128)
+            self._listener.bind(self._address)
+            self._listener.listen(128)
         except OSError:
-            lsock.close()
+            self._listener.close()
             raise
-        self._listener = lsock
-        threading.Thread(target=self._accept_loop, name="frames-accept", daemon=True).start()
-        return int(lsock.getsockname()[1])
+        super().start()
+        return self
+
+    @property
+    def port(self) -> int:
+        """The bound port (an ephemeral one when 0 was asked), which GetRing names."""
+        return int(self._listener.getsockname()[1])
 
     def stop(self) -> None:
         """Stop accepting and cut every connection (their threads then exit)."""
-        with self._lock:
-            self._stopped = True
-            conns, self._conns = list(self._conns), set()
-        for s in ([self._listener] if self._listener else []) + conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)   # wakes a thread blocked in accept or recv
-            except OSError:
-                pass
-            s.close()
+        self.close(grace_s=1.0)
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                if self._stopped:
-                    return
-                continue   # e.g. EMFILE, or a connection reset before accept: keep serving
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            with self._lock:
-                if self._stopped:
-                    conn.close()
-                    return
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="frames-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket, addr: object) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         try:
             reader = mf.FrameReader(conn)
             if self._handshake(conn, reader):
@@ -155,10 +74,6 @@ class FrameServer:
             pass   # the client went away (or the server is stopping)
         except Exception:
             log.exception("frame connection failed")
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
 
     def _handshake(self, conn: socket.socket, reader: mf.FrameReader) -> bool:
         """Hello with a fresh nonce; the client must answer HMAC(secret, nonce)."""
@@ -211,10 +126,12 @@ class FrameServer:
         except DecodeError:
             return errno.EINVAL, f"{method.name}: undecodable request".encode()
         try:
-            reply = self._handlers[method_id](request, FrameContext())
-        except FrameAbort as e:
-            return e.status, e.details.encode()
-        except Exception as e:   # handlers are wrapped by rpc_method; this is a last resort
+            reply = self._handlers[method_id](request)
+        except CurvineError as e:
+            return e.errno or errno.EIO, (e.strerror or "error").encode()
+        except Unavailable as e:
+            return mf.UNAVAILABLE, str(e).encode()
+        except Exception as e:   # handlers turn their own bugs into EIO; this is a last resort
             log.exception("internal error in %s", method.name)
             return errno.EIO, f"internal error in {method.name}: {e}".encode()
         return mf.OK, reply.SerializeToString()

@@ -15,7 +15,7 @@ from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
-from curvine_py.common.rpc import server_options
+from curvine_py.common.rpc import grpc_servicer, server_options
 from curvine_py.common.security import SecretCheck
 from curvine_py.master.framed import FrameServer
 from curvine_py.master.metrics import MasterCollector
@@ -51,7 +51,7 @@ def start_frames(cfg: config.Config, service: MasterService) -> FrameServer | No
         return None
     frames = FrameServer(service, cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port)
     try:
-        service.frame_port = frames.start()
+        service.frame_port = frames.start().port
     except OSError as e:
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.frame_port} "
                           f"(master.frame_port; port in use?): {e.strerror}") from None
@@ -74,7 +74,7 @@ def build_server(cfg: config.Config) -> Servers:
                                                     thread_name_prefix="rpc"),
                          options=server_options(),
                          interceptors=[SecretCheck(cfg.cluster.secret, "master")])
-    pb_grpc.add_MasterServiceServicer_to_server(service, server)
+    pb_grpc.add_MasterServiceServicer_to_server(grpc_servicer(service, "MasterService"), server)
     try:
         port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
     except RuntimeError:

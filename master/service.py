@@ -1,4 +1,8 @@
-"""The master's gRPC service: translates calls into namespace reads and journal records.
+"""The master's service: translates calls into namespace reads and journal records.
+
+Its handlers are transport-neutral (``errors.handler``: request -> reply, our own
+errors): the framed channel (master/framed.py) calls them directly, gRPC through
+``rpc.grpc_servicer`` (master/main.py).
 
 Reads run on a per-thread SQLite connection (WAL lets them proceed beside the
 writer); mutations become op records given to the journal, and blocks they free are
@@ -14,10 +18,8 @@ import threading
 import time
 from typing import Any, Iterable
 
-import grpc
-
 from curvine_py.common.config import Config
-from curvine_py.common.errors import Unavailable, err, rpc_method
+from curvine_py.common.errors import Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.types import SETATTR_SIZE
 from curvine_py.common.version import package_version
@@ -41,7 +43,6 @@ from curvine_py.master.workerrpc import WorkerClients
 from curvine_py.master.posix import R, W, Cred
 from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
-from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
@@ -72,10 +73,10 @@ def envelope(c: pb.Caller) -> Envelope:
     return Envelope(cred=cred_of(c), request_id=c.request_id, client_id=c.client_id, now_ns=0)
 
 
-class MasterService(pb_grpc.MasterServiceServicer):
+class MasterService:
     """One instance per master process."""
 
-    rpc_seconds = metrics.RPC_SECONDS   # every rpc_method call is timed there (common/errors.py)
+    rpc_seconds = metrics.RPC_SECONDS   # every handler call is timed there (common/errors.py)
 
     def __init__(self, cfg: Config, db_path: str) -> None:
         self.cfg = cfg
@@ -183,8 +184,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
                             dirs=dirs_of(result), soft_lease=bool(result.get("soft")))
 
     # ------------------------------------------------------------------ namespace reads
-    @rpc_method
-    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def Lookup(self, request: pb.LookupRequest) -> pb.AttrReply:
         self.ufs.fresh_dir(request.parent)
         row = self.ns.lookup(cred_of(request.caller), request.parent, request.name)
         reply = pb.AttrReply(attr=to_attr(row))
@@ -193,17 +194,17 @@ class MasterService(pb_grpc.MasterServiceServicer):
             reply.blocks.extend(self._block_info(b, a.block_size, None) for b in self.ns.blocks(a.ino))
         return reply
 
-    @rpc_method
-    def GetAttr(self, request: pb.InodeRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def GetAttr(self, request: pb.InodeRequest) -> pb.AttrReply:
         return pb.AttrReply(attr=to_attr(self.ns.inode(request.ino)))
 
-    @rpc_method
-    def ResolvePath(self, request: pb.PathRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def ResolvePath(self, request: pb.PathRequest) -> pb.AttrReply:
         row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks, self.ufs.fresh_dir)
         return pb.AttrReply(attr=to_attr(row))
 
-    @rpc_method
-    def ReadDir(self, request: pb.ReadDirRequest, context: grpc.ServicerContext) -> pb.ReadDirReply:
+    @handler
+    def ReadDir(self, request: pb.ReadDirRequest) -> pb.ReadDirReply:
         limit = request.limit or 1000
         if not request.offset:
             self.ufs.fresh_dir(request.ino)
@@ -212,20 +213,20 @@ class MasterService(pb_grpc.MasterServiceServicer):
                                attr=to_attr(r) if request.plus else None) for r in rows]
         return pb.ReadDirReply(entries=entries, eof=len(rows) < min(limit, 10000))
 
-    @rpc_method
-    def Readlink(self, request: pb.InodeRequest, context: grpc.ServicerContext) -> pb.ReadlinkReply:
+    @handler
+    def Readlink(self, request: pb.InodeRequest) -> pb.ReadlinkReply:
         return pb.ReadlinkReply(target=self.ns.readlink(request.ino))
 
-    @rpc_method
-    def GetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.XattrReply:
+    @handler
+    def GetXattr(self, request: pb.XattrRequest) -> pb.XattrReply:
         return pb.XattrReply(value=self.ns.getxattr(cred_of(request.caller), request.ino, request.name))
 
-    @rpc_method
-    def ListXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.XattrReply:
+    @handler
+    def ListXattr(self, request: pb.XattrRequest) -> pb.XattrReply:
         return pb.XattrReply(names=self.ns.listxattr(cred_of(request.caller), request.ino))
 
-    @rpc_method
-    def StatFs(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.StatFsReply:
+    @handler
+    def StatFs(self, request: pb.Empty) -> pb.StatFsReply:
         live = self.registry.live_workers()
         cap, used = sum(w.capacity for w in live), sum(w.used for w in live)
         files, _ = self.ns.counts()
@@ -233,8 +234,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
                               block_size=self.cfg.master.block_size)
 
     # ------------------------------------------------------------------ namespace mutations
-    @rpc_method
-    def SetAttr(self, request: pb.SetAttrRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def SetAttr(self, request: pb.SetAttrRequest) -> pb.AttrReply:
         rec = Setattr(**envelope(request.caller), ino=request.ino, valid=request.valid, mode=request.mode,
                       uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
                       mtime_ns=request.mtime_ns)
@@ -243,8 +244,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
         return pb.AttrReply(attr=to_attr(attr))
 
-    @rpc_method
-    def Mknod(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def Mknod(self, request: pb.MknodRequest) -> pb.AttrReply:
         if stat.S_ISDIR(request.mode) and not request.symlink_target:
             self.ufs.mkdir(request.parent, request.name)
         rec = Mknod(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
@@ -253,8 +254,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         result = self.submit(rec)
         return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
-    @rpc_method
-    def Create(self, request: pb.MknodRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+    @handler
+    def Create(self, request: pb.MknodRequest) -> pb.OpenReply:
         self.ufs.fresh_dir(request.parent)
         rec = Create(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
                      umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
@@ -264,22 +265,22 @@ class MasterService(pb_grpc.MasterServiceServicer):
             self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
         return self._open_reply(result)
 
-    @rpc_method
-    def Link(self, request: pb.LinkRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def Link(self, request: pb.LinkRequest) -> pb.AttrReply:
         rec = Link(**envelope(request.caller), ino=request.ino, new_parent=request.new_parent,
                    new_name=request.new_name)
         result = self.submit(rec)
         return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
 
-    @rpc_method
-    def Unlink(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+    @handler
+    def Unlink(self, request: pb.UnlinkRequest) -> pb.DirsReply:
         self.ufs.unlink(request.parent, request.name)
         result = self.submit(Unlink(**envelope(request.caller), parent=request.parent, name=request.name,
                                     keep=tuple(request.keep)))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
-    @rpc_method
-    def Rmdir(self, request: pb.UnlinkRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+    @handler
+    def Rmdir(self, request: pb.UnlinkRequest) -> pb.DirsReply:
         child = self.ns.child(request.parent, request.name)
         if child is not None:
             self.ufs.fresh_dir(child["ino"])   # names only the UFS has make it non-empty
@@ -287,8 +288,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.ufs.rmdir(request.parent, request.name)
         return pb.DirsReply(dirs=dirs_of(result))
 
-    @rpc_method
-    def Rename(self, request: pb.RenameRequest, context: grpc.ServicerContext) -> pb.DirsReply:
+    @handler
+    def Rename(self, request: pb.RenameRequest) -> pb.DirsReply:
         rec = Rename(**envelope(request.caller), parent=request.parent, name=request.name,
                      new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
                      keep=tuple(request.keep))
@@ -296,20 +297,20 @@ class MasterService(pb_grpc.MasterServiceServicer):
                                  request.flags, lambda: self.submit(rec))
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
 
-    @rpc_method
-    def SetXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
+    @handler
+    def SetXattr(self, request: pb.XattrRequest) -> pb.Empty:
         self.submit(Setxattr(**envelope(request.caller), ino=request.ino, name=request.name,
                              value=bytes(request.value), flags=request.flags))
         return pb.Empty()
 
-    @rpc_method
-    def RemoveXattr(self, request: pb.XattrRequest, context: grpc.ServicerContext) -> pb.Empty:
+    @handler
+    def RemoveXattr(self, request: pb.XattrRequest) -> pb.Empty:
         self.submit(Removexattr(**envelope(request.caller), ino=request.ino, name=request.name))
         return pb.Empty()
 
     # ------------------------------------------------------------------ file data
-    @rpc_method
-    def Open(self, request: pb.OpenRequest, context: grpc.ServicerContext) -> pb.OpenReply:
+    @handler
+    def Open(self, request: pb.OpenRequest) -> pb.OpenReply:
         self.ufs.fresh_file(request.ino)
         if request.write:
             rec = OpenWrite(**envelope(request.caller), ino=request.ino, flags=request.flags,
@@ -324,9 +325,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.evictor.note_read(row["ino"])
         return self._open_reply({"attr": row})
 
-    @rpc_method
-    def AllocateBlocks(self, request: pb.AllocateBlocksRequest,
-                       context: grpc.ServicerContext) -> pb.AllocateBlocksReply:
+    @handler
+    def AllocateBlocks(self, request: pb.AllocateBlocksRequest) -> pb.AllocateBlocksReply:
         self._wait_for_workers()
         # place first (cheap, may fail with ENOSPC) so a full pool allocates nothing
         tier = self.evictor.tier_of(self.ns.conn, request.ino)
@@ -344,8 +344,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
         self.evictor.after_allocate()
         return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids))
 
-    @rpc_method
-    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.AttrReply:
+    @handler
+    def Commit(self, request: pb.CommitRequest) -> pb.AttrReply:
         blocks = tuple(CommitBlock(b.block_id, b.offset, b.length, b.checksum) for b in request.blocks)
         rec = Commit(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id, size=request.size,
                      blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
@@ -375,21 +375,20 @@ class MasterService(pb_grpc.MasterServiceServicer):
         f = self.ns.ufs_file(ino)
         return f is not None and self.ufs.get(f["mount_id"]).write_mode == "through"
 
-    @rpc_method
-    def RenewLeases(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+    @handler
+    def RenewLeases(self, request: pb.LeaseRequest) -> pb.LeaseReply:
         # no request id: renewals are naturally idempotent (and need no retry-cache row)
         rec = Renew(cred=cred_of(request.caller), client_id=request.caller.client_id,
                     lease_ids=tuple(request.lease_ids), lease_ms=self.lease_ms)
         return pb.LeaseReply(expired=self.submit(rec)["expired"])
 
-    @rpc_method
-    def GetBlockLocations(self, request: pb.BlockLocationsRequest,
-                          context: grpc.ServicerContext) -> pb.BlockLocationsReply:
+    @handler
+    def GetBlockLocations(self, request: pb.BlockLocationsRequest) -> pb.BlockLocationsReply:
         row, blocks, workers = self.file_blocks(request.ino)
         return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers)
 
-    @rpc_method
-    def ReportBadBlock(self, request: pb.BadBlockRequest, context: grpc.ServicerContext) -> pb.Empty:
+    @handler
+    def ReportBadBlock(self, request: pb.BadBlockRequest) -> pb.Empty:
         """A reader found a replica whose bytes fail their checksum: drop that copy (never
         the last one) and copy the block again from a good one."""
         holders = self.registry.replicas(request.block_id)
@@ -401,16 +400,16 @@ class MasterService(pb_grpc.MasterServiceServicer):
         return pb.Empty()
 
     # ------------------------------------------------------------------ cluster
-    @rpc_method
-    def RegisterWorker(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+    @handler
+    def RegisterWorker(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         if not request.storage_id or not request.ip or not request.data_port:
             raise err(errno.EINVAL, "registration needs storage_id, ip and data_port")
         result = self.journal.submit(RegisterWorker(storage_id=request.storage_id, host=request.host))
         self.registry.register(result["worker_id"], request)
         return pb.RegisterReply(worker_id=result["worker_id"], heartbeat_ms=self.cfg.master.heartbeat_ms)
 
-    @rpc_method
-    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+    @handler
+    def Heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         w, revived = self.registry.heartbeat(request.worker_id, list(request.dirs))
         if w is None:
             return pb.HeartbeatReply(reregister=True)
@@ -424,8 +423,8 @@ class MasterService(pb_grpc.MasterServiceServicer):
                                  ring_epoch=self.placement.ring().epoch,
                                  replicate=self.replicator.take(request.worker_id))
 
-    @rpc_method
-    def ReportBlocks(self, request: pb.BlockReport, context: grpc.ServicerContext) -> pb.Empty:
+    @handler
+    def ReportBlocks(self, request: pb.BlockReport) -> pb.Empty:
         if self.registry.get(request.worker_id) is None:
             raise err(errno.ENOENT, f"unknown worker {request.worker_id}; register first")
         self._apply_report(request.worker_id, request)
@@ -470,15 +469,15 @@ class MasterService(pb_grpc.MasterServiceServicer):
         if stale:
             self.registry.delete_on(wid, stale)
 
-    @rpc_method
-    def GetRing(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.RingReply:
+    @handler
+    def GetRing(self, request: pb.Empty) -> pb.RingReply:
         ring = self.placement.ring()
         nodes = [pb.RingNode(worker_id=n.worker_id, host=n.host) for n in ring.nodes.values()]
         return pb.RingReply(epoch=ring.epoch, vnodes=ring.vnodes, nodes=nodes,
                             workers=self._addresses(ring.nodes), frame_port=self.frame_port)
 
-    @rpc_method
-    def Report(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.ReportReply:
+    @handler
+    def Report(self, request: pb.Empty) -> pb.ReportReply:
         statuses = []
         now = time.monotonic()
         for w in sorted(self.registry.workers.values(), key=lambda w: w.worker_id):
@@ -496,28 +495,28 @@ class MasterService(pb_grpc.MasterServiceServicer):
                               expired_files=self.evictor.expired_files, metrics_port=self.metrics_port)
 
     # ------------------------------------------------------------------ under storage (docs/ufs.md)
-    @rpc_method
-    def UfsMountAdd(self, request: pb.UfsMountRequest, context: grpc.ServicerContext) -> pb.UfsMount:
+    @handler
+    def UfsMountAdd(self, request: pb.UfsMountRequest) -> pb.UfsMount:
         _require_root(request.caller, "mount a UFS")
         return self.ufs.mount(request.mount, cred_of(request.caller)).to_pb(secrets=False)
 
-    @rpc_method
-    def UfsMountRemove(self, request: pb.UfsPathRequest, context: grpc.ServicerContext) -> pb.Empty:
+    @handler
+    def UfsMountRemove(self, request: pb.UfsPathRequest) -> pb.Empty:
         _require_root(request.caller, "unmount a UFS")
         self.registry.free_blocks(self.ufs.umount(request.path, request.force))
         return pb.Empty()
 
-    @rpc_method
-    def UfsMountList(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.UfsMountsReply:
+    @handler
+    def UfsMountList(self, request: pb.Empty) -> pb.UfsMountsReply:
         return pb.UfsMountsReply(mounts=[m.to_pb(secrets=False) for m in self.ufs.all()])
 
-    @rpc_method
-    def UfsMountGet(self, request: pb.UfsMountIdRequest, context: grpc.ServicerContext) -> pb.UfsMount:
+    @handler
+    def UfsMountGet(self, request: pb.UfsMountIdRequest) -> pb.UfsMount:
         """For workers: the mount with its credentials (the cluster secret guards the call)."""
         return self.ufs.get(request.mount_id).to_pb(secrets=True)
 
-    @rpc_method
-    def UfsStat(self, request: pb.PathRequest, context: grpc.ServicerContext) -> pb.UfsStatReply:
+    @handler
+    def UfsStat(self, request: pb.PathRequest) -> pb.UfsStatReply:
         row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks, self.ufs.fresh_dir)
         reply = pb.UfsStatReply(attr=to_attr(row))
         f = self.ns.ufs_file(row["ino"])
@@ -535,16 +534,16 @@ class MasterService(pb_grpc.MasterServiceServicer):
                                           cached_bytes=cached, etag=f["etag"]))
         return reply
 
-    @rpc_method
-    def Load(self, request: pb.LoadRequest, context: grpc.ServicerContext) -> pb.LoadJob:
+    @handler
+    def Load(self, request: pb.LoadRequest) -> pb.LoadJob:
         return self.loads.start(cred_of(request.caller), request.path, request.recursive)
 
-    @rpc_method
-    def LoadStatus(self, request: pb.LoadJobRequest, context: grpc.ServicerContext) -> pb.LoadJobsReply:
+    @handler
+    def LoadStatus(self, request: pb.LoadJobRequest) -> pb.LoadJobsReply:
         return pb.LoadJobsReply(jobs=self.loads.status(request.job_id))
 
-    @rpc_method
-    def Free(self, request: pb.FreeRequest, context: grpc.ServicerContext) -> pb.FreeReply:
+    @handler
+    def Free(self, request: pb.FreeRequest) -> pb.FreeReply:
         cred = cred_of(request.caller)
         row = self.ns.resolve(cred, request.path)
         if stat.S_ISDIR(row["mode"]) and not request.recursive:

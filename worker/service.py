@@ -17,8 +17,9 @@ from typing import Callable
 import grpc
 
 from curvine_py.common.config import host_identity
-from curvine_py.common.errors import CurvineError, rpc_method
+from curvine_py.common.errors import CurvineError, handler
 from curvine_py.common.version import package_version
+from curvine_py.common.rpc import grpc_servicer
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import BlockStore
@@ -36,10 +37,10 @@ class UfsParts:
     load_threads: int = 4
 
 
-class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
+class WorkerService:
     """Answers control calls from clients and tools about this worker."""
 
-    rpc_seconds = metrics.RPC_SECONDS   # every rpc_method call is timed there (common/errors.py)
+    rpc_seconds = metrics.RPC_SECONDS   # every handler call is timed there (common/errors.py)
 
     def __init__(self, store: BlockStore, worker_id: Callable[[], int], host: str = "",
                  ufs: UfsParts | None = None) -> None:
@@ -49,30 +50,27 @@ class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
         self.host = host_identity(host)
         self.version = package_version()
 
-    @rpc_method
-    def Info(self, request: curvine_pb2.Empty, context: grpc.ServicerContext) -> curvine_pb2.WorkerInfoReply:
+    @handler
+    def Info(self, request: curvine_pb2.Empty) -> curvine_pb2.WorkerInfoReply:
         return curvine_pb2.WorkerInfoReply(worker_id=self.worker_id(), host=self.host,
                                            dirs=data_dirs(self.store), blocks=len(self.store),
                                            version=self.version)
 
-    @rpc_method
-    def StatBlock(self, request: curvine_pb2.BlockRequest,
-                  context: grpc.ServicerContext) -> curvine_pb2.BlockStatReply:
+    @handler
+    def StatBlock(self, request: curvine_pb2.BlockRequest) -> curvine_pb2.BlockStatReply:
         entry = self.store.get(request.block_id)
         if entry is None:
             return curvine_pb2.BlockStatReply(exists=False)
         return curvine_pb2.BlockStatReply(exists=True, length=entry.length, checksum=entry.checksum,
                                           path=entry.path, tier=entry.dir.tier)
 
-    @rpc_method
-    def LoadBlocks(self, request: curvine_pb2.LoadBlocksRequest,
-                   context: grpc.ServicerContext) -> curvine_pb2.LoadBlocksReply:
+    @handler
+    def LoadBlocks(self, request: curvine_pb2.LoadBlocksRequest) -> curvine_pb2.LoadBlocksReply:
         ufs = self._ufs()
         return load_blocks(ufs.fetcher, request.blocks, request.workers, self.worker_id(), ufs.load_threads)
 
-    @rpc_method
-    def Persist(self, request: curvine_pb2.PersistRequest,
-                context: grpc.ServicerContext) -> curvine_pb2.PersistReply:
+    @handler
+    def Persist(self, request: curvine_pb2.PersistRequest) -> curvine_pb2.PersistReply:
         return self._ufs().persister.persist(request)
 
     def _ufs(self) -> UfsParts:
@@ -82,4 +80,4 @@ class WorkerService(curvine_pb2_grpc.WorkerServiceServicer):
 
 
 def add_to_server(service: WorkerService, server: grpc.Server) -> None:
-    curvine_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
+    curvine_pb2_grpc.add_WorkerServiceServicer_to_server(grpc_servicer(service, "WorkerService"), server)

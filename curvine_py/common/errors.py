@@ -106,32 +106,32 @@ class Unavailable(Exception):
     sent as UNAVAILABLE without an errno, which clients retry like an unreachable server."""
 
 
-def rpc_method(fn: F) -> F:
-    """Decorate a servicer method: CurvineError -> status; any other bug -> EIO, logged.
+def handler(fn: F) -> F:
+    """Decorate a service method ``(self, request) -> reply``: the same function answers
+    every transport (gRPC through ``rpc.grpc_servicer``, the master's framed channel
+    directly), so it knows none of them.  CurvineError and Unavailable pass through for
+    the transport to encode; an OverflowError (an inode number past what the store can
+    hold) is bad input, EINVAL; any other exception is a bug: logged, and EIO to the caller.
 
-    And its latency: a servicer with an ``rpc_seconds`` histogram (labelled by method)
-    has every call observed there, over gRPC and the framed channel alike (both call
-    these wrappers).  Each method's labelled child is looked up once, not per call."""
+    And its latency: a service with an ``rpc_seconds`` histogram (labelled by method) has
+    every call observed there, whichever transport made it.  Each method's labelled child
+    is looked up once, not per call."""
     children: dict[typing.Any, typing.Any] = {}
     method = fn.__name__
 
     @functools.wraps(fn)
-    def wrapper(self: typing.Any, request: typing.Any, context: grpc.ServicerContext) -> typing.Any:
+    def wrapper(self: typing.Any, request: typing.Any) -> typing.Any:
         hist = getattr(self, "rpc_seconds", None)
         start = time.perf_counter()
         try:
-            return fn(self, request, context)
-        except CurvineError as e:
-            abort(context, e)
-        except Unavailable as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        except OverflowError:   # e.g. an inode number past what the store can hold: bad input, not a bug
-            abort(context, CurvineError(errno.EINVAL, f"{fn.__name__}: a number in the request is out of range"))
+            return fn(self, request)
+        except (CurvineError, Unavailable):
+            raise
+        except OverflowError:
+            raise CurvineError(errno.EINVAL, f"{method}: a number in the request is out of range") from None
         except Exception as e:  # a bug must not kill the server; the caller sees EIO
-            if isinstance(e, grpc.RpcError) or type(e).__name__ == "_AbortError":
-                raise
-            log.exception("internal error in %s", fn.__name__)
-            abort(context, CurvineError(errno.EIO, f"internal error in {fn.__name__}: {e}"))
+            log.exception("internal error in %s", method)
+            raise CurvineError(errno.EIO, f"internal error in {method}: {e}") from None
         finally:
             if hist is not None:
                 child = children.get(hist)
@@ -139,6 +139,16 @@ def rpc_method(fn: F) -> F:
                     child = children[hist] = hist.labels(method)
                 child.observe(time.perf_counter() - start)
     return typing.cast(F, wrapper)
+
+
+def to_grpc(context: grpc.ServicerContext, e: CurvineError | Unavailable) -> typing.NoReturn:
+    """End a gRPC call with a handler's error: its errno travels in the trailing metadata,
+    Unavailable as UNAVAILABLE without one (clients retry it like an unreachable server)."""
+    if isinstance(e, Unavailable):
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    else:
+        abort(context, e)
+    raise AssertionError("unreachable")  # context.abort raises
 
 
 def from_rpc_error(e: grpc.RpcError) -> CurvineError:

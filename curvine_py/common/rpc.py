@@ -1,9 +1,16 @@
-"""gRPC channel and server options shared by every process."""
+"""gRPC channel and server options shared by every process, and the servicer that
+serves transport-neutral handlers over gRPC."""
 from __future__ import annotations
+
+import functools
+import types
+import typing
 
 import grpc
 
+from curvine_py.common.errors import CurvineError, Unavailable, to_grpc
 from curvine_py.common.security import with_secret
+from curvine_py.pb import curvine_pb2
 
 MAX_MESSAGE = 64 * 1024 * 1024
 
@@ -29,3 +36,24 @@ def channel(address: str, secret: str = "") -> grpc.Channel:
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
     ]), secret)
+
+
+def grpc_servicer(service: object, name: str) -> object:
+    """A gRPC servicer for the proto service `name` over `service`'s transport-neutral
+    handlers (``errors.handler``: request -> reply): each method is the handler with its
+    errors turned into statuses.  Handed to the generated ``add_*Servicer_to_server``,
+    which looks the methods up by name; a handler missing from `service` fails here, at
+    start, rather than as UNIMPLEMENTED on the first call."""
+    methods = {m.name: _grpc_method(getattr(service, m.name))
+               for m in curvine_pb2.DESCRIPTOR.services_by_name[name].methods}
+    return types.SimpleNamespace(**methods)
+
+
+def _grpc_method(fn: typing.Callable[[typing.Any], typing.Any]) -> typing.Callable[..., typing.Any]:
+    @functools.wraps(fn)
+    def call(request: typing.Any, context: grpc.ServicerContext) -> typing.Any:
+        try:
+            return fn(request)
+        except (CurvineError, Unavailable) as e:
+            to_grpc(context, e)
+    return call

@@ -287,7 +287,7 @@ def test_a_moved_frame_port_is_learned_again(master: tuple[Servers, Config]) -> 
     assert servers.frames is not None
     servers.frames.stop()
     servers.frames = FrameServer(servers.service, SECRET, HOST, 0)
-    servers.service.frame_port = servers.frames.start()
+    servers.service.frame_port = servers.frames.start().port
     assert m.lookup(1, "x").ino > 1
     assert m.transport == "frames" and typing.cast(FramedClient, m._route).port == servers.service.frame_port != old
     m.close()
