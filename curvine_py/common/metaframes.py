@@ -7,7 +7,8 @@ fraction of that.  The payloads are the same protobuf messages as the gRPC servi
 master's server (``master/framed.py``) and the client (``client/framedclient.py``).
 (``common/frames.py`` is the block data channel, a different protocol.)
 
-Wire (little-endian), docs/wire.md:
+Wire (big-endian, network order, like the block data channel of ``common/frames.py``,
+whose 4-byte length prefix it shares), docs/wire.md:
 
 - hello, server -> client on connect: ``"CVMF" | u16 version | 16-byte nonce``;
   client -> server: HMAC-SHA256(secret, nonce), 32 bytes.  The secret never crosses the
@@ -33,17 +34,18 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.frames import LEN
 from curvine_py.common.rpc import MAX_MESSAGE
 from curvine_py.pb import curvine_pb2
 
 MAGIC = b"CVMF"
-VERSION = 1
+VERSION = 2   # 2: big-endian (1 was little-endian); a client of the other order sees a wrong version
 NONCE_LEN = 16
 MAC_LEN = 32
-HELLO = struct.Struct("<4sH16s")
-REQUEST = struct.Struct("<IIH")     # length, call id, method id
-REPLY = struct.Struct("<IIi")       # length, call id, status
-LENGTH = struct.Struct("<I")
+HELLO = struct.Struct(">4sH16s")
+REQUEST = struct.Struct(">IIH")     # length, call id, method id
+REPLY = struct.Struct(">IIi")       # length, call id, status
+LENGTH = LEN                        # the data channel's length prefix, one codec for both
 REQUEST_REST = REQUEST.size - LENGTH.size   # bytes of a request header after its length
 REPLY_REST = REPLY.size - LENGTH.size
 MAX_FRAME = MAX_MESSAGE             # largest "length" accepted, as gRPC's message cap

@@ -179,7 +179,7 @@ def handshake(servers: Servers, mac: bool = True) -> tuple[socket.socket, bytes]
     sock = socket.create_connection((HOST, servers.service.frame_port), timeout=10)
     hello = recv_exact(sock, mf.HELLO.size)
     magic, version, nonce = mf.HELLO.unpack(hello)
-    assert magic == b"CVMF" and version == 1 and len(nonce) == 16
+    assert magic == b"CVMF" and version == 2 and len(nonce) == 16
     if mac:
         sock.sendall(mf.mac(SECRET, nonce))
     return sock, nonce
@@ -196,14 +196,14 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def read_reply(sock: socket.socket) -> tuple[int, int, str | bytes]:
-    length, call_id, status = struct.unpack("<IIi", recv_exact(sock, 12))
+    length, call_id, status = struct.unpack(">IIi", recv_exact(sock, 12))
     payload = recv_exact(sock, length - 8)
     return call_id, status, payload.decode() if status != 0 else payload
 
 
 def good_call(sock: socket.socket, call_id: int = 7) -> None:
     body = pb.InodeRequest(caller=caller(), ino=1).SerializeToString()
-    sock.sendall(struct.pack("<IIH", 6 + len(body), call_id, mf.BY_NAME["GetAttr"].id) + body)
+    sock.sendall(struct.pack(">IIH", 6 + len(body), call_id, mf.BY_NAME["GetAttr"].id) + body)
     got_id, status, payload = read_reply(sock)
     assert (got_id, status) == (call_id, 0)
     assert pb.AttrReply.FromString(payload).attr.ino == 1
@@ -222,24 +222,24 @@ def test_garbage_gets_einval_or_a_closed_connection(master: tuple[Servers, Confi
     sock, _ = handshake(servers)
     good_call(sock, 1)
     # an unknown method id: EINVAL, and the connection stays usable
-    sock.sendall(struct.pack("<IIH", 6 + 3, 2, 999) + b"abc")
+    sock.sendall(struct.pack(">IIH", 6 + 3, 2, 999) + b"abc")
     call_id, status, text = read_reply(sock)
     assert (call_id, status) == (2, errno.EINVAL) and "unknown method" in str(text)
     good_call(sock, 3)
     # undecodable protobuf: EINVAL, usable
-    sock.sendall(struct.pack("<IIH", 6 + 4, 4, mf.BY_NAME["GetAttr"].id) + b"\xff\xff\xff\xff")
+    sock.sendall(struct.pack(">IIH", 6 + 4, 4, mf.BY_NAME["GetAttr"].id) + b"\xff\xff\xff\xff")
     call_id, status, text = read_reply(sock)
     assert (call_id, status) == (4, errno.EINVAL) and "undecodable" in str(text)
     good_call(sock, 5)
     # a length past the 64 MiB cap: EINVAL for that call id, then the connection closes
-    sock.sendall(struct.pack("<IIH", (64 << 20) + 1, 6, mf.BY_NAME["GetAttr"].id))
+    sock.sendall(struct.pack(">IIH", (64 << 20) + 1, 6, mf.BY_NAME["GetAttr"].id))
     call_id, status, text = read_reply(sock)
     assert (call_id, status) == (6, errno.EINVAL) and "exceeds" in str(text)
     assert closed(sock)
     sock.close()
     # a length too short for its own header cannot be parsed: closed
     sock, _ = handshake(servers)
-    sock.sendall(struct.pack("<I", 3) + b"xyz" + b"\0" * 3)
+    sock.sendall(struct.pack(">I", 3) + b"xyz" + b"\0" * 3)
     assert closed(sock)
     sock.close()
     # random bytes instead of a MAC: refused
