@@ -25,13 +25,13 @@ import uuid
 from typing import Any, Callable, TypeVar
 
 import grpc
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from curvine_py.client import metrics
 from curvine_py.client.framedclient import FrameConnectError, FramedClient, FrameUnreachable
 from curvine_py.common import metaframes
 from curvine_py.common.config import ClientConfig
 from curvine_py.common.errors import RETRYABLE, CurvineError, from_rpc_error
+from curvine_py.common.retry import Exponential, Failed, Retry
 from curvine_py.common.rpc import channel
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
@@ -94,6 +94,10 @@ class MasterClient:
         self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
+        # A master that did not answer: the same request again after 0.05 s, doubling to
+        # 2 s, until client.retry_s (read at each call: the mount lowers it while mounting).
+        self._retry = Retry(transient=_is_unreachable, wait=Exponential(0.05, 2.0),
+                            deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying)
 
     def close(self) -> None:
         route = self._route
@@ -123,27 +127,17 @@ class MasterClient:
             metrics.meta_seconds(method).observe(time.perf_counter() - start)
 
     def _call(self, method: str, request: Any, timeout: float | None) -> Any:
-        """call() without the clock.  The first attempt runs without tenacity: building
-        its Retrying costs ~15 us, a quarter of a framed call, and is only needed once the
-        master did not answer."""
+        """call() without the clock.  The first attempt runs without tenacity (Retry.call):
+        building its Retrying costs ~15 us, a quarter of a framed call, and is only needed
+        once the master did not answer."""
         timeout = timeout or self.cfg.rpc_timeout_s
-        start = time.monotonic()
         try:
-            return self._attempt(method, request, timeout)
-        except _Unreachable as e:
-            left = self.cfg.retry_s - (time.monotonic() - start)
-            if left <= 0:
-                raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
-            log.info("master %s unreachable; retrying %s", self.address, method)
-            time.sleep(min(0.05, left))   # tenacity's first wait (its first attempt is immediate)
-        retrying = Retrying(retry=retry_if_exception(_is_unreachable), stop=stop_after_delay(left),
-                            wait=wait_exponential(multiplier=0.05, max=2.0), reraise=True,
-                            before_sleep=lambda rs: log.info("master %s unreachable; retrying %s", self.address,
-                                                             method))
-        try:
-            return retrying(self._attempt, method, request, timeout)
+            return self._retry.call(self._attempt, method, request, timeout)
         except _Unreachable as e:
             raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
+
+    def _retrying(self, failed: Failed) -> None:
+        log.info("master %s unreachable; retrying %s", self.address, failed.args[0])
 
     @property
     def transport(self) -> str:
