@@ -19,6 +19,7 @@ from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.retry import Delays, Retry
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -43,29 +44,60 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
     """Read block bytes [offset, offset+len(into)) from the first replica that answers.
 
     When no replica answers, the block's locations are asked again from the master a few
-    times (a restarted master learns them from block reports within a few heartbeats).
-    progress hears how many bytes of `into` have arrived (a replica tried after a failed
-    one sends the same verified bytes again: the count is only ever raised).
+    times (_LOCATION_RETRY: a restarted master learns them from block reports within a
+    few heartbeats).  progress hears how many bytes of `into` have arrived (a replica
+    tried after a failed one sends the same verified bytes again: the count is only ever
+    raised).
     """
-    last: CurvineError | None = None
-    for delay in (0.0, *LOCATION_RETRY_DELAYS):
-        if delay:
-            time.sleep(delay)
-            try:
-                fresh = _relocate(core, ino, block)
-            except CurvineError:
-                continue   # the master is unreachable right now; try the replicas again
-            if fresh is None:
-                raise CurvineError(errno.ESTALE, f"block {block.block_id} was replaced by a newer version")
-            block = fresh
+    state = _Fetch(block)
+    try:
+        n = _LOCATION_RETRY.call(_fetch_attempt, core, ino, state, offset, into, progress)
+    except UfsFailure as e:   # every replica would ask the same UFS: fail now, bounded
+        log.warning("read of block %d of inode %d failed in its UFS: %s", state.block.block_id, ino, e.strerror)
+        raise CurvineError(errno.EIO, str(e.strerror)) from None
+    if n is None:
+        raise CurvineError(errno.ESTALE, f"block {state.block.block_id} was replaced by a newer version")
+    return n
+
+
+class _Fetch:
+    """One fetch_block across its attempts: the block as last located, the last failure."""
+
+    __slots__ = ("block", "last")
+
+    def __init__(self, block: pb.BlockInfo) -> None:
+        self.block = block
+        self.last: CurvineError | None = None
+
+
+def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into: memoryview,
+                   progress: _Cached | None) -> int | None:
+    """One attempt of fetch_block; after a failed one, the block is located again first.
+    None: the file no longer holds the block."""
+    if state.last is not None:
         try:
-            return _fetch_once(core, block, offset, into, progress)
-        except UfsFailure as e:   # every replica would ask the same UFS: fail now, bounded
-            log.warning("read of block %d of inode %d failed in its UFS: %s", block.block_id, ino, e.strerror)
-            raise CurvineError(errno.EIO, str(e.strerror)) from None
-        except CurvineError as e:
-            last = e
-    raise last or CurvineError(errno.EIO, f"block {block.block_id} unreadable")
+            fresh = _relocate(core, ino, state.block)
+        except CurvineError:
+            raise state.last from None   # the master is unreachable right now: failed as the last one did
+        if fresh is None:
+            return None
+        state.block = fresh
+    try:
+        return _fetch_once(core, state.block, offset, into, progress)
+    except CurvineError as e:
+        state.last = e
+        raise
+
+
+def _no_replica_answered(e: BaseException) -> bool:
+    """A failed read worth trying again, not a UFS failure (every replica would ask that UFS alike)."""
+    return isinstance(e, CurvineError) and not isinstance(e, UfsFailure)
+
+
+# A block no replica answered for: located again after each of these waits, then given up
+# (the last replica error raised).
+_LOCATION_RETRY = Retry(transient=_no_replica_answered, wait=Delays(LOCATION_RETRY_DELAYS),
+                        attempts=len(LOCATION_RETRY_DELAYS) + 1)
 
 
 class UfsFailure(CurvineError):
