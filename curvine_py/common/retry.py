@@ -137,8 +137,12 @@ class Retry:
             if latest and self.before_retry is not None:   # not before the replayed attempt
                 self.before_retry(latest[0])
 
+        def sleep(seconds: float) -> None:
+            if seconds > 0:   # "at once" is at once: no sleep(0)
+                self.sleep(seconds)
+
         retrying = Retrying(retry=retry_if_exception(self.transient), stop=stop, wait=wait, reraise=True,
-                            before_sleep=before_sleep, before=before, sleep=self.sleep)
+                            before_sleep=before_sleep, before=before, sleep=sleep)
         return retrying(attempt, *args)
 
 
