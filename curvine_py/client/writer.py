@@ -34,6 +34,7 @@ from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.buffers import IDLE_S, BufferPool
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.retry import Failed, Retry
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -67,16 +68,22 @@ def _prefix(ranges: list[list[int]]) -> int:
     return ranges[0][1] if ranges and ranges[0][0] == 0 else 0
 
 
-def _may_retry(e: CurvineError, attempt: int) -> bool:
-    """Retry a block write on other workers?  A worker out of space (ENOSPC: the master's
-    view of usage lags a heartbeat) is retried with backoff while eviction frees room; the
-    master answers ENOSPC itself when nothing can be evicted, which is not retried."""
-    if e.errno == errno.ENOSPC:
-        if attempt >= NOSPACE_RETRIES:
-            return False
-        time.sleep(min(0.05 * (attempt + 1), 0.5))
-        return True
-    return attempt + 1 < WRITE_ATTEMPTS
+def _nospace(e: BaseException) -> bool:
+    return isinstance(e, CurvineError) and e.errno == errno.ENOSPC
+
+
+def _write_attempts(e: BaseException) -> int:
+    """How many attempts a block write gets in all, the latest having failed with e.  A
+    worker out of space (ENOSPC: the master's view of usage lags a heartbeat) gets more,
+    with waits (_write_wait), while eviction frees room.  When nothing can be evicted the
+    master answers ENOSPC itself, to the allocation of the next block, which ends the
+    retries (the allocation runs in Retry.before_retry)."""
+    return NOSPACE_RETRIES + 1 if _nospace(e) else WRITE_ATTEMPTS
+
+
+def _write_wait(attempt: int, e: BaseException) -> float:
+    """Out of space: 0.05 s more after each attempt, up to 0.5 s; any other failure: at once."""
+    return min(0.05 * attempt, 0.5) if _nospace(e) else 0.0
 
 
 class DirtyBlock:
@@ -642,24 +649,31 @@ class FileWriter:
 
     def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
         """Store data as a block (retrying on other workers); frees data and owned."""
+        where = [target]   # the block being written: a new one, on other workers, for each retry
+
+        def retrying(failed: Failed) -> None:
+            log.warning("block %d: %s; retrying on other workers", where[0].block_id, failed.error)
+
+        def elsewhere(failed: Failed) -> None:   # what this raises (the master's ENOSPC) is not retried
+            where[0] = self._allocate(1, exclude=list(where[0].workers))[0]
+
+        policy = Retry(transient=lambda e: isinstance(e, CurvineError), attempts=_write_attempts, wait=_write_wait,
+                       before_sleep=retrying, before_retry=elsewhere)
         try:
-            for attempt in range(WRITE_ATTEMPTS + NOSPACE_RETRIES):
-                addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
-                try:
-                    acked, checksum = self._write_block(addrs, target, data, owned)
-                    return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
-                                        checksum=checksum, workers=acked, token=target.token)
-                except CurvineError as e:
-                    if not _may_retry(e, attempt):
-                        raise
-                    log.warning("block %d: %s; retrying on other workers", target.block_id, e)
-                    target = self._allocate(1, exclude=list(target.workers))[0]
-            raise CurvineError(errno.EIO, "unreachable")
+            return policy.call(self._store, idx, data, where, owned)
         except BaseException as e:
             self._error = self._error or e
             raise
         finally:
             self._free(data, owned)
+
+    def _store(self, idx: int, data: memoryview, where: list[pb.BlockInfo], owned: DirtyBlock | None) -> pb.BlockInfo:
+        """One attempt of _send: the block where[0] on its workers."""
+        target = where[0]
+        addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
+        acked, checksum = self._write_block(addrs, target, data, owned)
+        return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
+                            checksum=checksum, workers=acked, token=target.token)
 
     def _write_block(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, data: memoryview,
                      owned: DirtyBlock | None) -> tuple[list[int], int]:
