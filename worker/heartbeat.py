@@ -24,6 +24,7 @@ import grpc
 
 from curvine_py.common import rpc
 from curvine_py.common.config import WorkerConfig, host_identity
+from curvine_py.common.retry import Exponential
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from curvine_py.worker.blockstore import BlockEntry, BlockStore
 
@@ -33,6 +34,9 @@ STORAGE_ID_FILE = "storage_id"
 WORKER_ID_FILE = "worker_id"       # last id the master gave; used until it answers again
 REPORT_BATCH = 50_000
 RPC_TIMEOUT_S = 10.0
+# The wait after a failed registration or heartbeat: 0.2 s doubling to 5 s (docs/worker.md).
+# The loop itself is no retry but a steady period: only this backoff comes from common/retry.
+BACKOFF = Exponential(first_s=0.2, cap_s=5.0)
 
 
 def _read_small(path: str) -> str | None:
@@ -131,12 +135,12 @@ class Heartbeat:
     # ------------------------------------------------------------ loop
 
     def _run(self) -> None:
-        backoff = 0.2
+        failures = 0   # since the last registration (a heartbeat that succeeds leaves it): waits BACKOFF(failures)
         while not self._stop.is_set():
             try:
                 if not self.registered.is_set():
                     self.register()
-                    backoff = 0.2
+                    failures = 0
                 else:
                     self.beat()
                 wait = self.interval_s
@@ -145,12 +149,12 @@ class Heartbeat:
                     self._warn(f"master {self.cfg.master} refused this worker: {e.details()}")
                 else:
                     self._warn(f"master {self.cfg.master} unavailable: {e.code()} {e.details()}")
-                wait = backoff
-                backoff = min(backoff * 2, 5.0)
+                failures += 1
+                wait = BACKOFF(failures)
             except Exception:
                 log.exception("heartbeat failed")
-                wait = backoff
-                backoff = min(backoff * 2, 5.0)
+                failures += 1
+                wait = BACKOFF(failures)
             self._stop.wait(wait)
 
     def _warn(self, message: str) -> None:
