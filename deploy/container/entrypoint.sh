@@ -58,6 +58,10 @@ supervise() {
   while :; do
     "$@" &
     child=$!
+    if [ "$stopping" = 1 ]; then
+      # the TERM came between the start and child=$!: the trap had no pid to forward it to
+      kill -TERM "$child" 2>/dev/null || true
+    fi
     rc=0
     wait "$child" || rc=$?
     if [ "$stopping" = 1 ]; then
