@@ -2,8 +2,9 @@
 """Metadata calls through gRPC and through the framed channel, side by side.
 
 Starts a local cluster (1 master + 1 worker as processes; or uses --master) and makes
-the same calls through two MasterClients in this process, one on gRPC only and one on
-frames: GetAttr, Lookup, and a Create + Unlink pair (a pair counts as two calls), with
+the same calls in this process through the master's gRPC service (``GrpcMaster`` below:
+the same requests on a stub; clients no longer use gRPC) and through a MasterClient
+(frames, the clients' transport): GetAttr, Lookup, and a Create + Unlink pair (a pair counts as two calls), with
 1 and 4 threads, the two transports alternating.  Prints µs per call (a thread's wall
 time per call), calls/s (all threads), this process's and the master's CPU µs per call,
 and the frames/gRPC ratio.  Figures only; nothing is asserted.
@@ -25,7 +26,10 @@ import typing
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from curvine_py.client.metaclient import MasterClient  # noqa: E402
-from curvine_py.common.config import Config  # noqa: E402
+from curvine_py.common.config import ClientConfig, Config  # noqa: E402
+from curvine_py.common.rpc import channel  # noqa: E402
+from curvine_py.pb import curvine_pb2 as pb  # noqa: E402
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,28 +48,57 @@ def proc_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def op_getattr(m: MasterClient, ino: int, name: str, i: int) -> int:
+class GrpcMaster:
+    """The four calls below over gRPC: MasterClient's requests, sent on a gRPC stub."""
+
+    def __init__(self, address: str, cfg: ClientConfig, secret: str) -> None:
+        self._requests = MasterClient(address, cfg, secret)   # request builders only: never called
+        self._channel = channel(address, secret)
+        self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._timeout = cfg.rpc_timeout_s
+
+    def getattr(self, ino: int) -> pb.Attr:
+        return self._stub.GetAttr(self._requests.getattr_request(ino), timeout=self._timeout).attr
+
+    def lookup(self, parent: int, name: str) -> pb.Attr:
+        return self._stub.Lookup(self._requests.lookup_request(parent, name), timeout=self._timeout).attr
+
+    def create(self, parent: int, name: str, mode: int, flags: int) -> pb.OpenReply:
+        return self._stub.Create(self._requests.create_request(parent, name, mode, flags), timeout=self._timeout)
+
+    def unlink(self, parent: int, name: str) -> None:
+        self._stub.Unlink(self._requests.unlink_request(parent, name), timeout=self._timeout)
+
+    def close(self) -> None:
+        self._requests.close()
+        self._channel.close()
+
+
+Master = typing.Union[MasterClient, GrpcMaster]
+
+
+def op_getattr(m: Master, ino: int, name: str, i: int) -> int:
     m.getattr(ino)
     return 1
 
 
-def op_lookup(m: MasterClient, ino: int, name: str, i: int) -> int:
+def op_lookup(m: Master, ino: int, name: str, i: int) -> int:
     m.lookup(1, name)
     return 1
 
 
-def op_create_unlink(m: MasterClient, ino: int, name: str, i: int) -> int:
+def op_create_unlink(m: Master, ino: int, name: str, i: int) -> int:
     tmp = f"{name}.{threading.get_ident()}.{i}"
     m.create(1, tmp, 0o100644, os.O_WRONLY | os.O_CREAT)
     m.unlink(1, tmp)
     return 2
 
 
-OPS: dict[str, typing.Callable[[MasterClient, int, str, int], int]] = {
+OPS: dict[str, typing.Callable[[Master, int, str, int], int]] = {
     "GetAttr": op_getattr, "Lookup": op_lookup, "Create+Unlink": op_create_unlink}
 
 
-def run(m: MasterClient, op: typing.Callable[[MasterClient, int, str, int], int], ino: int, name: str,
+def run(m: Master, op: typing.Callable[[Master, int, str, int], int], ino: int, name: str,
         calls: int, threads: int, master_pid: int | None) -> dict[str, float]:
     """calls in total, spread over threads; returns per-call figures."""
     per_thread = max(1, calls // threads)
@@ -113,12 +146,12 @@ def main() -> int:
         address, secret, master_pid = cluster.master_address, cluster.secret, cluster.master.pid
     cfg = Config().client
     try:
-        clients = {"gRPC": MasterClient(address, cfg, secret, frames=False),
-                   "frames": MasterClient(address, cfg, secret)}
+        clients: dict[str, Master] = {"gRPC": GrpcMaster(address, cfg, secret),
+                                      "frames": MasterClient(address, cfg, secret)}
         name = f"meta-rpc-bench-{os.getpid()}"
-        ino = clients["frames"].mknod(1, name, 0o100644).ino
+        frames = typing.cast(MasterClient, clients["frames"])
+        ino = frames.mknod(1, name, 0o100644).ino
         clients["gRPC"].getattr(ino)
-        assert clients["frames"].transport == "frames" and clients["gRPC"].transport == "grpc"
         print(f"master {address}; {args.calls} calls per cell, best of {args.rounds}; load {os.getloadavg()[0]:.1f}")
         print(f"{'op':<14}{'thr':>4} | {'gRPC µs':>8} {'calls/s':>8} {'cpu µs':>7} {'mcpu µs':>8} | "
               f"{'frames µs':>9} {'calls/s':>8} {'cpu µs':>7} {'mcpu µs':>8} | {'speed-up':>8}")
@@ -135,7 +168,7 @@ def main() -> int:
                       f"{g['us']:>8.0f} {g['rate']:>8.0f} {g['cpu']:>7.0f} {g['mcpu']:>8.0f} | "
                       f"{f['us']:>9.0f} {f['rate']:>8.0f} {f['cpu']:>7.0f} {f['mcpu']:>8.0f} | "
                       f"{f['rate'] / g['rate']:>7.1f}x", flush=True)
-        clients["frames"].unlink(1, name)
+        frames.unlink(1, name)
         for m in clients.values():
             m.close()
     finally:

@@ -31,24 +31,22 @@ class Servers:
     service: MasterService
     grpc: grpc.Server
     port: int
-    frames: FrameServer | None   # None when master.frame_port = -1
+    frames: FrameServer   # the clients' metadata channel
     metrics: metrics.MetricsServer | None = None   # None when master.metrics_port = 0
 
     def stop(self, grace: float = 2.0) -> None:
         if self.metrics is not None:
             self.metrics.close()
-        if self.frames is not None:
-            self.frames.stop()
+        self.frames.stop()
         self.grpc.stop(grace=grace).wait()
         self.service.evictor.stop()
         self.service.uploader.stop()
         self.service.journal.stop()
 
 
-def start_frames(cfg: config.Config, service: MasterService) -> FrameServer | None:
-    """The framed metadata server (docs/wire.md) on master.frame_port; None if disabled."""
-    if cfg.master.frame_port < 0:
-        return None
+def start_frames(cfg: config.Config, service: MasterService) -> FrameServer:
+    """The framed metadata server (docs/wire.md) on master.frame_port: every client's
+    metadata calls go there, so it cannot be switched off (build_server refuses -1)."""
     frames = FrameServer(service, cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port)
     try:
         service.frame_port = frames.start().port
@@ -62,8 +60,10 @@ def build_server(cfg: config.Config) -> Servers:
     """Create the store, the service and the started servers.
 
     Frames start before gRPC: a client learns the frame port over gRPC, so whenever
-    gRPC answers the frame port answers too, and a client that cannot connect to it
-    while gRPC works can conclude that frames are blocked (it then stays on gRPC)."""
+    gRPC answers the frame port answers too."""
+    if cfg.master.frame_port < 0:
+        raise ConfigError(f"master.frame_port = {cfg.master.frame_port}: clients make their metadata calls on "
+                          "it, so it cannot be off (0 = an ephemeral port)")
     os.makedirs(cfg.master.meta_dir, exist_ok=True)
     service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
     service.journal.start()
@@ -80,8 +80,7 @@ def build_server(cfg: config.Config) -> Servers:
     except RuntimeError:
         port = 0
     if port == 0:
-        if frames is not None:
-            frames.stop()
+        frames.stop()
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
     server.start()
     return Servers(service, server, port, frames)
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     threading.Thread(target=_housekeeping_loop, args=(servers.service, stop), name="housekeeping",
                      daemon=True).start()
-    print(f"master listening on {cfg.master.bind}:{servers.port} frames {servers.service.frame_port or 'off'} "
+    print(f"master listening on {cfg.master.bind}:{servers.port} frames {servers.service.frame_port} "
           f"meta {cfg.master.meta_dir}", flush=True)
     sig = signals.wait()
     stop.set()

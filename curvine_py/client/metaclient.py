@@ -7,11 +7,11 @@ the connection broke is not applied twice (the master's retry cache answers the 
 Any other failure is raised at once as the CurvineError the master sent.
 
 Transport: the framed metadata channel (``framedclient.py``, ~10x cheaper per call than
-Python gRPC) when the master serves one, else gRPC.  The first call asks the master for
-its frame port over gRPC (``GetRing``); the port is asked again whenever connecting to
-it fails after it worked (a master restarted on a new ephemeral port) and after gRPC
-found the master unreachable.  A port that cannot be connected to right after the
-master named it (a firewall, say) leaves this client on gRPC, with one warning.
+Python gRPC), the one clients use.  The configured address is the master's gRPC port:
+the first call asks it for the frame port (``GetRing``, the client's only gRPC call),
+and the port is asked again whenever connecting to it fails (a master restarted on a
+new ephemeral port).  A frame port that does not answer is an unreachable master,
+retried like one; the final error names the port and ``master.frame_port``.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import grpc
@@ -53,7 +54,11 @@ class _Unreachable(Exception):
         self.details = details
 
 
-_UNKNOWN = object()   # route not learned yet: ask the master for its frame port
+@dataclass(frozen=True)
+class _PortFailure:
+    """The frame port that could not be connected to, and why (for the final error)."""
+    port: int
+    error: str
 
 
 def _is_unreachable(e: BaseException) -> bool:
@@ -77,19 +82,15 @@ class MasterClient:
     """Thread-safe; one per process is enough (a frame connection per calling thread, and
     gRPC multiplexes calls on one channel)."""
 
-    def __init__(self, address: str, cfg: ClientConfig, secret: str = "", frames: bool = True) -> None:
-        """frames=False: gRPC only (benchmarks and comparisons; clients leave it on)."""
+    def __init__(self, address: str, cfg: ClientConfig, secret: str = "") -> None:
         self.address = address
         self.cfg = cfg
         self.client_id = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self._secret = secret
         self._channel = channel(address, secret)
-        self.stub = pb_grpc.MasterServiceStub(self._channel)
-        # FramedClient (frames), None (gRPC) or _UNKNOWN; replaced whole, so reads need no lock
-        self._route: object = _UNKNOWN if frames else None
-        self._frames_allowed = frames
-        self._route_lock = threading.Lock()
-        self._warned = False
+        self._bootstrap = pb_grpc.MasterServiceStub(self._channel)   # GetRing only: learns the frame port
+        self._frames: FramedClient | None = None   # replaced whole, so reads need no lock
+        self._port_lock = threading.Lock()
         self.identity = Identity.current()
         self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
@@ -100,9 +101,9 @@ class MasterClient:
                             deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying)
 
     def close(self) -> None:
-        route = self._route
-        if isinstance(route, FramedClient):
-            route.close()
+        frames = self._frames
+        if frames is not None:
+            frames.close()
         self._channel.close()
 
     def saw_dirs(self, reply: Any) -> Any:
@@ -139,89 +140,55 @@ class MasterClient:
     def _retrying(self, failed: Failed) -> None:
         log.info("master %s unreachable; retrying %s", self.address, failed.args[0])
 
-    @property
-    def transport(self) -> str:
-        """"frames", "grpc" or "unknown" (not learned yet): for tests, benchmarks, reports."""
-        route = self._route
-        return "frames" if isinstance(route, FramedClient) else "grpc" if route is None else "unknown"
-
     def frame_route(self) -> tuple[str, int, str] | None:
-        """(host, frame port, secret) while calls go over frames, else None: the mount's
+        """(host, frame port, secret) once the frame port is known, else None: the mount's
         loop-side client (client/asyncmeta.py) follows this client's route."""
-        route = self._route
-        if isinstance(route, FramedClient):
-            return route.host, route.port, self._secret
-        return None
+        frames = self._frames
+        return (frames.host, frames.port, self._secret) if frames is not None else None
 
-    # ------------------------------------------------------------------ transports
+    # ------------------------------------------------------------------ transport
     def _attempt(self, method: str, request: Any, timeout: float) -> Any:
-        """One try over the current route; _Unreachable if the master was not reached."""
+        """One try; _Unreachable if the master was not reached."""
         for _ in range(2):   # at most: a stale port, then the port the master names now
-            frames = self._frames(timeout)
-            if frames is None:
-                break
+            frames = self._frames or self._learn_port(timeout)
             try:
                 return frames.call(metaframes.BY_NAME[method], request, timeout)
             except FrameConnectError as e:
-                self._connect_failed(frames, e)
+                failed = self._forget(frames, e)
             except FrameUnreachable as e:
                 raise _Unreachable(e.code, str(e)) from None
-        return self._grpc_attempt(method, request, timeout)
+        raise _Unreachable(errno.EHOSTDOWN, f"its metadata port {failed.port} (master.frame_port) does not answer: "
+                                            f"{failed.error}")
 
-    def _grpc_attempt(self, method: str, request: Any, timeout: float) -> Any:
-        fn: Callable[..., Any] = getattr(self.stub, method)
-        try:
-            return fn(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise self._grpc_failure(e) from None
+    def _learn_port(self, timeout: float) -> FramedClient:
+        """Ask the master for its frame port: the one call made over gRPC (GetRing), since
+        the configured address is the master's gRPC port."""
+        with self._port_lock:
+            if self._frames is not None:
+                return self._frames   # another thread learned it meanwhile
+            try:
+                ring = self._bootstrap.GetRing(pb.Empty(), timeout=timeout)
+            except grpc.RpcError as e:
+                if e.code() in RETRYABLE and not _has_errno(e):
+                    raise _Unreachable(errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT,
+                                       e.details() or str(e.code())) from None
+                raise from_rpc_error(e) from None
+            if ring.frame_port == 0:
+                raise CurvineError(errno.EPROTO, f"master {self.address} serves no framed metadata port, which "
+                                                 "clients need (master.frame_port = -1 on an older master)")
+            self._frames = FramedClient(_host_of(self.address), ring.frame_port, self._secret)
+            return self._frames
 
-    def _grpc_failure(self, e: grpc.RpcError) -> Exception:
-        if e.code() in RETRYABLE and not _has_errno(e):
-            if self._route is None and self._frames_allowed:
-                self._route = _UNKNOWN   # the master may come back with frames: ask again
-            return _Unreachable(errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT,
-                                e.details() or str(e.code()))
-        return from_rpc_error(e)
-
-    def _frames(self, timeout: float) -> FramedClient | None:
-        """The frame client to use, learning the master's frame port first if needed."""
-        route = self._route
-        if route is _UNKNOWN:
-            with self._route_lock:
-                if self._route is _UNKNOWN:
-                    self._learn_route(timeout)
-                route = self._route
-        return route if isinstance(route, FramedClient) else None
-
-    def _learn_route(self, timeout: float) -> None:
-        """Ask the master (gRPC) for its frame port; called with _route_lock held."""
-        try:
-            ring = self.stub.GetRing(pb.Empty(), timeout=timeout)
-        except grpc.RpcError as e:
-            raise self._grpc_failure(e) from None
-        if ring.frame_port == 0:
-            self._use_grpc("the master serves no frame port (master.frame_port = -1)", logging.INFO)
-        else:
-            self._route = FramedClient(_host_of(self.address), ring.frame_port, self._secret)
-
-    def _connect_failed(self, frames: FramedClient, e: FrameConnectError) -> None:
-        """A port that worked before: ask again (the master may have moved); one that
-        never worked although the master just named it: stay on gRPC."""
-        with self._route_lock:
-            if self._route is not frames:
-                return   # another thread already acted on this
-            if frames.verified:
-                log.info("frame port of master %s: %s; asking the master again", self.address, e)
-                self._route = _UNKNOWN
-            else:
-                self._use_grpc(str(e))
-
-    def _use_grpc(self, why: str, level: int = logging.WARNING) -> None:
-        """Stay on gRPC; said once per client (a warning unless the master chose it)."""
-        self._route = None
-        if not self._warned:
-            self._warned = True
-            log.log(level, "master %s: metadata calls use gRPC: %s", self.address, why)
+    def _forget(self, frames: FramedClient, e: FrameConnectError) -> "_PortFailure":
+        """Connecting to the frame port failed: the next attempt asks the master for its
+        port again (a master restarted on a new ephemeral port names the new one)."""
+        with self._port_lock:
+            if self._frames is frames:
+                if frames.verified:
+                    log.info("frame port of master %s: %s; asking the master again", self.address, e)
+                self._frames = None
+        frames.close()
+        return _PortFailure(frames.port, str(e))
 
     # ------------------------------------------------------------------ requests
     # The conveniences below send these; the mount's loop-side calls (VFS.*_async) send

@@ -37,7 +37,7 @@ class MasterConfig:
     """The metadata server."""
     bind: str = "0.0.0.0"
     port: int = 8995
-    frame_port: int = 8996        # framed metadata channel (docs/wire.md); 0 = ephemeral, -1 = off (gRPC only)
+    frame_port: int = 8996        # framed metadata channel, the clients' (docs/wire.md); 0 = ephemeral
     meta_dir: str = "./.curvine/master"
     sync: str = "normal"          # sqlite synchronous: "normal" survives process crashes, "full" power loss
     block_size: int = 4 * MiB     # default block size of new files

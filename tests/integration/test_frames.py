@@ -8,7 +8,6 @@ process (SIGKILL, then a restart on its metadata).
 from __future__ import annotations
 
 import errno
-import logging
 import signal
 import socket
 import struct
@@ -17,17 +16,20 @@ import time
 import typing
 from pathlib import Path
 
+import grpc
 import pytest
 
 from curvine_py.client.framedclient import FramedClient
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.common import metaframes as mf
 from curvine_py.common.config import Config
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.errors import ConfigError, CurvineError, from_rpc_error
+from curvine_py.common.rpc import channel
 from curvine_py.localcluster import LocalCluster
 from curvine_py.master.framed import FrameServer
 from curvine_py.master.main import Servers, build_server
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 from curvine_py.processes import free_ports
 from tests.conftest import client_config
 
@@ -65,7 +67,9 @@ def caller(mutation: bool = False) -> pb.Caller:
 
 
 def grpc_call(m: MasterClient, method: str, request: typing.Any) -> typing.Any:
-    return getattr(m.stub, method)(request, timeout=10)
+    """The same call over the master's gRPC service (which clients no longer use)."""
+    stub = pb_grpc.MasterServiceStub(channel(m.address, SECRET))
+    return getattr(stub, method)(request, timeout=10)
 
 
 # ---------------------------------------------------------------- same answers
@@ -74,7 +78,7 @@ def test_frames_answer_as_grpc_does(master: tuple[Servers, Config]) -> None:
     m = client_of(servers, cfg)
     try:
         root = m.call("GetAttr", pb.InodeRequest(caller=caller(), ino=1))
-        assert m.transport == "frames"
+        assert m.frame_route() is not None
         assert root == grpc_call(m, "GetAttr", pb.InodeRequest(caller=caller(), ino=1))
         made = m.call("Create", pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644,
                                                 open_flags=0o1))
@@ -103,7 +107,10 @@ def test_frames_answer_as_grpc_does(master: tuple[Servers, Config]) -> None:
             with pytest.raises(CurvineError) as framed:
                 m.call(method, request)
             with pytest.raises(CurvineError) as viagrpc:
-                m._grpc_attempt(method, request, 10)
+                try:
+                    grpc_call(m, method, request)
+                except grpc.RpcError as e:
+                    raise from_rpc_error(e) from None
             assert framed.value.errno == viagrpc.value.errno == code, method
             assert framed.value.strerror == viagrpc.value.strerror, method
         m.unlink(1, "f")
@@ -134,7 +141,7 @@ def test_threads_each_get_their_own_answers(master: tuple[Servers, Config]) -> N
         t.start()
     for t in threads:
         t.join()
-    assert errors == [] and m.transport == "frames"
+    assert errors == [] and m.frame_route() is not None
     m.close()
 
 
@@ -168,7 +175,7 @@ def test_an_open_cluster_still_shakes_hands(tmp_path: Path) -> None:
     servers = build_server(cfg)
     try:
         m = client_of(servers, cfg, "")
-        assert m.getattr(1).ino == 1 and m.transport == "frames"
+        assert m.getattr(1).ino == 1 and m.frame_route() is not None
         m.close()
     finally:
         servers.stop(grace=0)
@@ -254,7 +261,7 @@ def test_garbage_gets_einval_or_a_closed_connection(master: tuple[Servers, Confi
     good_call(sock, 9)
     sock.close()
     m = client_of(servers, cfg)
-    assert m.getattr(1).ino == 1 and m.transport == "frames"
+    assert m.getattr(1).ino == 1 and m.frame_route() is not None
     m.close()
 
 
@@ -266,13 +273,13 @@ def test_a_restart_on_the_same_ports_reconnects_at_once(tmp_path: Path) -> None:
     m = client_of(servers, cfg)
     try:
         m.mknod(1, "before", 0o100644)
-        route = m._route
+        route = m._frames
         servers.stop(grace=0)
         servers = build_server(cfg)
         t0 = time.monotonic()
         assert m.lookup(1, "before").ino > 1
         took = time.monotonic() - t0
-        assert m._route is route, "the client asked for the frame port again although it did not change"
+        assert m._frames is route, "the client asked for the frame port again although it did not change"
         assert took < 1.0, f"the first call after the restart took {took:.2f} s"
     finally:
         m.close()
@@ -289,50 +296,28 @@ def test_a_moved_frame_port_is_learned_again(master: tuple[Servers, Config]) -> 
     servers.frames = FrameServer(servers.service, SECRET, HOST, 0)
     servers.service.frame_port = servers.frames.start().port
     assert m.lookup(1, "x").ino > 1
-    assert m.transport == "frames" and typing.cast(FramedClient, m._route).port == servers.service.frame_port != old
+    assert typing.cast(FramedClient, m._frames).port == servers.service.frame_port != old
     m.close()
 
 
-def test_an_unconnectable_frame_port_leaves_the_client_on_grpc(master: tuple[Servers, Config],
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unconnectable_frame_port_is_an_unreachable_master(master: tuple[Servers, Config]) -> None:
+    """Frames are the clients' one transport: a frame port the master names but nothing
+    answers on (a firewall) is retried like a master down, then one error naming it."""
     servers, cfg = master
     servers.service.frame_port = free_ports(1, HOST)[0]   # named by the master, nothing listens
+    cfg.client.retry_s = 1.0
     m = client_of(servers, cfg)
-    with caplog.at_level(logging.WARNING):
-        assert m.getattr(1).ino == 1
-        assert m.getattr(1).ino == 1
-    assert m.transport == "grpc"
-    assert sum("use gRPC" in r.getMessage() for r in caplog.records) == 1
+    t0 = time.monotonic()
+    with pytest.raises(CurvineError) as e:
+        m.getattr(1)
+    assert e.value.errno == errno.EHOSTDOWN and time.monotonic() - t0 < 5
+    assert f"metadata port {servers.service.frame_port} (master.frame_port) does not answer" in str(e.value)
     m.close()
 
 
-def test_frame_port_minus_one_means_grpc(tmp_path: Path) -> None:
-    cfg = master_config(tmp_path / "meta", frame_port=-1)
-    servers = build_server(cfg)
-    try:
-        assert servers.frames is None and servers.service.frame_port == 0
-        m = client_of(servers, cfg)
-        assert m.mknod(1, "g", 0o100644).ino > 1
-        assert m.lookup(1, "g").ino > 1 and m.transport == "grpc"
-        m.close()
-    finally:
-        servers.stop(grace=0)
-
-
-def test_sdk_without_frames(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
-    """A cluster whose master has frames off: the SDK's whole surface on gRPC."""
-    from curvine_py.sdk import Client
-    c = cluster_factory(workers=1, extra_master_flags=("--master-heartbeat-ms", "200",
-                                                       "--master-frame-port", "-1"))
-    cfg = client_config(c)
-    cfg.master.replicas = 1
-    with Client(master=c.master_address, config=cfg) as sdk:
-        data = b"grpc only" * 1000
-        sdk.put_bytes("/g", data)
-        sdk.rename("/g", "/h")
-        assert sdk.get_bytes("/h") == data and sdk.stat("/h").size == len(data)
-        assert sdk.core.meta.transport == "grpc"
-        sdk.remove("/h")
+def test_frame_port_minus_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="master.frame_port = -1: clients make their metadata calls on it"):
+        build_server(master_config(tmp_path / "meta", frame_port=-1))
 
 
 def test_a_killed_master_comes_back_on_frames(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
@@ -345,8 +330,8 @@ def test_a_killed_master_comes_back_on_frames(cluster_factory: typing.Callable[.
     with Client(master=c.master_address, config=cfg) as sdk:
         sdk.put_bytes("/k", b"kept")
         meta = sdk.core.meta
-        assert meta.transport == "frames"
-        port = typing.cast(FramedClient, meta._route).port
+        assert meta.frame_route() is not None
+        port = typing.cast(FramedClient, meta._frames).port
         c.kill_master(signal.SIGKILL)
         # the call is issued while the master is down (and retried); the restart runs in
         # this thread because a daemon started with die_with_parent dies with its thread
@@ -358,8 +343,8 @@ def test_a_killed_master_comes_back_on_frames(cluster_factory: typing.Callable[.
         call.join()
         assert failed == []
         assert sdk.get_bytes("/k") == b"kept" and sdk.stat("/after-restart").is_dir
-        assert meta.transport == "frames"
-        assert typing.cast(FramedClient, meta._route).port == port
+        assert meta.frame_route() is not None
+        assert typing.cast(FramedClient, meta._frames).port == port
 
 
 def _catch(into: list[BaseException], fn: typing.Callable[[], object]) -> None:
