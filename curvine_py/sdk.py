@@ -16,7 +16,7 @@ import posixpath
 import stat
 import typing
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.reader import FileReader
@@ -29,6 +29,11 @@ from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.ufsadmin import UfsAdmin
+
+if typing.TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+T = TypeVar("T")
 
 Progress = Callable[[int], None] | None
 
@@ -127,17 +132,18 @@ class File(io.RawIOBase):
 
     @property
     def size(self) -> int:
-        return self._writer.size if self._writer else self._reader.size if self._reader else 0  # type: ignore
+        return self._writer.size if self._writer else self._reader.size if self._reader else 0
 
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        if self._reader is None:
+    def readinto(self, b: WriteableBuffer) -> int:
+        reader = self._reader
+        if reader is None:
             raise io.UnsupportedOperation("file not open for reading")
         view = memoryview(b).cast("B")
-        n = self._wrap(lambda: self._reader.pread(self._pos, view))  # type: ignore[union-attr]
+        n = self._wrap(lambda: reader.pread(self._pos, view))
         self._pos += n
         return n
 
-    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, size: int = -1) -> bytes:
         if self._reader is None:
             raise io.UnsupportedOperation("file not open for reading")
         if size is None or size < 0:
@@ -150,24 +156,27 @@ class File(io.RawIOBase):
     def readall(self) -> bytes:
         return self.read(-1)
 
-    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
-        if self._writer is None:
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]  # FileWriter.pwrite takes these three
+        writer = self._writer
+        if writer is None:
             raise io.UnsupportedOperation("file not open for writing")
-        n = self._wrap(lambda: self._writer.pwrite(self._pos, b))  # type: ignore[union-attr]
+        n = self._wrap(lambda: writer.pwrite(self._pos, b))
         self._pos += n
         return n
 
-    def truncate(self, size: int | None = None) -> int:  # type: ignore[override]
-        if self._writer is None:
+    def truncate(self, size: int | None = None) -> int:
+        writer = self._writer
+        if writer is None:
             raise io.UnsupportedOperation("file not open for writing")
         size = self._pos if size is None else size
-        self._wrap(lambda: self._writer.truncate(size))  # type: ignore[union-attr]
+        self._wrap(lambda: writer.truncate(size))
         return size
 
     def flush(self) -> None:
         """Make what was written so far visible to other clients (commit without closing)."""
-        if self._writer is not None and not self._writer.closed:
-            self._wrap(lambda: self._writer.flush())  # type: ignore[union-attr]
+        writer = self._writer
+        if writer is not None and not writer.closed:
+            self._wrap(lambda: writer.flush())
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
@@ -202,9 +211,9 @@ class File(io.RawIOBase):
         else:
             self.close()
 
-    def _wrap(self, fn: Callable[[], int | object]) -> int:  # type: ignore[return]
+    def _wrap(self, fn: Callable[[], T]) -> T:
         try:
-            return fn()  # type: ignore[return-value]
+            return fn()
         except CurvineError as e:
             raise e.with_path(self.name) from None
 
@@ -257,7 +266,7 @@ class Client:
             raise err(errno.ENOTDIR).with_path(parent)
         return a.ino, name
 
-    def _do(self, path: str, fn: Callable[[], object]) -> object:
+    def _do(self, path: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except CurvineError as e:
@@ -286,11 +295,11 @@ class Client:
         base, out, offset = normpath(path), [], 0
         while True:
             reply = self._do(path, lambda: self.meta.readdir(a.ino, offset, 1000, plus=True))
-            for e in reply.entries:  # type: ignore[attr-defined]
+            for e in reply.entries:
                 offset = e.offset
                 if not e.name.startswith(HIDDEN_PREFIX):
                     out.append(FileStatus.of(posixpath.join(base, e.name), e.attr))
-            if reply.eof or not reply.entries:  # type: ignore[attr-defined]
+            if reply.eof or not reply.entries:
                 return out
 
     def listdir(self, path: str) -> list[str]:
@@ -341,7 +350,7 @@ class Client:
 
     def readlink(self, path: str) -> str:
         a = self._attr(path, follow=False)
-        return self._do(path, lambda: self.meta.call(  # type: ignore[return-value]
+        return self._do(path, lambda: self.meta.call(
             "Readlink", pb.InodeRequest(caller=self.meta.caller(), ino=a.ino)).target)
 
     def chmod(self, path: str, mode: int) -> None:
@@ -393,17 +402,17 @@ class Client:
         if m == "r":
             a = self._attr(path)
             reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-            reader = FileReader(self.core, reply)  # type: ignore[arg-type]
+            reader = FileReader(self.core, reply)
             return File(self, normpath(path), mode, reader, None)
         ino, name = self._parent(path)
         flags = os.O_WRONLY | (os.O_TRUNC if m == "w" else 0)
         bs = block_size or self.config.client.block_size
         reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, flags, umask=0o022,
                                                         exclusive=m == "x", block_size=bs))
-        if stat.S_ISDIR(reply.attr.mode):  # type: ignore[attr-defined]
+        if stat.S_ISDIR(reply.attr.mode):
             raise err(errno.EISDIR).with_path(path)
-        writer = self._do(path, lambda: FileWriter(self.core, reply))  # type: ignore[arg-type]
-        f = File(self, normpath(path), mode, None, writer)  # type: ignore[arg-type]
+        writer = self._do(path, lambda: FileWriter(self.core, reply))
+        f = File(self, normpath(path), mode, None, writer)
         if m == "a":
             f.seek(0, io.SEEK_END)
         return f
@@ -414,17 +423,17 @@ class Client:
         bs = block_size or self.config.client.block_size
         reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, os.O_WRONLY | os.O_TRUNC,
                                                         umask=0o022, block_size=bs))
-        self._do(path, lambda: write_all(self.core, reply, memoryview(data).cast("B")))  # type: ignore[arg-type]
+        self._do(path, lambda: write_all(self.core, reply, memoryview(data).cast("B")))
 
     def get_into(self, path: str, buffer: bytearray | memoryview) -> int:
         """Read a whole object into a caller-owned buffer (no allocation); returns its size."""
         a = self._attr(path)
         reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-        reader = FileReader(self.core, reply)  # type: ignore[arg-type]
+        reader = FileReader(self.core, reply)
         view = memoryview(buffer).cast("B")
         if len(view) < reader.size:
             raise err(errno.EOVERFLOW, f"buffer of {len(view)} bytes < file size {reader.size}").with_path(path)
-        return self._do(path, lambda: reader.read_all_into(view))  # type: ignore[return-value]
+        return self._do(path, lambda: reader.read_all_into(view))
 
     def get_bytes(self, path: str) -> bytes:
         a = self._attr(path)
@@ -447,7 +456,7 @@ class Client:
     # ------------------------------------------------------------------ xattrs and cache policy
     def getxattr(self, path: str, name: str) -> bytes:
         a = self._attr(path)
-        return self._do(path, lambda: self.meta.call(  # type: ignore[return-value]
+        return self._do(path, lambda: self.meta.call(
             "GetXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino, name=name)).value)
 
     def setxattr(self, path: str, name: str, value: bytes) -> None:
@@ -511,9 +520,9 @@ class Client:
     def block_locations(self, path: str) -> list[BlockLocation]:
         a = self._attr(path)
         reply = self._do(path, lambda: self.meta.block_locations(a.ino))
-        addrs = {w.worker_id: w for w in reply.workers}  # type: ignore[attr-defined]
+        addrs = {w.worker_id: w for w in reply.workers}
         out = []
-        for b in reply.blocks:  # type: ignore[attr-defined]
+        for b in reply.blocks:
             refs = [WorkerRef(w, addrs[w].host, addrs[w].ip, addrs[w].rpc_port, addrs[w].data_port)
                     for w in b.workers if w in addrs]
             out.append(BlockLocation(b.block_id, b.offset, b.length, b.checksum, refs))
@@ -534,7 +543,7 @@ def _copy(src: typing.Any, dst: typing.Any, callback: Progress) -> None:
     chunk = bytearray(8 << 20)
     view = memoryview(chunk)
     while True:
-        n = src.readinto(view)  # type: ignore[attr-defined]
+        n = src.readinto(view)
         if not n:
             return
         dst.write(view[:n])

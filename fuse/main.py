@@ -290,11 +290,11 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
         except (ValueError, IndexError):
             pid = None
     if pid is not None and pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)  # type: ignore[arg-type]
+        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while pid_alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if pid_alive(pid):  # type: ignore[arg-type]
+        if pid_alive(pid):
             print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
             return 1
         if not _is_mounted(mountpoint):

@@ -82,8 +82,8 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             log.exception("%s failed", op)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
-            if req is not None:
-                requests.active.discard(req)  # type: ignore[union-attr]
+            if req is not None and requests is not None:   # (req is set only with requests)
+                requests.active.discard(req)
                 CURRENT.reset(req.token)
             if start:
                 seconds.observe(_perf() - start)
@@ -145,9 +145,9 @@ class CurvineOps(pyfuse3.Operations):
             return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         return await hop(req, self._limiter, fn, *args, discard=discard)
 
-    async def _run_local_file(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run_local_file(self, fn: Callable[..., int | None], *args: Any) -> int | None:
         """The passthrough's hops (VFS.local_file): an abandoned one's descriptor is closed."""
-        return await self._run(fn, *args, discard=_close_fd)  # type: ignore[arg-type]
+        return await self._run(fn, *args, discard=_close_fd)
 
     def _hop_limits(self) -> str:
         s = self._limiter.statistics()
@@ -382,7 +382,7 @@ class CurvineOps(pyfuse3.Operations):
                     if not self.vfs.release_nowait(opened.fh):
                         self.vfs.core.executor.submit(self.vfs.release, opened.fh)
                     raise
-                if self.timed and getattr(fi, "backing_id", 0):
+                if self.timed and getattr(fi, "backing_id", None):   # None: a stock pyfuse3
                     cmetrics.PASSTHROUGH_READS.inc()   # its reads go to the block file, not to us
                 return fi
         finally:
@@ -397,8 +397,9 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         pinned = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
-        if pinned is None:
-            pinned = await self._run(self.vfs.read_view, fh, off, size, discard=_unpin)   # waits for the bytes
+        if pinned is None:   # waits for the bytes (through fetched: else mypy solves _run's T as pinned's Optional)
+            fetched = await self._run(self.vfs.read_view, fh, off, size, discard=_unpin)
+            pinned = fetched
         elif self.timed:
             cmetrics.MEMORY_READS.inc()
             cmetrics.MEMORY_BYTES.inc(len(pinned[0]))

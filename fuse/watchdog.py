@@ -163,13 +163,14 @@ class Hop:
         if task is not None:
             trio.lowlevel.reschedule(task, result)
         elif self.discard is not None and isinstance(result, outcome.Value):
-            trio.lowlevel.start_thread_soon(functools.partial(self._discard, result.value), _ignore)
+            trio.lowlevel.start_thread_soon(functools.partial(_discard, self.discard, result.value), _ignore)
 
-    def _discard(self, value: typing.Any) -> None:
-        try:
-            self.discard(value)   # type: ignore[misc]
-        except Exception:
-            log.exception("dropping the result of an abandoned thread hop")
+
+def _discard(discard: typing.Callable[[typing.Any], None], value: typing.Any) -> None:
+    try:
+        discard(value)
+    except Exception:
+        log.exception("dropping the result of an abandoned thread hop")
 
 
 def _ignore(_result: outcome.Outcome[typing.Any]) -> None:
@@ -221,7 +222,7 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
 
     req.hop = h
     try:   # trio unwraps the outcome it is rescheduled with: fn's value, its error, or Abandoned
-        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        return await trio.lowlevel.wait_task_rescheduled(abort)
     finally:
         req.hop = None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import sqlite3
 import threading
 import time
 from typing import Any, Callable
@@ -51,7 +52,7 @@ class Evictor:
         self.capacity = capacity
         self.submit = submit
         self.high, self.low = cfg.evict_high, min(cfg.evict_low, cfg.evict_high)
-        self._conn = None
+        self._conn: sqlite3.Connection | None = None
         self._reads: dict[int, int] = {}
         self._reads_lock = threading.Lock()
         self._pass_lock = threading.Lock()

@@ -55,7 +55,8 @@ class Namespace(UfsOps, FileOps, CacheOps):
     # ------------------------------------------------------------------ apply
     def apply(self, rec: Record) -> Row:
         """Apply one op record inside the caller's transaction; return its result."""
-        return handlers(type(self))[type(rec)](self, rec)
+        cls: type = type(self)   # a plain type: mypy checks type(self) against Hashable as an instance
+        return handlers(cls)[type(rec)](self, rec)
 
     # ------------------------------------------------------------------ reads
     def lookup(self, cred: Cred, parent: int, name: str) -> Row:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import stat
+import typing
 
 from curvine_py.common.errors import err
 from curvine_py.common.policy import TTL
@@ -38,6 +39,12 @@ class UfsOps(Store):
 
     default_block_size: int
     default_replicas: int
+
+    if typing.TYPE_CHECKING:   # namespace.py's and files.py's, mixed into Namespace with these ops
+        def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None: ...
+        def _add_entry(self, parent: int, name: str, ino: int) -> None: ...
+        def _drop_link(self, row: Row, now: int) -> list[int]: ...
+        def _exists(self, ino: int) -> bool: ...
 
     # ------------------------------------------------------------------ lookups
     def ufs_dir(self, ino: int) -> Row | None:

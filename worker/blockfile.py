@@ -43,8 +43,9 @@ class BlockEntry(typing.Protocol):
 
     block_id: int
     length: int
+    checksum: int
     chunk_size: int
-    chunk_sums: list[int]
+    chunk_sums: tuple[int, ...]
 
 
 class BlockStore(typing.Protocol):

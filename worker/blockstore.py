@@ -32,7 +32,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, cast
 
 from curvine_py.common.blockmeta import block_file
 from curvine_py.common.buffers import BufferPool
@@ -320,7 +320,7 @@ class BlockStore:
 
     def install(self, writer: BlockWriter, meta: BlockMeta, meta_staging: str) -> BlockEntry:
         """Move a finished block into place and index it (the commit point is the meta rename)."""
-        ddir, bid = writer.dir, writer.block_id
+        ddir, bid = cast(DataDir, writer.dir), writer.block_id   # opaque to the writer: one of self.dirs
         entry = BlockEntry(bid, ddir, meta)
         entry.cached = not writer.direct
         final = ddir.block_path(bid)

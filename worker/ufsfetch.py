@@ -307,7 +307,8 @@ class UfsFetcher:
                     try:
                         writer.append(piece)
                     except CurvineError as e:
-                        writer = self._failed(flight, writer, e)
+                        self._failed(flight, writer, e)
+                        writer = None
             if down is not None:
                 down.send_commit(b.length, flight.checksum, b.block_id)
             if writer is not None:
@@ -341,7 +342,8 @@ class UfsFetcher:
         try:
             return self.store.create(b.block_id, 0, b.length, cached=self.cache_writes)
         except CurvineError as e:
-            return self._failed(flight, None, e)
+            self._failed(flight, None, e)
+            return None
 
     def _failed(self, flight: Flight, writer: BlockWriter | None, e: CurvineError) -> None:
         """Remember why the local copy failed (LoadBlocks reports it); the readers and

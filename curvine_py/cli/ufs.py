@@ -45,8 +45,8 @@ def cmd_mount(ctx: Context) -> int:
     path = remote(a.path)
     with on_path(path):
         m = ctx.client.ufs.mount(a.uri, path, _options(a.option), a.write_mode, ttl, data_ttl)
-    ttl = output.format_duration(m.metadata_ttl_s)
-    print(f"mounted {m.uri} at {m.path} (write {m.write_mode}, metadata ttl {ttl})")
+    shown = output.format_duration(m.metadata_ttl_s)
+    print(f"mounted {m.uri} at {m.path} (write {m.write_mode}, metadata ttl {shown})")
     return 0
 
 

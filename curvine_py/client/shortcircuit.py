@@ -335,7 +335,7 @@ class ShortCircuit:
         buf = getattr(self._scratch, "buf", None)
         if buf is None or len(buf) < size:
             buf = self._scratch.buf = memoryview(bytearray(size))
-        return buf  # type: ignore[no-any-return]
+        return buf
 
     def _forget(self, key: tuple[int, int]) -> None:
         with self._lock:
@@ -413,5 +413,5 @@ def _read_chunk(fd: int, meta: BlockMeta, chunk: int, view: memoryview) -> None:
 
 def _brief(e: BaseException) -> str:
     if isinstance(e, grpc.RpcError):
-        return f"worker rpc: {e.code()}"  # type: ignore[attr-defined]
+        return f"worker rpc: {e.code()}"
     return str(e)

@@ -129,10 +129,10 @@ class VFS:
         a.CopyFrom(attr)
         if st.hidden is not None:
             a.nlink = 0       # unlinked while open (kept under a hidden name until released)
-        if writing:
-            a.size = w.size  # type: ignore[union-attr]
-            if w.changed:  # type: ignore[union-attr]
-                a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)  # type: ignore[union-attr]
+        if writing and w is not None:
+            a.size = w.size
+            if w.changed:
+                a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)
         return a
 
     def getattr(self, ino: int, ident: Identity) -> pb.Attr:
@@ -167,7 +167,7 @@ class VFS:
     async def mkdir_async(self, call: MasterCall, parent: int, name: str, mode: int, umask: int,
                           ident: Identity) -> pb.Attr:
         req = self.meta.mknod_request(self._in(parent), name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
-        return self.meta.saw_dirs(await call("Mknod", req)).attr  # type: ignore[no-any-return]
+        return self.meta.saw_dirs(await call("Mknod", req)).attr
 
     async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
                            ident: Identity) -> Opened:
@@ -349,9 +349,9 @@ class VFS:
         if write and shared is None:
             return self._open_writer(self.meta.open(ino, flags, write=True, ident=ident), flags, ident)
         reply = self.meta.open(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
-        if write:
+        if write and shared is not None:   # (always shared: a write without one returned above)
             if flags & os.O_TRUNC:
-                shared.truncate(0)  # type: ignore[union-attr]
+                shared.truncate(0)
             return self._new_handle(ino, flags, reply, True, ident)
         return self._new_handle(ino, flags, reply, False, ident)
 

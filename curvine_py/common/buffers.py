@@ -185,7 +185,7 @@ def fresh_bytes(n: int) -> tuple[bytes, memoryview]:
     """
     if n <= 0 or _new_bytes is None:
         buf = bytearray(n)
-        return buf, memoryview(buf)  # type: ignore[return-value]
+        return buf, memoryview(buf)  # type: ignore[return-value]  # the fallback: a bytearray stands in for bytes
     obj = _new_bytes(None, n)
     raw = (ctypes.c_char * n).from_address(id(obj) + _BYTES_DATA_OFFSET)
     return obj, memoryview(raw).cast("B")

@@ -114,7 +114,7 @@ class _Errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, tp: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+    def __exit__(self, tp: type[BaseException] | None, e: BaseException | None, tb: object) -> typing.Literal[False]:
         if e is None or isinstance(e, UfsError) or not isinstance(e, Exception):
             return False
         raise ufs_error(self.uri, self.what, e) from None
