@@ -17,6 +17,7 @@ then shipped blocks, then the committed ones (``FileReader`` over ``self.current
 """
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import mmap
@@ -30,9 +31,10 @@ import xxhash
 from curvine_py.client.blockio import PIECE
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
+from curvine_py.client.dirtyblock import SMALL, DirtyBlock, merge_ranges, ranges_cover, written_prefix
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
-from curvine_py.common.buffers import IDLE_S, BufferPool
+from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Failed, Retry
 from curvine_py.pb import curvine_pb2 as pb
@@ -41,31 +43,9 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
-SMALL = 64 << 10       # a dirty block's bytes are kept outside the pool until a write passes this
 WRITE_ATTEMPTS = 3
 HARDEN_WAIT_S = 60.0   # a thread waits this long for the first block ids the mount's loop asked for
 NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
-
-
-def _covers(ranges: list[list[int]], length: int) -> bool:
-    """Do merged ranges cover [0, length)?"""
-    return bool(ranges) and ranges[0][0] == 0 and ranges[0][1] >= length
-
-
-def _merge(ranges: list[list[int]]) -> list[list[int]]:
-    """Sorted, merged [start, end) ranges (touching ranges join)."""
-    out: list[list[int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def _prefix(ranges: list[list[int]]) -> int:
-    """How many bytes from the block's start are written without a gap."""
-    return ranges[0][1] if ranges and ranges[0][0] == 0 else 0
 
 
 def _nospace(e: BaseException) -> bool:
@@ -86,97 +66,36 @@ def _write_wait(attempt: int, e: BaseException) -> float:
     return min(0.05 * attempt, 0.5) if _nospace(e) else 0.0
 
 
-class DirtyBlock:
-    """A block's bytes written here and not shipped yet, with the sorted, merged ranges
-    written into it.
+class Lease(enum.Enum):
+    """Where this writer's lease stands at the master."""
+    SOFT = "soft"            # a new file's lease that binds nobody yet: nothing allocated
+    HARDENING = "hardening"  # the mount's loop sent the AllocateBlocks that makes it binding
+    HARD = "hard"            # binding: blocks allocated (or the master may have applied an allocation)
 
-    It starts as a small private buffer (SMALL bytes) and takes a block-sized pooled one
-    only when a write reaches past that: LMCache opens every chunk of a prompt and writes
-    each one's 28-byte header before any payload, and a pooled block per header let 16
-    (or 64) open files take every buffer while the payload writes that would free them
-    waited for one (docs/architecture.md, "Bounded buffers")."""
 
-    __slots__ = ("pool", "raw", "view", "ranges", "streamable", "_seq", "_seq_end")
+class Phase(enum.Enum):
+    """Where this writer stands in its life."""
+    OPEN = "open"
+    CLOSING = "closing"      # the mount's loop sent the Commit that closes it (close_request_nowait)
+    CLOSED = "closed"        # committed and released, or aborted: a later write takes a new lease
 
-    def __init__(self, pool: BufferPool, raw: mmap.mmap | None = None) -> None:
-        self.pool = pool
-        self.raw = raw               # the pooled buffer, once it has one
-        # Small or pooled, the memory is page-aligned (an anonymous mmap), so a short last
-        # block still goes to a local replica with O_DIRECT (client/localwrite.py).
-        self.view = memoryview(raw if raw is not None else mmap.mmap(-1, SMALL))
-        self.ranges: list[list[int]] = []
-        self.streamable = True   # False once a stream of it was dropped: rewritten in place
-        # The xxh3 of the bytes as the writes handed them over, while they come in order
-        # from the block's start (the KV chunk's case): what is shipped must hash the same.
-        self._seq: xxhash.xxh3_64 | None = xxhash.xxh3_64()
-        self._seq_end = 0
 
-    def digest(self, length: int) -> int | None:
-        """The xxh3 the block's first length bytes must have, as written; None when the
-        writes did not come in order from the start up to exactly there."""
-        return self._seq.intdigest() if self._seq is not None and self._seq_end == length else None
-
-    def unordered(self) -> None:
-        """Bytes went into the buffer other than by an in-order write: no digest."""
-        self._seq = None
-
-    @property
-    def pooled(self) -> bool:
-        return self.raw is not None
-
-    def room(self, end: int, raw: mmap.mmap | None) -> None:
-        """Make the buffer hold bytes up to end: past SMALL, move into raw, a pooled buffer
-        the caller took (FileWriter._room, or try_pwrite's plan); raw goes back to the pool
-        when it is not needed."""
-        if end <= len(self.view):
-            if raw is not None:
-                self.pool.release(raw)
-            return
-        assert raw is not None, f"a dirty block needs a pooled buffer for {end} bytes"
-        small, self.raw, self.view = self.view, raw, memoryview(raw)
-        self.view[:len(small)] = small
-        small.release()
-
-    def write(self, within: int, data: memoryview) -> None:
-        end = within + len(data)
-        assert end <= len(self.view), "room() first"
-        self.view[within:end] = data
-        self.ranges = _merge(self.ranges + [[within, end]])
-        if self._seq is not None:
-            if within == self._seq_end:
-                self._seq.update(data)
-                self._seq_end = end
-            else:
-                self._seq = None
-
-    def release(self) -> None:
-        """Give the memory back (to the pool when it came from there)."""
-        self.view.release()
-        if self.raw is not None:
-            self.pool.release(self.raw)
-            self.raw = None
-
-    def covers(self, length: int) -> bool:
-        return _covers(self.ranges, length)
-
-    def gaps(self, length: int) -> list[tuple[int, int]]:
-        out, pos = [], 0
-        for a, b in self.ranges:
-            if a > pos:
-                out.append((pos, min(a, length)))
-            pos = max(pos, b)
-        if pos < length:
-            out.append((pos, length))
-        return [(a, b) for a, b in out if a < b]
-
-    def clip(self, length: int) -> None:
-        """Forget bytes at or past length (truncate inside this block)."""
-        self.ranges = [[a, min(b, length)] for a, b in self.ranges if a < length]
-        self._seq = None
+# Every move of the two states (FileWriter._move); staying put is always allowed.  A failed
+# harden goes back to SOFT (its error fails the writer); a CLOSING whose Commit failed is
+# OPEN again, its blocks kept for the next flush or close.
+_LEASE_MOVES = {Lease.SOFT: {Lease.HARDENING, Lease.HARD}, Lease.HARDENING: {Lease.SOFT, Lease.HARD},
+                Lease.HARD: set()}
+_PHASE_MOVES = {Phase.OPEN: {Phase.CLOSING, Phase.CLOSED}, Phase.CLOSING: {Phase.OPEN, Phase.CLOSED},
+                Phase.CLOSED: set()}
 
 
 class FileWriter:
-    """The write state of one open file; methods are serialized by an internal lock."""
+    """The write state of one open file; methods are serialized by an internal lock.
+
+    Its state is two small machines, `lease` and `phase` (moved only by _move, along
+    _LEASE_MOVES and _PHASE_MOVES), plus a sticky error: a writer that failed (a block
+    that could not be stored, a harden refused) raises it from every later write and
+    from its close, so no commit presents the file with bytes missing."""
 
     def __init__(self, core: ClientCore, reply: pb.OpenReply, ident: Identity | None = None) -> None:
         self.core = core
@@ -202,16 +121,33 @@ class FileWriter:
         self.changed = False         # written or truncated since the last commit
         self.mtime_ns = 0            # time of the last change, the file's mtime at commit
         self.expected_blocks = 0     # a hint: how many blocks the caller will write
-        self.closed = False
+        self._state_lock = threading.Lock()
+        self.phase = Phase.OPEN
         # A new file's soft lease (OpenReply.soft_lease) binds nobody until this writer's
         # first AllocateBlocks, sent before the first byte or size change (_harden): soft
         # implies nothing allocated, and a close with nothing changed commits nothing.
-        self.soft = reply.soft_lease
-        self._hardening = False      # the mount's loop has that AllocateBlocks on its way
-        self._hardened = threading.Event()   # ...and it came back (or failed)
+        self.lease = Lease.SOFT if reply.soft_lease else Lease.HARD
+        self._hardened = threading.Event()   # a HARDENING's AllocateBlocks came back (or failed)
         core.leases.add(self.lease_id)
         self._used = time.monotonic()   # the last write (the pool takes from idle writers only)
         self.pool.hold(self, cheap=False)
+
+    @property
+    def closed(self) -> bool:
+        """Closing or closed: no more writes through this writer."""
+        return self.phase is not Phase.OPEN
+
+    def _move(self, lease: Lease | None = None, phase: Phase | None = None, when: Lease | None = None) -> None:
+        """The one place the states change (AssertionError on a move the tables forbid).
+        when: move the lease only if it is in that state now.  Under a lock of its own,
+        which the mount's loop may take (hardened): it guards two assignments, no I/O."""
+        with self._state_lock:
+            if lease is not None and lease is not self.lease and (when is None or when is self.lease):
+                assert lease in _LEASE_MOVES[self.lease], f"inode {self.ino}: lease {self.lease.name} -> {lease.name}"
+                self.lease = lease
+            if phase is not None and phase is not self.phase:
+                assert phase in _PHASE_MOVES[self.phase], f"inode {self.ino}: {self.phase.name} -> {phase.name}"
+                self.phase = phase
 
     @property
     def size(self) -> int:
@@ -230,7 +166,7 @@ class FileWriter:
         direct: list[Future[pb.BlockInfo]] = []
         with self._lock:
             self._check()
-            if self.soft:
+            if self.lease is not Lease.HARD:
                 self._harden()
             self._touch()
             for idx, within, done, n in slots(offset, len(mv), self.bs):
@@ -255,7 +191,7 @@ class FileWriter:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._error is not None or self.closed or (self.soft and not self._hardening):
+            if self._error is not None or self.closed or self.lease is Lease.SOFT:
                 return None
             if append:
                 offset = self.size
@@ -291,11 +227,11 @@ class FileWriter:
         new = 0
         for idx, within, _, n in slots(offset, length, self.bs):
             db = self.dirty.get(idx)
-            ranges = _merge((db.ranges if db is not None else []) + [[within, within + n]])
+            ranges = merge_ranges((db.ranges if db is not None else []) + [[within, within + n]])
             stream = self.streams.get(idx)
             completes_stream = stream is not None and within >= stream.ready
-            if ((_covers(ranges, self.bs) and not completes_stream) or idx in self.inflight
-                    or (self._wants_stream(idx, ranges) and not self._spare and not self._hardening)):
+            if ((ranges_cover(ranges, self.bs) and not completes_stream) or idx in self.inflight
+                    or (self._wants_stream(idx, ranges) and not self._spare and self.lease is not Lease.HARDENING)):
                 self._undo(plan)   # a block to ship whole, or a stream to open: may wait
                 return None
             if db is None:
@@ -350,7 +286,7 @@ class FileWriter:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
         with self._lock:
             self._check()
-            if self.soft and size != self.size:   # truncate(0) of a new file (put_bytes) is no change
+            if self.lease is not Lease.HARD and size != self.size:   # truncate(0) of a new file (put_bytes): no change
                 self._harden()
             self._touch()
             keep = (size + self.bs - 1) // self.bs
@@ -442,7 +378,7 @@ class FileWriter:
             self.uncommitted = self._wait_all()   # every block is done: this does not wait
             if self._error is not None:
                 return None   # close() reports it
-            self.closed = True
+            self._move(phase=Phase.CLOSING)
             return self._commit_request(self.uncommitted, release=True)
         finally:
             self._lock.release()
@@ -465,17 +401,17 @@ class FileWriter:
         """Nothing for the master to hear at close: the lease is still soft (so nothing was
         allocated: no dirty, shipped or failed block), no harden is on its way, and the size
         did not change either."""
-        return self.soft and not self._hardening and not self.changed
+        return self.lease is Lease.SOFT and not self.changed
 
     def harden_request_nowait(self) -> pb.AllocateBlocksRequest | None:
         """The AllocateBlocks that hardens a soft lease, for the mount to send from its event
         loop at the first write without waiting for it (then hardened()); None: not soft,
         or already sent.  Until its answer, writes fill dirty blocks (try_pwrite) and the
         blocks' streams wait for their ids; a thread that needs them waits for it."""
-        if not self.soft or self._hardening or self.closed:
+        if self.lease is not Lease.SOFT or self.closed:
             return None
         self._hardened = threading.Event()
-        self._hardening = True
+        self._move(lease=Lease.HARDENING)
         return self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(), ident=self.ident)
 
     def hardened(self, reply: pb.AllocateBlocksReply | None, error: BaseException | None = None) -> None:
@@ -484,16 +420,17 @@ class FileWriter:
         accepted meanwhile cannot be committed, so its next write and its close report it."""
         if reply is not None:
             self._spare.extend(self._allocated(reply))   # atomic under the GIL; _next_block pops under the lock
-        elif self._error is None:
-            self._error = error if isinstance(error, CurvineError) else CurvineError(
-                errno.EIO, f"the first block ids of inode {self.ino} did not come: {error!r}")
-        self._hardening = False
+        else:
+            if self._error is None:
+                self._error = error if isinstance(error, CurvineError) else CurvineError(
+                    errno.EIO, f"the first block ids of inode {self.ino} did not come: {error!r}")
+            self._move(lease=Lease.SOFT, when=Lease.HARDENING)   # a thread's allocation may have made it HARD
         self._hardened.set()
 
     def _settle_harden(self) -> None:
         """Wait for a harden the mount's loop has on its way (never called on that loop),
         then raise its failure, if any."""
-        if self._hardening and not self._hardened.wait(HARDEN_WAIT_S):
+        if self.lease is Lease.HARDENING and not self._hardened.wait(HARDEN_WAIT_S):
             raise CurvineError(errno.ETIMEDOUT, f"the first block ids of inode {self.ino} did not come")
         self._check()
 
@@ -501,7 +438,7 @@ class FileWriter:
         """The Commit from close_request_nowait succeeded (the writer is done), or failed
         (the writer is open again, its blocks kept for the next flush or close)."""
         with self._lock:
-            self.closed = False
+            self._move(phase=Phase.OPEN)
             if ok:
                 self._committed(release=True)
 
@@ -531,7 +468,7 @@ class FileWriter:
             self._finish()
 
     def _finish(self) -> None:
-        self.closed = True
+        self._move(phase=Phase.CLOSED)
         self.pool.unhold(self)
         self.reader.close()
         self.core.leases.remove(self.lease_id)
@@ -551,7 +488,7 @@ class FileWriter:
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if (self.closed or self._error is not None or self.soft or self._hardening
+            if (self.closed or self._error is not None or self.lease is not Lease.HARD
                     or time.monotonic() - self._used < IDLE_S):
                 return False
             idx = next((i for i, db in self.dirty.items() if db.pooled), None)
@@ -696,13 +633,13 @@ class FileWriter:
         slot rewritten under its stream: such a slot is written at random, shipped whole."""
         db = self.dirty.get(idx)
         return (self._streaming and idx not in self.streams and len(self.streams) < MAX_STREAMS
-                and self._error is None and (db is None or db.streamable) and _prefix(ranges) >= PIECE)
+                and self._error is None and (db is None or db.streamable) and written_prefix(ranges) >= PIECE)
 
     def _feed(self, idx: int, nowait: bool) -> None:
         """Send the whole pieces written in order at the start of dirty slot idx; the
         first such piece opens the slot's stream (nowait: only with a block id at hand)."""
         db = self.dirty[idx]
-        ready = min(_prefix(db.ranges), self.bs) // PIECE * PIECE
+        ready = min(written_prefix(db.ranges), self.bs) // PIECE * PIECE
         stream = self.streams.get(idx)
         if stream is None:
             if not self._wants_stream(idx, db.ranges) or (nowait and not self._spare):
@@ -762,7 +699,7 @@ class FileWriter:
         (needed anyway) is asked for now, and from then on the master keeps other clients'
         writers out (EBUSY) as for any lease.  The mount's loop may have asked already."""
         self._settle_harden()
-        if self.soft:
+        if self.lease is Lease.SOFT:
             self._spare.extend(self._allocate(self._grow_batch()))
 
     def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
@@ -770,13 +707,13 @@ class FileWriter:
             reply = self.core.meta.allocate(self.ino, self.lease_id, count, exclude, ident=self.ident)
         except CurvineError as e:
             if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
-                self.soft = False
+                self._move(lease=Lease.HARD)
             raise
         return self._allocated(reply)
 
     def _allocated(self, reply: pb.AllocateBlocksReply) -> list[pb.BlockInfo]:
         """The ids an AllocateBlocks gave; it also made the lease hard at the master."""
-        self.soft = False
+        self._move(lease=Lease.HARD)
         self.core.workers.learn(list(reply.workers))
         return list(reply.blocks)
 
