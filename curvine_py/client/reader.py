@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import threading
 import time
 from collections import OrderedDict
@@ -188,7 +189,7 @@ class _Cached:
 
     __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived", "retired", "ahead")
 
-    def __init__(self, raw: object, view: memoryview) -> None:
+    def __init__(self, raw: mmap.mmap, view: memoryview) -> None:
         self.raw, self.view = raw, view
         self.future: Future[int] = Future()   # the fetch's, set by the one who starts it
         self.users = 0
@@ -499,10 +500,10 @@ class FileReader:
             metrics.READAHEAD_BLOCKS.inc()
         return True
 
-    def _start_fetch(self, idx: int, raw: object) -> _Cached:
+    def _start_fetch(self, idx: int, raw: mmap.mmap) -> _Cached:
         """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
         block = self.blocks[idx]
-        view = memoryview(raw)  # type: ignore[arg-type]
+        view = memoryview(raw)
         entry = _Cached(raw, view)
         entry.future = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0,
                                                  view[:block.length], entry)
@@ -532,7 +533,7 @@ class FileReader:
                 return   # the last _unpin retires it
             entry.retired = True
         entry.view.release()
-        self.pool.release(entry.raw)  # type: ignore[arg-type]
+        self.pool.release(entry.raw)
 
     def read_all_into(self, into: memoryview, parallel: int = 2) -> int:
         """Read the whole file into `into` (len >= size), fetching `parallel` blocks at once."""
