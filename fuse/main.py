@@ -158,7 +158,7 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         _notify(ready_fd, f"--subdir {subdir}: {e.strerror} in the pool")
         core.close()
         return 1
-    ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta.frame_route))
+    ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta))
     options = set(pyfuse3.default_options)
     options |= {"fsname=curvine", "subtype=curvine", "allow_other"}
     try:

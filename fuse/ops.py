@@ -20,7 +20,7 @@ import pyfuse3
 import trio
 
 from curvine_py.client import metrics as cmetrics
-from curvine_py.client.asyncmeta import AsyncMeta, FastPathUnavailable
+from curvine_py.client.asyncmeta import AsyncMeta, Unreached
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, Opened
 from curvine_py.client.writer import FileWriter
@@ -108,13 +108,14 @@ class CurvineOps(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, vfs: VFS, cfg: FuseConfig, fast: AsyncMeta | None = None) -> None:
-        """fast: master calls made on the trio loop (client/asyncmeta.py: lookups, getattrs,
-        creates, renames, commits...); None = every call in a worker thread."""
+    def __init__(self, vfs: VFS, cfg: FuseConfig, meta: AsyncMeta) -> None:
+        """meta: the master calls the handlers await on the trio loop (client/asyncmeta.py:
+        lookups, getattrs, creates, renames, commits...), with the client's retry policy."""
         super().__init__()
         self.vfs = vfs
         self.cfg = cfg
-        self.fast = fast
+        self.meta = meta
+        meta.before_wait = self._unless_given_up
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._limiter = trio.CapacityLimiter(64)
         self._dirs: dict[int, tuple[int, Identity]] = {}
@@ -136,6 +137,13 @@ class CurvineOps(pyfuse3.Operations):
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
 
     # ------------------------------------------------------------------ helpers
+    def _unless_given_up(self) -> None:
+        """A master call retried on the loop stops once the watchdog gave its request up
+        (as a thread hop is abandoned): the request is answered EIO, not after retry_s."""
+        req = CURRENT.get() if self.requests is not None else None
+        if req is not None and req.expired:
+            raise Abandoned(f"{req.op}: given up while the master was unreachable")
+
     async def _run(self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None) -> T:
         """fn(*args) in a worker thread.  Within a request the watchdog can give up: the
         thread is abandoned (it runs on; what it returns then goes to discard, if given)
@@ -189,15 +197,9 @@ class CurvineOps(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ metadata
     async def _master(self, method: str, request: Any) -> Any:
-        """One master call for the VFS's awaited methods: on the loop over the framed
-        channel (client/asyncmeta.py, no thread hop) when it can be made there, else the
-        same request in a worker thread with the client's full retry policy."""
-        if self.fast is not None:
-            try:
-                return await self.fast.call(method, request, self.vfs.core.cfg.client.rpc_timeout_s)
-            except FastPathUnavailable:
-                pass
-        return await self._run(self.vfs.meta.call, method, request)
+        """One master call for the VFS's awaited methods: on the loop, over the framed
+        channel (client/asyncmeta.py: no thread hop, the client's retries)."""
+        return await self.meta.call(method, request)
 
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -459,8 +461,8 @@ class CurvineOps(pyfuse3.Operations):
     async def _harden(self, w: FileWriter, req: pb.AllocateBlocksRequest) -> None:
         """Send the AllocateBlocks that binds a new file's lease before answering its first
         write (so no other writer's later open can precede it at the master), and take the
-        answer in the background: the write does not wait ~1 ms for it.  Without the fast
-        path the call is made whole first, as any."""
+        answer in the background: the write does not wait ~1 ms for it.  A send that does not
+        get through makes the call whole first, as any."""
         try:
             answer = await self._send_soon("AllocateBlocks", req)
         except BaseException as e:
@@ -486,24 +488,23 @@ class CurvineOps(pyfuse3.Operations):
 
     async def _send_soon(self, method: str, request: Any) -> Callable[[], Awaitable[Any]]:
         """A master call whose request is on its way when this returns; the async function
-        returned gives its reply (a lost fast path: the thread path, same request id)."""
-        if self.fast is not None:
-            try:
-                pending = await self.fast.send(method, request, self.vfs.core.cfg.client.rpc_timeout_s)
-            except FastPathUnavailable:
-                pass
-            else:
-                async def reply() -> Any:
-                    try:
-                        return await pending.reply()
-                    except FastPathUnavailable:
-                        return await self._run(self.vfs.meta.call, method, request)
-                return reply
-        done = await self._run(self.vfs.meta.call, method, request)
+        returned gives its reply (a send or reply that did not get through: the whole
+        call, retried, with the same request id)."""
+        try:
+            pending = await self.meta.send(method, request, self.vfs.core.cfg.client.rpc_timeout_s)
+        except Unreached:
+            done = await self.meta.call(method, request)
 
-        async def answered() -> Any:
-            return done
-        return answered
+            async def answered() -> Any:
+                return done
+            return answered
+
+        async def reply() -> Any:
+            try:
+                return await pending.reply()
+            except Unreached:
+                return await self.meta.call(method, request)
+        return reply
 
     @_fs_errors
     async def flush(self, fh: int) -> None:

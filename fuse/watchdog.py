@@ -11,8 +11,8 @@ request is failed between the limit and the limit + ``TICK_S``:
   every request in flight and what it waits for), and failed with EIO: a request waiting
   in a thread hop (``CurvineOps._run``) has that hop cancelled (the thread is abandoned;
   what it returns later is dropped, ``Hop``), one waiting on the loop (a master call over
-  the fast path, bounded by ``client.rpc_timeout_s``) fails at its next hop.  The mount
-  goes on serving everything else.
+  the framed channel, retried while the master is unreachable) fails before its next
+  retry or hop.  The mount goes on serving everything else.
 - The mount is looked for in ``/proc/self/mountinfo`` by its device number (recorded at
   start: a path can be mounted over again).  When it is gone (``fusermount3 -uz``, a
   lazy ``umount -l``) the kernel may still hold requests the daemon would otherwise wait

@@ -1,25 +1,29 @@
-"""Master calls awaited on the mount's trio loop, with no thread hop.
+"""The mount's master client: every call awaited on its trio loop, with no thread hop.
 
-The mount runs every request that needs the master in a worker thread
-(``trio.to_thread``): on two busy cores that hop costs ~0.3 ms, three to four times a
-framed ``Lookup``.  Lookups and attribute reads are the mount's most frequent requests
-(LMCache stats every chunk of a prompt before reading any), so they are made here, on
-the loop itself, over trio sockets speaking the same frames as the threads' client
-(``common/metaframes.py``; the master cannot tell them apart).
+The mount's requests that need the master (lookups and attribute reads most of all:
+LMCache stats every chunk of a prompt before reading any) are made here, on the loop
+itself, over trio sockets speaking the same frames as the threads' client
+(``common/metaframes.py``; the master cannot tell them apart).  A thread hop
+(``trio.to_thread``) costs ~0.3 ms on two busy cores, three to four times a framed
+``Lookup``; the only one left is learning the frame port (``GetRing`` over gRPC, by
+``MasterClient.learn_route``), once at the start and again after the master moved.
+
+The retry policy is the threads' client's (``metaclient.py``): an attempt that did not
+reach the master -- a refused or dropped connection, the master's UNAVAILABLE, a
+timeout -- is made again with the same request (its request id: the master's retry
+cache answers a repeat) after 0.05 s doubling to 2 s, until ``client.retry_s``; the
+waits are awaited (``Retry.acall``), so the loop serves other requests meanwhile.  The
+master's own answers (an errno, EACCES for a wrong secret) are final, ``CurvineError``.
 
 A call can also be split (``send``, then ``Pending.reply``): the mount puts a new file's
 first ``AllocateBlocks`` on the wire before it answers the write, and takes the answer
-in the background.
-
-One attempt only, never a retry: any transport trouble -- no frame port known yet, a
-refused or dropped connection, the master's UNAVAILABLE, a timeout -- raises
-``FastPathUnavailable`` and the caller takes the thread path, whose ``MasterClient``
-retries with the full policy (same errors, same waits as before).  The master's own
-answers (an errno, EACCES for a wrong secret) are final and raised as ``CurvineError``.
+in the background.  ``send`` is one attempt (``Unreached``); the caller then makes the
+whole call with ``call``.
 """
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import time
 import typing
@@ -27,15 +31,26 @@ import typing
 import trio
 
 from curvine_py.client import metrics
+from curvine_py.client.metaclient import MasterClient
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.retry import Exponential, Failed, Retry
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_IDLE = 8            # connections kept open between calls (concurrent calls open more)
 
 
-class FastPathUnavailable(Exception):
-    """This call could not be made on the loop; make it through the thread path."""
+log = logging.getLogger(__name__)
+Route = tuple[str, int, str]   # (host, frame port, secret)
+
+
+class Unreached(Exception):
+    """This attempt did not reach the master (retried; code is raised when the retries
+    run out: ETIMEDOUT for a timeout, else EHOSTDOWN)."""
+
+    def __init__(self, message: str, code: int = errno.EHOSTDOWN) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _AsyncReader(mf.FrameReader):
@@ -77,27 +92,43 @@ class _Conn:
 class AsyncMeta:
     """Framed calls to the master from one trio loop (not thread-safe: the loop's only)."""
 
-    def __init__(self, route: typing.Callable[[], tuple[str, int, str] | None]) -> None:
-        """route() -> (host, frame port, secret) of the master's frame server, or None
-        while the threads' client has not learned one (or uses gRPC)."""
-        self._route = route
-        self._where: tuple[str, int, str] | None = None
+    def __init__(self, meta: MasterClient, route: typing.Callable[[], Route | None] | None = None) -> None:
+        """meta: the threads' client, whose frame route and retry settings this follows;
+        route: where to connect instead (tests), None while not learned yet."""
+        self._meta = meta
+        self._route = route or meta.frame_route
+        self._where: Route | None = None
         self._idle: list[_Conn] = []
+        # Called before each wait between attempts; what it raises ends the call at once (the
+        # mount's watchdog: a request it gave up stops retrying, fuse/ops.py).
+        self.before_wait: typing.Callable[[], None] | None = None
+        self._retry = Retry(transient=lambda e: isinstance(e, Unreached), wait=Exponential(0.05, 2.0),
+                            deadline_s=lambda: meta.cfg.retry_s, before_sleep=self._retrying,
+                            async_sleep=trio.sleep)
 
-    async def call(self, method: str, request: typing.Any, timeout: float) -> typing.Any:
-        """The reply to one call; FastPathUnavailable or the master's CurvineError.
-        Sent and answered under one timeout (a trio cancel scope costs ~10% of a lookup)."""
+    async def call(self, method: str, request: typing.Any, timeout: float | None = None) -> typing.Any:
+        """The reply to one call, retried as the module says; the master's CurvineError,
+        or EHOSTDOWN/ETIMEDOUT once client.retry_s ran out.  Each attempt is sent and
+        answered under one timeout (a trio cancel scope costs ~10% of a lookup)."""
         m = mf.BY_NAME[method]
         payload = request.SerializeToString()
+        timeout = timeout or self._meta.cfg.rpc_timeout_s
         start = time.perf_counter() if metrics.on else 0.0
         try:
-            return await self._answer(await self._take(timeout), m, timeout, payload)
-        except FastPathUnavailable:
-            start = 0.0   # not answered: the thread path that makes the call again times it
-            raise
+            return await self._retry.acall(self._once, m, timeout, payload)
+        except Unreached as e:
+            raise CurvineError(e.code, f"master {self._meta.address} unreachable: {e}") from None
         finally:
             if start:
                 metrics.meta_seconds(method).observe(time.perf_counter() - start)
+
+    async def _once(self, m: mf.Method, timeout: float, payload: bytes) -> typing.Any:
+        return await self._answer(await self._take(timeout), m, timeout, payload)
+
+    def _retrying(self, failed: Failed) -> None:
+        if self.before_wait is not None:
+            self.before_wait()
+        log.info("master %s unreachable; retrying %s: %s", self._meta.address, failed.args[0].name, failed.error)
 
     async def send(self, method: str, request: typing.Any, timeout: float) -> "Pending":
         """Put one call's request frame on the wire now; its reply is awaited later
@@ -111,7 +142,7 @@ class AsyncMeta:
                 await conn.send(mf.request_frame(cid, m.id, payload))
         except (OSError, trio.TooSlowError) as e:
             conn.sock.close()
-            raise FastPathUnavailable(f"{method}: {e}") from None
+            raise Unreached(f"{method}: {e}") from None
         return Pending(self, conn, m, cid, timeout)
 
     def _give_back(self, conn: _Conn, reusable: bool) -> None:
@@ -129,8 +160,8 @@ class AsyncMeta:
     # ------------------------------------------------------------------ connections
     async def _take(self, timeout: float) -> _Conn:
         where = self._route()
-        if where is None:
-            raise FastPathUnavailable("no frame route to the master (yet)")
+        if where is None:   # not learned yet, or the master moved: GetRing over gRPC, in a thread
+            where = await trio.to_thread.run_sync(self._learn, timeout)
         if where != self._where:          # the master moved (restart on a new port): start over
             self.close()
             self._where = where
@@ -155,8 +186,19 @@ class AsyncMeta:
                 await _send_all(sock, mf.mac(secret, bytes(nonce)))
         except (OSError, mf.Closed, trio.TooSlowError) as e:
             sock.close()
-            raise FastPathUnavailable(f"cannot connect to {host}:{port}: {e}") from None
+            self._meta.route_failed(port)   # the next attempt asks the master for its port again
+            raise Unreached(f"cannot connect to {host}:{port}: {e}",
+                            errno.ETIMEDOUT if isinstance(e, trio.TooSlowError) else errno.EHOSTDOWN) from None
         return conn
+
+    def _learn(self, timeout: float) -> Route:
+        """The frame route from the threads' client, learning it first (a thread: blocks)."""
+        try:
+            return self._meta.learn_route(timeout)
+        except CurvineError as e:
+            if e.errno in (errno.EHOSTDOWN, errno.ETIMEDOUT):
+                raise Unreached(str(e), e.errno) from None
+            raise
 
     # ------------------------------------------------------------------ one exchange
     async def _answer(self, conn: _Conn, m: mf.Method, timeout: float, payload: bytes | None = None,
@@ -172,12 +214,12 @@ class AsyncMeta:
                 reply = await self._receive(conn, m, cid)
                 reusable = True
                 return reply
-            raise FastPathUnavailable(f"{m.name} took longer than {timeout:g} s")
+            raise Unreached(f"{m.name} took longer than {timeout:g} s", errno.ETIMEDOUT)
         except CurvineError as e:
             reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
             raise
         except (OSError, mf.Closed, mf.Unavailable) as e:
-            raise FastPathUnavailable(f"{m.name}: {e}") from None
+            raise Unreached(f"{m.name}: {e}") from None
         finally:
             self._give_back(conn, reusable)
 
@@ -188,7 +230,7 @@ class AsyncMeta:
             raise mf.Closed(f"bad reply frame length {length}")
         body = (await conn.reader.afill(mf.LENGTH.size + length))[mf.REPLY.size:]
         try:
-            return mf.reply_of(m, cid, got_id, status, body)   # UNAVAILABLE: the thread path retries
+            return mf.reply_of(m, cid, got_id, status, body)   # UNAVAILABLE: Unreached, retried
         finally:
             conn.reader.consume(mf.LENGTH.size + length)
 
@@ -203,7 +245,7 @@ class Pending:
         self._start = time.perf_counter()   # the request went out just now: its latency runs from here
 
     async def reply(self) -> typing.Any:
-        """The reply; FastPathUnavailable or the master's CurvineError."""
+        """The reply; Unreached (the caller makes the whole call again) or the master's CurvineError."""
         try:
             reply = await self._meta._answer(self._conn, self._m, self._timeout, cid=self._cid)
         except CurvineError:

@@ -146,6 +146,26 @@ class MasterClient:
         frames = self._frames
         return (frames.host, frames.port, self._secret) if frames is not None else None
 
+    def learn_route(self, timeout: float) -> tuple[str, int, str]:
+        """frame_route(), asking the master for its frame port first if it is not known
+        (GetRing: blocks; the mount's loop calls this in a thread).  CurvineError, with
+        EHOSTDOWN or ETIMEDOUT when the master could not be reached."""
+        try:
+            frames = self._frames or self._learn_port(timeout)
+        except _Unreachable as e:
+            raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
+        return frames.host, frames.port, self._secret
+
+    def route_failed(self, port: int) -> None:
+        """The mount's loop could not connect to this frame port: the next call, of either
+        client, asks the master for its port again (it may have moved)."""
+        with self._port_lock:
+            frames = self._frames
+            if frames is None or frames.port != port:
+                return
+            self._frames = None
+        frames.close()
+
     # ------------------------------------------------------------------ transport
     def _attempt(self, method: str, request: Any, timeout: float) -> Any:
         """One try; _Unreachable if the master was not reached."""

@@ -15,6 +15,9 @@ they share, built once (module level, or once per client) and used for many call
 * ``before_retry(Failed)``: prepares the next attempt after the wait (the writer asks the
   master for another block on other workers); what it raises ends the retries at once.
 
+``acall`` is the same policy for a coroutine on an event loop (the mount's master calls
+on its trio loop), sleeping with ``async_sleep`` (``trio.sleep``) instead of blocking.
+
 The first attempt runs without tenacity: building a ``Retrying`` costs ~15 us, a quarter
 of a framed master call, and is only needed once an attempt failed with a transient
 error.  tenacity then carries on as if it had made that attempt itself (it is replayed:
@@ -24,9 +27,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, TypeVarTuple, Unpack
+from typing import Any, Awaitable, Callable, TypeVar, TypeVarTuple, Unpack
 
-from tenacity import RetryCallState, Retrying, retry_if_exception
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -94,6 +97,7 @@ class Retry:
     before_sleep: Callable[[Failed], None] | None = None
     before_retry: Callable[[Failed], None] | None = None
     sleep: Callable[[float], None] = time.sleep
+    async_sleep: Callable[[float], Awaitable[None]] | None = None   # acall's (trio.sleep on the mount's loop)
 
     def call(self, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
         """fn(*args), retried as the policy says; raises fn's last error when it gives up."""
@@ -106,16 +110,51 @@ class Retry:
             first = e
         return self._retry(first, start, fn, args)
 
+    async def acall(self, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: Unpack[Ts]) -> T:
+        """await fn(*args), retried as the policy says, the waits awaited (async_sleep)."""
+        asleep = self.async_sleep
+        assert asleep is not None, "acall needs async_sleep"
+        start = time.monotonic()
+        try:
+            return await fn(*args)
+        except Exception as e:
+            if not self.transient(e):
+                raise
+            first = e
+        replay: list[Exception] = [first]
+
+        async def attempt(*a: Unpack[Ts]) -> T:
+            if replay:   # tenacity's attempt 1 is the one already made: its error again
+                raise replay.pop()
+            return await fn(*a)
+
+        async def sleep(seconds: float) -> None:
+            if seconds > 0:
+                await asleep(seconds)
+
+        retrying = AsyncRetrying(sleep=sleep, **self._policy(start, args))
+        return await retrying(attempt, *args)
+
     def _retry(self, first: Exception, start: float, fn: Callable[[Unpack[Ts]], T], args: tuple[Unpack[Ts]]) -> T:
         """The attempts after a first one that failed with a transient error, by tenacity."""
-        deadline = self.deadline_s() if callable(self.deadline_s) else self.deadline_s
         replay: list[Exception] = [first]
-        latest: list[Failed] = []
 
         def attempt(*a: Unpack[Ts]) -> T:
             if replay:   # tenacity's attempt 1 is the one already made: its error again
                 raise replay.pop()
             return fn(*a)
+
+        def sleep(seconds: float) -> None:
+            if seconds > 0:   # "at once" is at once: no sleep(0)
+                self.sleep(seconds)
+
+        retrying = Retrying(sleep=sleep, **self._policy(start, args))
+        return retrying(attempt, *args)
+
+    def _policy(self, start: float, args: tuple[Any, ...]) -> dict[str, Any]:
+        """tenacity's arguments for this policy, but its sleep (call's and acall's differ)."""
+        deadline = self.deadline_s() if callable(self.deadline_s) else self.deadline_s
+        latest: list[Failed] = []
 
         def left() -> float:
             return float("inf") if deadline is None else start + deadline - time.monotonic()
@@ -137,13 +176,8 @@ class Retry:
             if latest and self.before_retry is not None:   # not before the replayed attempt
                 self.before_retry(latest[0])
 
-        def sleep(seconds: float) -> None:
-            if seconds > 0:   # "at once" is at once: no sleep(0)
-                self.sleep(seconds)
-
-        retrying = Retrying(retry=retry_if_exception(self.transient), stop=stop, wait=wait, reraise=True,
-                            before_sleep=before_sleep, before=before, sleep=sleep)
-        return retrying(attempt, *args)
+        return dict(retry=retry_if_exception(self.transient), stop=stop, wait=wait, reraise=True,
+                    before_sleep=before_sleep, before=before)
 
 
 def _error(rs: RetryCallState) -> BaseException:

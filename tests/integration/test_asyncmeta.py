@@ -1,6 +1,6 @@
-"""The mount's loop-side master client (client/asyncmeta.py) against a real master:
-the same answers as the threads' client, the master's errnos as CurvineError, and
-FastPathUnavailable (never a wrong answer) whenever the call must take the thread path."""
+"""The mount's master client on its trio loop (client/asyncmeta.py) against a real master:
+the same answers as the threads' client, the master's errnos as CurvineError, its own
+route learning, and retries (never a wrong answer) while the master cannot be reached."""
 from __future__ import annotations
 
 import errno
@@ -10,10 +10,12 @@ import typing
 import pytest
 import trio
 
-from curvine_py.client.asyncmeta import AsyncMeta, FastPathUnavailable
+from curvine_py.client.asyncmeta import AsyncMeta, Unreached
+from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
+from tests.conftest import client_config
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -25,7 +27,7 @@ def test_answers_match_the_thread_client(client: "Client", remote_dir: str) -> N
     client.meta.call("StatFs", pb.Empty())   # the threads' client learns the frame route
     route = client.meta.frame_route()
     assert route is not None and route[1] > 0
-    fast = AsyncMeta(client.meta.frame_route)
+    fast = AsyncMeta(client.meta)
 
     async def main() -> None:
         for _ in range(3):   # the connection is reused between calls
@@ -53,7 +55,7 @@ def test_a_sent_call_is_answered_later_and_its_connection_reused(client: "Client
     not the reply is awaited yet (the mount answers the kernel in between)."""
     parent = client.stat(remote_dir).ino
     client.meta.call("StatFs", pb.Empty())
-    fast = AsyncMeta(client.meta.frame_route)
+    fast = AsyncMeta(client.meta)
     req = client.meta.mknod_request(parent, "made", 0o100644, 0, 0)
 
     async def main() -> None:
@@ -75,26 +77,58 @@ def test_a_sent_call_is_answered_later_and_its_connection_reused(client: "Client
     trio.run(main)
 
 
-def test_no_route_or_no_server_means_the_thread_path(client: "Client") -> None:
+def test_a_client_that_knows_no_route_learns_it_itself(shared_cluster: LocalCluster) -> None:
+    """A fresh client: the loop's first call asks the master for its frame port (GetRing,
+    the one thread hop), then calls over frames."""
+    meta = MasterClient(shared_cluster.master_address, client_config(shared_cluster).client, shared_cluster.secret)
+    assert meta.frame_route() is None
+
+    async def main() -> None:
+        fast = AsyncMeta(meta)
+        assert (await fast.call("GetAttr", meta.getattr_request(1))).attr.ino == 1
+        assert meta.frame_route() is not None
+        fast.close()
+    trio.run(main)
+    meta.close()
+
+
+def test_no_server_is_retried_until_retry_s_then_one_error(client: "Client") -> None:
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()                                   # nothing listens there now
     req = client.meta.getattr_request(1)
+    saved = client.meta.cfg.retry_s
+    client.meta.cfg.retry_s = 0.5
 
     async def main() -> None:
-        with pytest.raises(FastPathUnavailable):
-            await AsyncMeta(lambda: None).call("GetAttr", req, 5)
-        with pytest.raises(FastPathUnavailable):
-            await AsyncMeta(lambda: ("127.0.0.1", port, "")).call("GetAttr", req, 5)
-    trio.run(main)
+        fast = AsyncMeta(client.meta, lambda: ("127.0.0.1", port, ""))
+        waits: list[int] = []
+        fast.before_wait = lambda: waits.append(1)
+        t0 = trio.current_time()
+        with pytest.raises(CurvineError) as e:
+            await fast.call("GetAttr", req, 5)
+        assert e.value.errno == errno.EHOSTDOWN and f"127.0.0.1:{port}" in str(e.value)
+        assert 0.4 < trio.current_time() - t0 < 3 and len(waits) >= 2
+
+        def give_up() -> None:   # the mount's watchdog: a request given up stops retrying
+            raise RuntimeError("given up")
+        fast.before_wait = give_up
+        with pytest.raises(RuntimeError):
+            await fast.call("GetAttr", req, 5)
+        with pytest.raises(Unreached):   # send() is one attempt
+            await fast.send("GetAttr", req, 5)
+    try:
+        trio.run(main)
+    finally:
+        client.meta.cfg.retry_s = saved
 
 
 def test_wrong_secret_is_an_error_not_a_fallback(shared_cluster: LocalCluster, client: "Client") -> None:
     client.meta.call("StatFs", pb.Empty())
     route = client.meta.frame_route()
     assert route is not None
-    fast = AsyncMeta(lambda: (route[0], route[1], "not-the-secret"))
+    fast = AsyncMeta(client.meta, lambda: (route[0], route[1], "not-the-secret"))
     req = client.meta.getattr_request(1)
 
     async def main() -> None:
@@ -106,8 +140,10 @@ def test_wrong_secret_is_an_error_not_a_fallback(shared_cluster: LocalCluster, c
     trio.run(main)
 
 
-def test_a_silent_server_times_out_into_the_thread_path() -> None:
+def test_a_silent_server_is_a_timeout_retried_then_etimedout(client: "Client") -> None:
     """A peer that accepts but never says hello (a partitioned or wedged master)."""
+    saved = client.meta.cfg.retry_s
+    client.meta.cfg.retry_s = 1.0
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
@@ -115,7 +151,11 @@ def test_a_silent_server_times_out_into_the_thread_path() -> None:
 
         async def main() -> None:
             with trio.fail_after(5):
-                with pytest.raises(FastPathUnavailable):
-                    await AsyncMeta(lambda: ("127.0.0.1", port, "")).call(
+                with pytest.raises(CurvineError) as e:
+                    await AsyncMeta(client.meta, lambda: ("127.0.0.1", port, "")).call(
                         "GetAttr", pb.InodeRequest(ino=1), 0.3)
-        trio.run(main)
+                assert e.value.errno == errno.ETIMEDOUT
+        try:
+            trio.run(main)
+        finally:
+            client.meta.cfg.retry_s = saved

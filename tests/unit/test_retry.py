@@ -240,3 +240,42 @@ def test_exponential_doubles_up_to_its_cap_and_never_overflows() -> None:
 def test_delays_take_turns_then_repeat_the_last() -> None:
     delays = Delays((0.2, 0.5, 1.0))
     assert [delays(n) for n in range(1, 6)] == [0.2, 0.5, 1.0, 1.0, 1.0]
+
+
+def test_acall_retries_a_coroutine_with_awaited_waits_until_the_deadline() -> None:
+    """The mount's master calls on its trio loop: the same policy, the waits awaited
+    (the loop keeps serving meanwhile), the last error raised at the deadline."""
+    import trio
+    slept: list[float] = []
+
+    async def asleep(seconds: float) -> None:
+        slept.append(seconds)
+        await trio.sleep(seconds)
+
+    calls: list[int] = []
+
+    async def answer_third(n: int) -> int:
+        calls.append(n)
+        if len(calls) < 3:
+            raise Transient(len(calls))
+        return n * 2
+
+    async def never(n: int) -> int:
+        raise Transient(n)
+
+    policy = Retry(transient=is_transient, wait=Exponential(0.01, 0.04), deadline_s=0.2, async_sleep=asleep)
+
+    async def main() -> None:
+        assert await policy.acall(answer_third, 21) == 42
+        assert calls == [21, 21, 21] and slept == [0.01, 0.02]
+        t0 = time.monotonic()
+        with pytest.raises(Transient):
+            await policy.acall(never, 1)
+        assert 0.18 < time.monotonic() - t0 < 0.5
+        with pytest.raises(Fatal):   # not transient: at once
+            await policy.acall(lambda: _raise(Fatal()))
+    trio.run(main)
+
+
+async def _raise(e: BaseException) -> None:
+    raise e
