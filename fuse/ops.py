@@ -13,6 +13,7 @@ import inspect
 import itertools
 import logging
 import os
+import stat
 import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -22,7 +23,7 @@ import trio
 from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta, Unreached
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.vfs import VFS, Opened
+from curvine_py.client.vfs import VFS, Op, Opened
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
@@ -197,15 +198,20 @@ class CurvineOps(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ metadata
     async def _master(self, method: str, request: Any) -> Any:
-        """One master call for the VFS's awaited methods: on the loop, over the framed
-        channel (client/asyncmeta.py: no thread hop, the client's retries)."""
+        """One master call of a VFS operation: on the loop, over the framed channel
+        (client/asyncmeta.py: no thread hop, the client's retries)."""
         return await self.meta.call(method, request)
+
+    async def _do(self, op: Op[T]) -> T:
+        """A VFS operation driven on the loop: its master calls awaited here, only its
+        Blocking steps (a writer's flush, say) in a worker thread (_run)."""
+        return await VFS.drive(op, self._master, self._run)
 
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         text = os.fsdecode(name)
         try:
-            attr = await self.vfs.lookup_async(self._master, parent_inode, text, self._ident(ctx))
+            attr = await self._do(self.vfs.lookup(parent_inode, text, self._ident(ctx)))
         except CurvineError as e:
             if e.errno != errno.ENOENT:
                 raise
@@ -225,7 +231,7 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self.vfs.getattr_async(self._master, inode, self._ident(ctx)))
+        return self._entry(await self._do(self.vfs.getattr(inode, self._ident(ctx))))
 
     @_fs_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
@@ -245,7 +251,7 @@ class CurvineOps(pyfuse3.Operations):
             if fields.update_mtime:
                 valid |= SETATTR_MTIME_NOW if now else SETATTR_MTIME
         req.valid = valid
-        return self._entry(await self._run(self.vfs.setattr, inode, req, ident))
+        return self._entry(await self._do(self.vfs.setattr(inode, req, ident)))
 
     async def _times_are_now(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                              ident: Identity) -> bool:
@@ -261,60 +267,57 @@ class CurvineOps(pyfuse3.Operations):
                   and (not fields.update_mtime or abs(now - attr.st_mtime_ns) < NOW_WINDOW_NS))
         if not recent or ident.uid == 0:
             return False
-        owner = (await self.vfs.getattr_async(self._master, inode, ident)).uid
+        owner = (await self._do(self.vfs.getattr(inode, ident))).uid
         return owner != ident.uid
 
     @_fs_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        return os.fsencode(await self._run(self.vfs.readlink, inode, self._ident(ctx)))
+        return os.fsencode(await self._do(self.vfs.readlink(inode, self._ident(ctx))))
 
     @_fs_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._run(self.vfs.mknod, parent_inode, os.fsdecode(name), mode, rdev, ctx.umask,
-                                           self._ident(ctx)))
+        return self._entry(await self._do(self.vfs.mknod(parent_inode, os.fsdecode(name), mode, rdev, ctx.umask,
+                                                          self._ident(ctx))))
 
     @_fs_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self.vfs.mkdir_async(self._master, parent_inode, os.fsdecode(name), mode, ctx.umask,
-                                                      self._ident(ctx)))
+        dir_mode = stat.S_IFDIR | (mode & 0o7777)
+        return self._entry(await self._do(self.vfs.mknod(parent_inode, os.fsdecode(name), dir_mode, 0, ctx.umask,
+                                                         self._ident(ctx))))
 
     @_fs_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._run(self.vfs.symlink, parent_inode, os.fsdecode(name), os.fsdecode(target),
-                                           self._ident(ctx)))
+        return self._entry(await self._do(self.vfs.mknod(parent_inode, os.fsdecode(name), stat.S_IFLNK | 0o777, 0, 0,
+                                                          self._ident(ctx), target=os.fsdecode(target))))
 
     @_fs_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._run(self.vfs.link, inode, new_parent_inode, os.fsdecode(new_name),
-                                           self._ident(ctx)))
+        op = self.vfs.link(inode, new_parent_inode, os.fsdecode(new_name), self._ident(ctx))
+        return self._entry(await self._do(op))
 
     @_fs_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        ident = self._ident(ctx)
-        if not await self.vfs.unlink_async(self._master, parent_inode, os.fsdecode(name), ident):
-            await self._run(self.vfs.unlink, parent_inode, os.fsdecode(name), ident)
+        await self._do(self.vfs.unlink(parent_inode, os.fsdecode(name), self._ident(ctx)))
 
     @_fs_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        await self._run(self.vfs.rmdir, parent_inode, os.fsdecode(name), self._ident(ctx))
+        await self._do(self.vfs.rmdir(parent_inode, os.fsdecode(name), self._ident(ctx)))
 
     @_fs_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: pyfuse3.RequestContext) -> None:
-        args = (parent_inode_old, os.fsdecode(name_old), parent_inode_new, os.fsdecode(name_new), flags,
-                self._ident(ctx))
-        if not await self.vfs.rename_async(self._master, *args):
-            await self._run(self.vfs.rename, *args)
+        await self._do(self.vfs.rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
+                                       os.fsdecode(name_new), flags, self._ident(ctx)))
 
     # ------------------------------------------------------------------ directories
     @_fs_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         ident = self._ident(ctx)
-        attr = await self.vfs.getattr_async(self._master, inode, ident)
+        attr = await self._do(self.vfs.getattr(inode, ident))
         if attr.mode & 0o170000 != 0o040000:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         fh = next(self._dir_fhs)
@@ -326,18 +329,18 @@ class CurvineOps(pyfuse3.Operations):
         """'.' and '..' at offsets 1 and 2, then the master's entries (offsets >= 16, stable)."""
         ino, ident = self._dirs[fh]
         if start_id < 1:
-            me = await self.vfs.getattr_async(self._master, ino, ident)
+            me = await self._do(self.vfs.getattr(ino, ident))
             if not pyfuse3.readdir_reply(token, b".", self._entry(me), 1):
                 return
         if start_id < 2:
             # Listing needs only r on the directory (ext4 lists '..' without x), but a
             # lookup of '..' checks x: fetch the parent's attributes as root.
-            up = await self.vfs.lookup_async(self._master, ino, "..", _ROOT)
+            up = await self._do(self.vfs.lookup(ino, "..", _ROOT))
             if not pyfuse3.readdir_reply(token, b"..", self._entry(up), 2):
                 return
         offset = max(start_id, 2)
         while True:
-            reply = await self._run(self.vfs.readdir, ino, offset, ident)
+            reply = await self._do(self.vfs.readdir(ino, offset, ident))
             for e in reply.entries:
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self._entry(e.attr), e.offset):
                     return
@@ -363,8 +366,8 @@ class CurvineOps(pyfuse3.Operations):
     @_fs_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        opened = await self.vfs.create_async(self._master, parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
-                                             self._ident(ctx))
+        opened = await self._do(self.vfs.create(parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
+                                                 self._ident(ctx)))
         return self._file_info(opened), self._entry(opened.attr)
 
     @_fs_errors
@@ -381,8 +384,7 @@ class CurvineOps(pyfuse3.Operations):
                 try:
                     await pt.attach(inode, opened, fi)
                 except BaseException:   # the kernel never hears of this handle: let it go here
-                    if not self.vfs.release_nowait(opened.fh):
-                        self.vfs.core.executor.submit(self.vfs.release, opened.fh)
+                    self.vfs.core.executor.submit(self.vfs.run, self.vfs.release(opened.fh))
                     raise
                 if self.timed and getattr(fi, "backing_id", None):   # None: a stock pyfuse3
                     cmetrics.PASSTHROUGH_READS.inc()   # its reads go to the block file, not to us
@@ -391,10 +393,7 @@ class CurvineOps(pyfuse3.Operations):
             pt.unlock(inode)
 
     async def _open(self, inode: int, flags: int, ident: Identity) -> Any:
-        opened = await self.vfs.open_async(self._master, inode, flags, ident)   # a read-only open
-        if opened is None:
-            opened = await self._run(self.vfs.open, inode, flags, ident)
-        return opened
+        return await self._do(self.vfs.open(inode, flags, ident))
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
@@ -508,21 +507,17 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def flush(self, fh: int) -> None:
-        if self.vfs.flush_nowait(fh):   # a read-only descriptor: nothing to do, no hop
-            return
-        if not await self.vfs.close_async(self._master, fh):   # the commit alone, on the loop
-            await self._run(self.vfs.flush, fh)
+        await self._do(self.vfs.flush(fh))
 
     @_fs_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self._run(self.vfs.fsync, fh)
+        await self._do(self.vfs.fsync(fh))
 
     @_fs_errors
     async def release(self, fh: int) -> None:
         if self.passthrough is not None:
             self.passthrough.release(fh)
-        if not self.vfs.release_nowait(fh):   # cannot block: done on the loop, no hop
-            await self._run(self.vfs.release, fh)
+        await self._do(self.vfs.release(fh))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # the client keeps no per-inode lookup state
@@ -533,7 +528,7 @@ class CurvineOps(pyfuse3.Operations):
         if inode == pyfuse3.ROOT_INODE and name == METRICS_XATTR.encode() and self.metrics_address:
             return self.metrics_address.encode()
         try:
-            return await self.vfs.getxattr_async(self._master, inode, os.fsdecode(name), self._ident(ctx))
+            return await self._do(self.vfs.getxattr(inode, os.fsdecode(name), self._ident(ctx)))
         except CurvineError as e:
             if e.errno == errno.ENODATA:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
@@ -541,16 +536,16 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
-        await self._run(self.vfs.setxattr, inode, os.fsdecode(name), value, 0, self._ident(ctx))
+        await self._do(self.vfs.setxattr(inode, os.fsdecode(name), value, 0, self._ident(ctx)))
 
     @_fs_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
-        return [os.fsencode(n) for n in await self._run(self.vfs.listxattr, inode, self._ident(ctx))]
+        return [os.fsencode(n) for n in await self._do(self.vfs.listxattr(inode, self._ident(ctx)))]
 
     @_fs_errors
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         try:
-            await self._run(self.vfs.removexattr, inode, os.fsdecode(name), self._ident(ctx))
+            await self._do(self.vfs.removexattr(inode, os.fsdecode(name), self._ident(ctx)))
         except CurvineError as e:
             if e.errno == errno.ENODATA:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
@@ -558,7 +553,7 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        s = await self._run(self.vfs.statfs)
+        s = await self._do(self.vfs.statfs())
         bsize = 4096
         out = pyfuse3.StatvfsData()
         out.f_bsize = 1 << 20

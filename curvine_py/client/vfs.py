@@ -4,8 +4,16 @@ The mount (``curvine_py.fuse``) hands every kernel request to one method here; t
 SDK could too.  Policy lives here, not in the adapter: one write state per inode
 shared by every handle of this client (so reads see this client's writes), commits
 on flush (close-to-open), the lease released with the last writer, kernel page-cache
-reuse when a file did not change since it was last opened here.  All methods are
-blocking and thread-safe; the trio adapter runs them in worker threads.
+reuse when a file did not change since it was last opened here.
+
+One form per operation: each metadata operation (and flush, fsync, release) is written
+once, as a generator of the steps it needs -- a master call ``(method, request)``, or
+``Blocking(fn, *args)`` for work that may wait (a writer's flush) -- which a driver
+runs: ``VFS.run`` blocking (the SDK, tools, threads), ``VFS.drive`` awaited on the
+mount's trio loop, with master calls over its loop-side client and only the Blocking
+steps in a worker thread.  The step's result (or its error, thrown in) is what the
+``yield`` returns.  The data path (read, write and their non-blocking tries) stays
+plain methods: it is called per FUSE request, and each of its waits is of its own kind.
 """
 from __future__ import annotations
 
@@ -16,8 +24,9 @@ import os
 import stat
 import threading
 import time
+import typing
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.localfiles import LocalFiles
@@ -29,6 +38,21 @@ from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 
 MasterCall = Callable[[str, Any], Awaitable[Any]]   # (method, request) -> reply
+T = TypeVar("T")
+
+
+class Blocking:
+    """A step that may block (a writer's flush, a reader's close waiting for its fetches):
+    VFS.run calls it, VFS.drive runs it in a worker thread."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+
+Step = tuple[str, Any] | Blocking
+Op = Generator[Step, Any, T]   # an operation: its steps, then its result
 
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
@@ -135,46 +159,72 @@ class VFS:
                 a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)
         return a
 
-    def getattr(self, ino: int, ident: Identity) -> pb.Attr:
-        ino = self._in(ino)
-        return self.cached_dir_attr(ino) or self.overlay(self.meta.getattr(ino, ident))
+    # ------------------------------------------------------------------ drivers
+    def run(self, op: Op[T]) -> T:
+        """Run op here, blocking: master calls through MasterClient.call (its retries),
+        Blocking steps called in this thread."""
+        reply: Any = None
+        error: Exception | None = None
+        try:
+            while True:
+                try:
+                    step = op.throw(error) if error is not None else op.send(reply)
+                except StopIteration as done:
+                    return typing.cast(T, done.value)
+                reply, error = None, None
+                try:
+                    reply = step.fn(*step.args) if isinstance(step, Blocking) else self.meta.call(*step)
+                except Exception as e:   # thrown into op, which may handle it (EEXIST, say)
+                    error = e
+        finally:
+            op.close()
 
-    # ------------------------------------------------------------------ awaited forms
-    # The mount awaits these on its trio loop instead of running blocking forms in a
-    # worker thread.  `call(method, request)` is the mount's master call: over the loop's
-    # framed connections, or (on any transport trouble) the same request through
-    # MasterClient.call in a thread, whose retries keep a mutation's request id, so the
-    # master's retry cache answers a repeat.  None of them blocks.
-    async def lookup_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> pb.Attr:
-        request = self.meta.lookup_request(self._in(parent), name, ident)
-        request.one_block = self.local.wanted
-        reply = await call("Lookup", request)
-        self.local.after_lookup(reply.attr, reply.blocks)
-        return self.overlay(reply.attr)
+    @staticmethod
+    async def drive(op: Op[T], call: MasterCall, blocking: Callable[..., Awaitable[Any]]) -> T:
+        """Run op on an event loop: master calls awaited through call, Blocking steps
+        through blocking(fn, *args) (the mount's thread hop).  A cancelled drive closes
+        op, whose cleanups (a commit that did not go) then run."""
+        reply: Any = None
+        error: Exception | None = None
+        try:
+            while True:
+                try:
+                    step = op.throw(error) if error is not None else op.send(reply)
+                except StopIteration as done:
+                    return typing.cast(T, done.value)
+                reply, error = None, None
+                try:
+                    reply = await (blocking(step.fn, *step.args) if isinstance(step, Blocking) else call(*step))
+                except Exception as e:
+                    error = e
+        finally:
+            op.close()
 
-    async def getattr_async(self, call: MasterCall, ino: int, ident: Identity) -> pb.Attr:
+    # ------------------------------------------------------------------ attributes
+    def getattr(self, ino: int, ident: Identity) -> Op[pb.Attr]:
         ino = self._in(ino)
         cached = self.cached_dir_attr(ino)
         if cached is not None:
             return cached
-        return self.overlay((await call("GetAttr", self.meta.getattr_request(ino, ident))).attr)
+        return self.overlay((yield "GetAttr", self.meta.getattr_request(ino, ident)).attr)
 
-    async def getxattr_async(self, call: MasterCall, ino: int, name: str, ident: Identity) -> bytes:
+    def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
+        request = self.meta.lookup_request(self._in(parent), name, ident)
+        request.one_block = self.local.wanted
+        reply = yield "Lookup", request
+        self.local.after_lookup(reply.attr, reply.blocks)
+        return self.overlay(reply.attr)
+
+    def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
         """The kernel asks for security.capability before every write(2) to a file."""
-        reply = await call("GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name))
+        reply = yield "GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
         return bytes(reply.value)
 
-    async def mkdir_async(self, call: MasterCall, parent: int, name: str, mode: int, umask: int,
-                          ident: Identity) -> pb.Attr:
-        req = self.meta.mknod_request(self._in(parent), name, stat.S_IFDIR | (mode & 0o7777), umask=umask, ident=ident)
-        return self.meta.saw_dirs(await call("Mknod", req)).attr
-
-    async def create_async(self, call: MasterCall, parent: int, name: str, mode: int, flags: int, umask: int,
-                           ident: Identity) -> Opened:
+    def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity) -> Op[Opened]:
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=self.core.cfg.client.block_size, ident=ident)
-        opened = self._open_writer(self.meta.saw_dirs(await call("Create", req)), flags, ident)
+        opened = self._open_writer(self.meta.saw_dirs((yield "Create", req)), flags, ident)
         if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
             # A file made here and opened write-only: its bytes go straight from the writer's
             # memory to the mount, without filling page-cache pages first (KV write ~10% faster
@@ -184,41 +234,11 @@ class VFS:
             opened = replace(opened, direct=True)
         return opened
 
-    async def open_async(self, call: MasterCall, ino: int, flags: int, ident: Identity) -> Opened | None:
-        """open() of a file for reading only with no writer of it here (the KV reader's open);
-        None: open() must do it (a write open, or one that shares this mount's writer)."""
-        if opens_for_writing(flags) or self._writer_of(ino) is not None:
-            return None
-        reply = await call("Open", self.meta.open_request(ino, flags, write=False, ident=ident))
-        return self._new_handle(ino, flags, reply, False, ident)
-
-    async def unlink_async(self, call: MasterCall, parent: int, name: str, ident: Identity) -> bool:
-        """False (nothing done): the name is a file open here (the master said so, or too
-        many are open to tell it), and unlink() hides it instead."""
-        keep = self._keep()
-        if keep is None:
-            return False
-        req = self.meta.unlink_request(self._in(parent), name, ident)
-        req.keep.extend(keep)
-        return not self.meta.saw_dirs(await call("Unlink", req)).kept
-
     def _keep(self) -> tuple[int, ...] | None:
         """The inodes open here, for the master to keep (UnlinkRequest.keep) instead of a
         lookup of the name first; None when there are more than a request should carry."""
         keep = tuple(self._inodes)   # one C call: atomic under the GIL
         return keep if len(keep) <= KEEP_MAX else None
-
-    async def rename_async(self, call: MasterCall, parent: int, name: str, new_parent: int, new_name: str,
-                           flags: int, ident: Identity) -> bool:
-        """False (nothing done): the file it would replace is open here (as unlink_async),
-        and rename() hides it first."""
-        keep = self._keep() if not flags else ()   # NOREPLACE and EXCHANGE drop no file
-        if keep is None:
-            return False
-        self._dir_attrs.clear()
-        req = self.meta.rename_request(self._in(parent), name, self._in(new_parent), new_name, flags, ident)
-        req.keep.extend(keep)
-        return not self.meta.saw_dirs(await call("Rename", req)).kept
 
     def cached_dir_attr(self, ino: int) -> pb.Attr | None:
         """A directory's attributes from this client's own recent change of it (no call)."""
@@ -234,47 +254,55 @@ class VFS:
         if len(self._dir_attrs) > 4096:
             self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if now - v[0] < self._dir_ttl}
 
-    def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> pb.Attr:
+    def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> Op[pb.Attr]:
         ino = req.ino = self._in(ino)
         st = self._inodes.get(ino)
         if req.valid & SETATTR_SIZE and st is not None:
             st.version += 1   # readers open here reload their block lists
         if req.valid & SETATTR_SIZE and st is not None and st.writer is not None and not st.writer.closed:
-            st.writer.truncate(req.size)
-            st.writer.flush()
+            yield Blocking(_truncate_and_flush, st.writer, req.size)
             req.valid &= ~SETATTR_SIZE
             if not req.valid:
-                return self.getattr(ino, ident)
+                return (yield from self.getattr(ino, ident))
         req.caller.CopyFrom(self.meta.caller(ident, mutation=True))
         self._dir_attrs.pop(ino, None)
-        return self.overlay(self.meta.call("SetAttr", req).attr)
+        return self.overlay((yield "SetAttr", req).attr)
 
     # ------------------------------------------------------------------ namespace
-    def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity) -> pb.Attr:
+    def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity,
+              target: str = "") -> Op[pb.Attr]:
+        """Any node: a file, a directory (mkdir), a symlink (target), a device or fifo."""
         bs = self.core.cfg.client.block_size if stat.S_ISREG(mode) else 0
-        return self.meta.mknod(self._in(parent), name, mode, umask=umask, rdev=rdev, block_size=bs, ident=ident)
+        req = self.meta.mknod_request(self._in(parent), name, mode, umask=umask, rdev=rdev, target=target,
+                                      block_size=bs, ident=ident)
+        return self.meta.saw_dirs((yield "Mknod", req)).attr
 
-    def symlink(self, parent: int, name: str, target: str, ident: Identity) -> pb.Attr:
-        return self.meta.mknod(self._in(parent), name, stat.S_IFLNK | 0o777, target=target, ident=ident)
-
-    def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> pb.Attr:
+    def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> Op[pb.Attr]:
         req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=self._in(new_parent),
                              new_name=new_name)
-        return self.overlay(self.meta.saw_dirs(self.meta.call("Link", req)).attr)
+        return self.overlay(self.meta.saw_dirs((yield "Link", req)).attr)
 
-    def unlink(self, parent: int, name: str, ident: Identity) -> None:
+    def unlink(self, parent: int, name: str, ident: Identity) -> Op[None]:
+        """POSIX keeps an unlinked file readable while it is open: the request carries the
+        inodes open here (keep), and a name the master kept for that is hidden instead
+        (_hide), to be removed at the file's last release."""
         parent = self._in(parent)
-        if not self._hide_if_open(parent, name, ident):
-            self.meta.unlink(parent, name, ident)
+        keep = self._keep()
+        if keep is not None:
+            req = self.meta.unlink_request(parent, name, ident)
+            req.keep.extend(keep)
+            if not self.meta.saw_dirs((yield "Unlink", req)).kept:
+                return
+        if not (yield from self._hide_if_open(parent, name, ident)):
+            self.meta.saw_dirs((yield "Unlink", self.meta.unlink_request(parent, name, ident)))
 
-    def _hide_if_open(self, parent: int, name: str, ident: Identity) -> bool:
-        """POSIX keeps an unlinked file readable while it is open.  Like libfuse's
-        'hard_remove' off, a file open here is renamed to a hidden name instead and
-        unlinked when its last handle is released."""
+    def _hide_if_open(self, parent: int, name: str, ident: Identity) -> Op[bool]:
+        """Like libfuse's 'hard_remove' off, a file open here is renamed to a hidden name
+        instead and unlinked when its last handle is released."""
         if not self._inodes:
             return False
         try:
-            attr = self.meta.lookup(parent, name, ident)
+            attr = (yield "Lookup", self.meta.lookup_request(parent, name, ident)).attr
         except CurvineError:
             return False
         with self._lock:
@@ -282,76 +310,86 @@ class VFS:
             if st is None or not stat.S_ISREG(attr.mode) or attr.nlink > 1:
                 return False
         hidden = f"{HIDDEN_PREFIX}{attr.ino:x}_{next(self._fhs):x}"
-        self.meta.rename(parent, name, parent, hidden, 0, ident)   # as the caller: unlink's permissions
+        # as the caller: unlink's permissions
+        self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, name, parent, hidden, 0, ident)))
         st.hidden = (parent, hidden, ident)
         try:   # then out of the directory, so that it can be removed as on ext4
-            trash = self._trash()
-            self.meta.rename(parent, hidden, trash, hidden, 0, ROOT)
+            trash = yield from self._trash()
+            self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, hidden, trash, hidden, 0, ROOT)))
             st.hidden = (trash, hidden, ROOT)
         except CurvineError as e:
             log.warning("could not move %s to the trash directory: %s", hidden, e)
         return True
 
-    def _trash(self) -> int:
+    def _trash(self) -> Op[int]:
         """The root-owned directory where files unlinked while open wait for their last close."""
         try:
-            return self.meta.mknod(ROOT_INO, TRASH_NAME, stat.S_IFDIR | 0o700, ident=ROOT).ino
+            req = self.meta.mknod_request(ROOT_INO, TRASH_NAME, stat.S_IFDIR | 0o700, ident=ROOT)
+            return int(self.meta.saw_dirs((yield "Mknod", req)).attr.ino)
         except CurvineError as e:
             if e.errno != errno.EEXIST:
                 raise
-            return self.meta.lookup(ROOT_INO, TRASH_NAME, ROOT).ino
+            return int((yield "Lookup", self.meta.lookup_request(ROOT_INO, TRASH_NAME, ROOT)).attr.ino)
 
-    def rmdir(self, parent: int, name: str, ident: Identity) -> None:
+    def rmdir(self, parent: int, name: str, ident: Identity) -> Op[None]:
         self._dir_attrs.clear()   # the removed directory's own entry must not outlive it
-        self.meta.rmdir(self._in(parent), name, ident)
+        self.meta.saw_dirs((yield "Rmdir", self.meta.unlink_request(self._in(parent), name, ident)))
 
-    def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int, ident: Identity) -> None:
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int,
+               ident: Identity) -> Op[None]:
+        """A file it replaces that is open here stays readable: kept by the master (keep),
+        then hidden first (as unlink).  NOREPLACE and EXCHANGE drop no file."""
         parent, new_parent = self._in(parent), self._in(new_parent)
-        if not flags:
-            self._hide_if_open(new_parent, new_name, ident)  # a replaced file open here stays readable
+        keep = self._keep() if not flags else ()
         self._dir_attrs.clear()   # a moved directory's ctime changes too; the parents come back
-        self.meta.rename(parent, name, new_parent, new_name, flags, ident)
+        if keep is not None:
+            req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
+            req.keep.extend(keep)
+            if not self.meta.saw_dirs((yield "Rename", req)).kept:
+                return
+        yield from self._hide_if_open(new_parent, new_name, ident)
+        self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, name, new_parent, new_name, flags,
+                                                                       ident)))
 
-    def readlink(self, ino: int, ident: Identity) -> str:
-        return self.meta.call("Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target
+    def readlink(self, ino: int, ident: Identity) -> Op[str]:
+        return str((yield "Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target)
 
-    def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> pb.ReadDirReply:
+    def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> Op[pb.ReadDirReply]:
         ino = self._in(ino)
-        reply = self.meta.readdir(ino, offset, limit, plus=True, ident=ident)
+        reply = yield "ReadDir", pb.ReadDirRequest(caller=self.meta.caller(ident), ino=ino, offset=offset,
+                                                   limit=limit, plus=True)
         if any(e.name.startswith(HIDDEN_PREFIX) for e in reply.entries):
             kept = [e for e in reply.entries if not e.name.startswith(HIDDEN_PREFIX)]
             last = reply.entries[-1].offset
             reply = pb.ReadDirReply(entries=kept, eof=reply.eof)
             if not kept and not reply.eof:   # keep paging: the caller stops at an empty page
-                return self.readdir(ino, last, ident, limit)
+                return (yield from self.readdir(ino, last, ident, limit))
         return reply
 
-    def statfs(self) -> pb.StatFsReply:
-        return self.meta.call("StatFs", pb.Empty())
+    def statfs(self) -> Op[pb.StatFsReply]:
+        return (yield "StatFs", pb.Empty())
 
-    def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> None:
-        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name, value=value,
-                              flags=flags)
-        self.meta.call("SetXattr", req)
+    def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> Op[None]:
+        yield "SetXattr", pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name,
+                                          value=value, flags=flags)
 
-    def listxattr(self, ino: int, ident: Identity) -> list[str]:
-        return list(self.meta.call("ListXattr", pb.XattrRequest(caller=self.meta.caller(ident),
-                                                                     ino=self._in(ino))).names)
+    def listxattr(self, ino: int, ident: Identity) -> Op[list[str]]:
+        return list((yield "ListXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino))).names)
 
-    def removexattr(self, ino: int, name: str, ident: Identity) -> None:
-        req = pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name)
-        self.meta.call("RemoveXattr", req)
+    def removexattr(self, ino: int, name: str, ident: Identity) -> Op[None]:
+        yield "RemoveXattr", pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name)
 
     # ------------------------------------------------------------------ open files
-    def open(self, ino: int, flags: int, ident: Identity) -> Opened:
+    def open(self, ino: int, flags: int, ident: Identity) -> Op[Opened]:
         write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
-            return self._open_writer(self.meta.open(ino, flags, write=True, ident=ident), flags, ident)
-        reply = self.meta.open(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
+            reply = yield "Open", self.meta.open_request(ino, flags, write=True, ident=ident)
+            return self._open_writer(reply, flags, ident)
+        reply = yield "Open", self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
         if write and shared is not None:   # (always shared: a write without one returned above)
             if flags & os.O_TRUNC:
-                shared.truncate(0)
+                yield Blocking(shared.truncate, 0)
             return self._new_handle(ino, flags, reply, True, ident)
         return self._new_handle(ino, flags, reply, False, ident)
 
@@ -513,12 +551,15 @@ class VFS:
                 st.writer = FileWriter(self.core, reply, h.ident)
             return st.writer
 
-    def flush(self, fh: int) -> None:
+    def flush(self, fh: int) -> Op[None]:
         """close(2) of one descriptor: make its writes visible to every client.
 
         When no other descriptor of this client writes the file, the lease goes too, right
         here: the kernel sends RELEASE only later, asynchronously, and another node opening
-        the file for writing right after our close must not find it busy.
+        the file for writing right after our close must not find it busy.  When nothing is
+        left to ship or wait for, that is one Commit that also releases the lease (no
+        Blocking step: on the mount's loop, no thread hop); a read-only descriptor, or a
+        writer already closed, needs no step at all.
         """
         h = self.handle(fh)
         st = h.state
@@ -527,76 +568,37 @@ class VFS:
             return
         with self._lock:
             last = st.writers == 1
-        if last:
+        if not last:
+            if (yield Blocking(w.flush)) is not None:
+                st.version += 1
+        elif not w.close_soft_nowait():   # (created here, never written: nothing to tell the master)
             st.version += 1
-            # Not close(): a failed commit (master restarting) must keep the data for the
-            # next flush or the release, not drop it; close(2) reports the error meanwhile.
-            # A forked child closing an inherited descriptor lands here too: the lease goes,
-            # and the parent's next write takes it again (_writer_for).
-            w.flush(release=True)
-        elif w.flush() is not None:
-            st.version += 1
+            req = w.close_request_nowait()
+            if req is not None:
+                try:
+                    yield "Commit", req
+                except BaseException:   # a failure, or the drive closed (cancelled): kept for the next
+                    w.close_sent(ok=False)
+                    raise
+                w.close_sent(ok=True)
+            else:
+                # Not close(): a failed commit (master restarting) must keep the data for the
+                # next flush or the release, not drop it; close(2) reports the error meanwhile.
+                # A forked child closing an inherited descriptor lands here too: the lease goes,
+                # and the parent's next write takes it again (_writer_for).
+                yield Blocking(w.flush, True)
         self._seen_generation.pop(h.ino, None)
 
-    async def close_async(self, call: MasterCall, fh: int) -> bool:
-        """flush(fh) on the loop when it is the last writing descriptor's and nothing is
-        left to ship or wait for: one Commit that also releases the lease, over `call`.
-        False: nothing done, flush() in a thread (blocks still on their way, say)."""
-        h = self._handles.get(fh)
-        w = h.state.writer if h is not None else None
-        if h is None or w is None or w.closed or not h.writes:
-            return False
-        with self._lock:
-            if h.state.writers != 1:
-                return False
-        if w.close_soft_nowait():   # created here, never written: nothing to tell the master
-            return True
-        req = w.close_request_nowait()
-        if req is None:
-            return False
-        h.state.version += 1
-        try:
-            await call("Commit", req)
-        except BaseException:
-            w.close_sent(ok=False)
-            raise
-        w.close_sent(ok=True)
-        self._seen_generation.pop(h.ino, None)
-        return True
-
-    def flush_nowait(self, fh: int) -> bool:
-        """True if flush(fh) has nothing to do (a read-only descriptor, a writer already
-        closed): the mount answers such a FLUSH without a thread hop."""
-        h = self._handles.get(fh)
-        if h is None:
-            return False   # flush raises EBADF; let it
-        w = h.state.writer
-        return w is None or w.closed or not h.writes
-
-    def fsync(self, fh: int) -> None:
+    def fsync(self, fh: int) -> Op[None]:
         h = self.handle(fh)
         w = h.state.writer
-        if w is not None and not w.closed and h.writes and w.flush() is not None:
+        if w is not None and not w.closed and h.writes and (yield Blocking(w.flush)) is not None:
             h.state.version += 1
 
-    def release_nowait(self, fh: int) -> bool:
-        """Release fh here and now if that cannot block (no writer to close, no hidden
-        name to remove, no block fetch still running); False = call release() in a thread."""
-        with self._lock:
-            h = self._handles.get(fh)
-            if h is not None:
-                st = h.state
-                if h.writes and st.writers == 1 and st.writer is not None and not st.writer.closed:
-                    return False
-                if st.handles == 1 and st.hidden is not None:
-                    return False
-                if h.reader is not None and not h.reader.idle():
-                    return False
-        self.release(fh)
-        return True
-
-    def release(self, fh: int) -> None:
-        """The last reference to a descriptor went away; the last writer gives up the lease."""
+    def release(self, fh: int) -> Op[None]:
+        """The last reference to a descriptor went away; the last writer gives up the lease.
+        Steps only where it must wait: the last writer's close, a reader's fetches still
+        running, the hidden name of a file unlinked while open."""
         with self._lock:
             h = self._handles.pop(fh, None)
             if h is None:
@@ -609,17 +611,20 @@ class VFS:
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
         if h.reader is not None:
-            h.reader.close()
+            if h.reader.idle():
+                h.reader.close()
+            else:
+                yield Blocking(h.reader.close)
         if last_writer and st.writer is not None and not st.writer.closed:
             st.version += 1
             try:
-                st.writer.close()
+                yield Blocking(st.writer.close)
             except CurvineError as e:
                 log.error("closing inode %d: %s", h.ino, e)
         if st.handles == 0 and st.hidden is not None:
             parent, name, ident = st.hidden
             try:
-                self.meta.unlink(parent, name, ident)
+                self.meta.saw_dirs((yield "Unlink", self.meta.unlink_request(parent, name, ident)))
             except CurvineError as e:
                 log.warning("removing hidden %s: %s", name, e)
 
@@ -630,7 +635,13 @@ class VFS:
                 h = self._handles[fh]
                 if h.state.writer is not None and not h.state.writer.closed:
                     h.state.writer.close()
-                self.release(fh)
+                self.run(self.release(fh))
             except Exception as e:  # best effort at shutdown
                 log.error("release of handle %d at unmount: %s", fh, e)
         self.local.close()
+
+
+def _truncate_and_flush(w: FileWriter, size: int) -> None:
+    """A truncate through a file's open writer here, committed at once (setattr)."""
+    w.truncate(size)
+    w.flush()

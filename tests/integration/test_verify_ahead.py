@@ -27,14 +27,18 @@ ONE_BLOCK = 3 * MiB + 5          # under the default 4 MiB block size
 
 
 def lookup(vfs: VFS, path: str) -> pb.Attr:
-    """Resolve path one name at a time with the mount's own awaited lookup."""
+    """Resolve path one name at a time with the mount's own lookup, driven on a trio loop
+    as the mount drives it (VFS.drive)."""
     async def call(method: str, request: typing.Any) -> typing.Any:
         return vfs.meta.call(method, request)
+
+    async def blocking(fn: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:
+        return fn(*args)
 
     async def walk() -> pb.Attr:
         ino, attr = ROOT_INO, pb.Attr()
         for name in path.strip("/").split("/"):
-            attr = await vfs.lookup_async(call, ino, name, vfs.meta.identity)
+            attr = await VFS.drive(vfs.lookup(ino, name, vfs.meta.identity), call, blocking)
             ino = attr.ino
         return attr
     return trio.run(walk)
@@ -95,7 +99,7 @@ def test_a_lookup_checks_the_local_block_file_before_the_open(local_client: "Cli
         def no_hashing(*args: object) -> list[int]:
             raise AssertionError("the open hashed a block the lookup had verified")
         sc._chunk_sums = no_hashing               # type: ignore[method-assign]
-        opened = vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity)
+        opened = vfs.run(vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity))
         try:
             assert opened.local
             fd = vfs.local_file(opened.fh)
@@ -105,7 +109,7 @@ def test_a_lookup_checks_the_local_block_file_before_the_open(local_client: "Cli
             finally:
                 os.close(fd)
         finally:
-            vfs.release(opened.fh)
+            vfs.run(vfs.release(opened.fh))
     finally:
         vfs.close()
 
@@ -126,11 +130,11 @@ def test_a_corrupt_copy_is_not_verified_ahead(shared_cluster: "LocalCluster", lo
         attr = lookup(vfs, f"{remote_dir}/chunk")
         settled(vfs)
         assert sc.stats()["ahead"] == before
-        opened = vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity)
+        opened = vfs.run(vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity))
         try:
             assert vfs.local_file(opened.fh) is None   # not handed to the kernel: read the usual way
             assert vfs.read(opened.fh, 0, ONE_BLOCK + 1) == data
         finally:
-            vfs.release(opened.fh)
+            vfs.run(vfs.release(opened.fh))
     finally:
         vfs.close()
