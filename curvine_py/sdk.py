@@ -1,4 +1,5 @@
-"""The Python SDK: paths on top of the inode API, file objects, whole-object helpers.
+"""The Python SDK: paths over the client's VFS (the mount's one form of every operation,
+client/vfs.py), file objects, whole-object helpers, typed results.
 
     from curvine_py import Client
     c = Client("127.0.0.1:8995")
@@ -19,14 +20,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client.core import ClientCore
-from curvine_py.client.reader import FileReader
-from curvine_py.client.writer import FileWriter, write_all
+from curvine_py.client.vfs import VFS, Op, Opened
 from curvine_py.common import config as config_mod
 from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
-from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO
+from curvine_py.common.types import ROOT_INO, SETATTR_ATIME_NOW, SETATTR_MODE, SETATTR_MTIME_NOW, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.ufsadmin import UfsAdmin
 
@@ -78,6 +78,16 @@ class FileStatus:
 
 
 @dataclass(frozen=True)
+class StatFs:
+    """The pool's capacity and usage (statfs)."""
+    capacity: int
+    used: int
+    available: int
+    files: int
+    block_size: int
+
+
+@dataclass(frozen=True)
 class WorkerRef:
     worker_id: int
     host: str
@@ -112,43 +122,44 @@ def split(path: str) -> tuple[str, str]:
 
 
 class File(io.RawIOBase):
-    """A file opened through the SDK: binary, sequential writes, random reads."""
+    """A file opened through the SDK: a handle of the client's VFS (the mount's POSIX
+    semantics: one write state per file, close-to-open), binary, with a position."""
 
-    def __init__(self, client: "Client", path: str, mode: str, reader: FileReader | None,
-                 writer: FileWriter | None) -> None:
+    def __init__(self, client: "Client", path: str, mode: str, opened: Opened) -> None:
         super().__init__()
         self._client, self.name, self.mode = client, path, mode
-        self._reader, self._writer = reader, writer
-        self._pos = writer.size if writer else 0
+        self._vfs = client.vfs
+        self._fh = opened.fh
+        self._writes = opened.writes
+        self._released = False   # the handle went (IOBase.close calls flush() after that)
+        self._pos = 0
 
     def readable(self) -> bool:
-        return self._reader is not None
+        return not self._writes
 
     def writable(self) -> bool:
-        return self._writer is not None
+        return self._writes
 
     def seekable(self) -> bool:
         return True
 
     @property
     def size(self) -> int:
-        return self._writer.size if self._writer else self._reader.size if self._reader else 0
+        return self._wrap(lambda: self._vfs.size(self._fh))
 
     def readinto(self, b: WriteableBuffer) -> int:
-        reader = self._reader
-        if reader is None:
+        if self._writes:
             raise io.UnsupportedOperation("file not open for reading")
         view = memoryview(b).cast("B")
-        n = self._wrap(lambda: reader.pread(self._pos, view))
+        n = self._wrap(lambda: self._vfs.read_into(self._fh, self._pos, view))
         self._pos += n
         return n
 
-    def read(self, size: int = -1) -> bytes:
-        if self._reader is None:
+    def read(self, size: int | None = -1) -> bytes:
+        if self._writes:
             raise io.UnsupportedOperation("file not open for reading")
-        if size is None or size < 0:
-            size = max(0, self._reader.size - self._pos)
-        buf = bytearray(min(size, max(0, self._reader.size - self._pos)))
+        left = max(0, self.size - self._pos)
+        buf = bytearray(left if size is None or size < 0 else min(size, left))
         n = self.readinto(buf)
         del buf[n:]
         return bytes(buf)
@@ -157,26 +168,25 @@ class File(io.RawIOBase):
         return self.read(-1)
 
     def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]  # FileWriter.pwrite takes these three
-        writer = self._writer
-        if writer is None:
+        if not self._writes:
             raise io.UnsupportedOperation("file not open for writing")
-        n = self._wrap(lambda: writer.pwrite(self._pos, b))
+        n = self._wrap(lambda: self._vfs.write(self._fh, self._pos, b))
         self._pos += n
         return n
 
     def truncate(self, size: int | None = None) -> int:
-        writer = self._writer
-        if writer is None:
+        if not self._writes:
             raise io.UnsupportedOperation("file not open for writing")
         size = self._pos if size is None else size
-        self._wrap(lambda: writer.truncate(size))
+        ino = self._vfs.handle(self._fh).ino
+        req = pb.SetAttrRequest(valid=SETATTR_SIZE, size=size)
+        self._wrap(lambda: self._vfs.run(self._vfs.setattr(ino, req, self._client.meta.identity)))
         return size
 
     def flush(self) -> None:
         """Make what was written so far visible to other clients (commit without closing)."""
-        writer = self._writer
-        if writer is not None and not writer.closed:
-            self._wrap(lambda: writer.flush())
+        if self._writes and not self._released:
+            self._wrap(lambda: self._vfs.run(self._vfs.fsync(self._fh)))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
@@ -189,24 +199,31 @@ class File(io.RawIOBase):
         return self._pos
 
     def close(self) -> None:
-        if self.closed:
+        """Commit (a writer: the file is complete for everyone once this returns) and let
+        the handle go; a failed commit aborts, so no half-written file is presented."""
+        if self._released:
             return
+        self._released = True
         try:
-            if self._writer is not None:
-                self._wrap(self._writer.close)
-            if self._reader is not None:
-                self._reader.close()
+            self._wrap(lambda: self._vfs.run(self._vfs.flush(self._fh)))
+        except BaseException:
+            self._vfs.abort(self._fh)
+            super().close()
+            raise
+        try:
+            self._vfs.run(self._vfs.release(self._fh))
         finally:
             super().close()
 
     def abort(self) -> None:
         """Close a file being written without committing what was written since open."""
-        if self._writer is not None and not self._writer.closed:
-            self._writer.abort()
+        if not self._released:
+            self._released = True
+            self._vfs.abort(self._fh)
         super().close()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None and self._writer is not None:
+        if exc_type is not None and self._writes:
             self.abort()
         else:
             self.close()
@@ -238,6 +255,8 @@ class Client:
             master = os.environ["CURVINE_MASTER"]
         self.core = ClientCore(self.config, master)
         self.meta = self.core.meta
+        self.vfs = VFS(self.core)   # every operation below goes through it, as the mount's do
+        self._me = self.meta.identity
         self.ufs = UfsAdmin(self)   # UFS mounts, load, free (curvine_py/ufsadmin.py)
 
     def __enter__(self) -> "Client":
@@ -247,6 +266,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        self.vfs.close()
         self.core.close()
 
     # ------------------------------------------------------------------ helpers
@@ -272,6 +292,13 @@ class Client:
         except CurvineError as e:
             raise e.with_path(path) from None
 
+    def _run(self, path: str, op: Op[T]) -> T:
+        """A VFS operation, run here; its error names path."""
+        try:
+            return self.vfs.run(op)
+        except CurvineError as e:
+            raise e.with_path(path) from None
+
     # ------------------------------------------------------------------ namespace
     def stat(self, path: str) -> FileStatus:
         return FileStatus.of(normpath(path), self._attr(path))
@@ -294,11 +321,10 @@ class Client:
             raise err(errno.ENOTDIR).with_path(path)
         base, out, offset = normpath(path), [], 0
         while True:
-            reply = self._do(path, lambda: self.meta.readdir(a.ino, offset, 1000, plus=True))
+            reply = self._run(path, self.vfs.readdir(a.ino, offset, self._me))
             for e in reply.entries:
                 offset = e.offset
-                if not e.name.startswith(HIDDEN_PREFIX):
-                    out.append(FileStatus.of(posixpath.join(base, e.name), e.attr))
+                out.append(FileStatus.of(posixpath.join(base, e.name), e.attr))
             if reply.eof or not reply.entries:
                 return out
 
@@ -320,58 +346,59 @@ class Client:
                 self.mkdir(parent, mode, parents=True, exist_ok=True)
         ino, name = self._parent(p)
         try:
-            self.meta.mknod(ino, name, stat.S_IFDIR | mode, umask=0, block_size=block_size)
+            self.vfs.run(self._mkdir(ino, name, mode, block_size))
         except CurvineError as e:
             if e.errno == errno.EEXIST and (exist_ok or parents) and self.stat(p).is_dir:
                 return
             raise e.with_path(path) from None
+
+    def _mkdir(self, parent: int, name: str, mode: int, block_size: int) -> Op[pb.Attr]:
+        """A directory whose block_size is given (the VFS's mknod takes the parent's)."""
+        req = self.meta.mknod_request(parent, name, stat.S_IFDIR | mode, umask=0, block_size=block_size)
+        return self.meta.saw_dirs((yield "Mknod", req)).attr
 
     def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = True) -> None:
         self.mkdir(path, mode, parents=True, exist_ok=exist_ok)
 
     def remove(self, path: str) -> None:
         ino, name = self._parent(path)
-        self._do(path, lambda: self.meta.unlink(ino, name))
+        self._run(path, self.vfs.unlink(ino, name, self._me))
 
     unlink = remove
 
     def rmdir(self, path: str) -> None:
         ino, name = self._parent(path)
-        self._do(path, lambda: self.meta.rmdir(ino, name))
+        self._run(path, self.vfs.rmdir(ino, name, self._me))
 
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
         sino, sname = self._parent(src)
         dino, dname = self._parent(dst)
-        self._do(src, lambda: self.meta.rename(sino, sname, dino, dname, 0 if replace else 1))
+        self._run(src, self.vfs.rename(sino, sname, dino, dname, 0 if replace else 1, self._me))
 
     def symlink(self, target: str, path: str) -> None:
         ino, name = self._parent(path)
-        self._do(path, lambda: self.meta.mknod(ino, name, stat.S_IFLNK | 0o777, target=target))
+        self._run(path, self.vfs.mknod(ino, name, stat.S_IFLNK | 0o777, 0, 0, self._me, target=target))
 
     def readlink(self, path: str) -> str:
         a = self._attr(path, follow=False)
-        return self._do(path, lambda: self.meta.call(
-            "Readlink", pb.InodeRequest(caller=self.meta.caller(), ino=a.ino)).target)
+        return self._run(path, self.vfs.readlink(a.ino, self._me))
 
     def chmod(self, path: str, mode: int) -> None:
-        from curvine_py.common.types import SETATTR_MODE
         a = self._attr(path)
-        self._do(path, lambda: self.meta.call("SetAttr", pb.SetAttrRequest(
-            caller=self.meta.caller(mutation=True), ino=a.ino, valid=SETATTR_MODE, mode=mode)))
+        self._run(path, self.vfs.setattr(a.ino, pb.SetAttrRequest(valid=SETATTR_MODE, mode=mode), self._me))
 
     def touch(self, path: str) -> None:
         """Create an empty file, or set an existing one's times to now."""
-        from curvine_py.common.types import SETATTR_ATIME_NOW, SETATTR_MTIME_NOW
         ino, name = self._parent(path)
         try:
-            self.meta.mknod(ino, name, stat.S_IFREG | 0o644, umask=0o022)
+            self.vfs.run(self.vfs.mknod(ino, name, stat.S_IFREG | 0o644, 0, 0o022, self._me))
             return
         except CurvineError as e:
             if e.errno != errno.EEXIST:
                 raise e.with_path(path) from None
         a = self._attr(path)
-        self._do(path, lambda: self.meta.call("SetAttr", pb.SetAttrRequest(
-            caller=self.meta.caller(mutation=True), ino=a.ino, valid=SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)))
+        now = pb.SetAttrRequest(valid=SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)
+        self._run(path, self.vfs.setattr(a.ino, now, self._me))
 
     def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
         entries = self.scandir(top)
@@ -401,39 +428,35 @@ class Client:
             raise err(errno.EINVAL, f"unsupported mode {mode!r} (use rb, wb, xb or ab)").with_path(path)
         if m == "r":
             a = self._attr(path)
-            reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-            reader = FileReader(self.core, reply)
-            return File(self, normpath(path), mode, reader, None)
-        ino, name = self._parent(path)
-        flags = os.O_WRONLY | (os.O_TRUNC if m == "w" else 0)
-        bs = block_size or self.config.client.block_size
-        reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, flags, umask=0o022,
-                                                        exclusive=m == "x", block_size=bs))
-        if stat.S_ISDIR(reply.attr.mode):
-            raise err(errno.EISDIR).with_path(path)
-        writer = self._do(path, lambda: FileWriter(self.core, reply))
-        f = File(self, normpath(path), mode, None, writer)
+            opened = self._run(path, self.vfs.open(a.ino, os.O_RDONLY, self._me, prefetch=False))
+            return File(self, normpath(path), mode, opened)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if m == "w" else 0) | (os.O_EXCL if m == "x" else 0)
+        f = File(self, normpath(path), mode, self._create(path, flags, block_size))
         if m == "a":
             f.seek(0, io.SEEK_END)
         return f
 
-    def put_bytes(self, path: str, data: bytes | bytearray | memoryview, block_size: int = 0) -> None:
-        """Store a whole object (replacing any previous content); visible to all once this returns."""
+    def _create(self, path: str, flags: int, block_size: int) -> Opened:
         ino, name = self._parent(path)
-        bs = block_size or self.config.client.block_size
-        reply = self._do(path, lambda: self.meta.create(ino, name, stat.S_IFREG | 0o644, os.O_WRONLY | os.O_TRUNC,
-                                                        umask=0o022, block_size=bs))
-        self._do(path, lambda: write_all(self.core, reply, memoryview(data).cast("B")))
+        opened = self._run(path, self.vfs.create(ino, name, 0o644, flags, 0o022, self._me, block_size))
+        if stat.S_ISDIR(opened.attr.mode):
+            self.vfs.run(self.vfs.release(opened.fh))
+            raise err(errno.EISDIR).with_path(path)
+        return opened
+
+    def put_bytes(self, path: str, data: bytes | bytearray | memoryview, block_size: int = 0) -> None:
+        """Store a whole object (replacing any previous content); visible to all once this
+        returns.  A failure leaves the previous content (or no content), never part of data."""
+        with File(self, normpath(path), "wb", self._create(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                           block_size)) as f:
+            f._wrap(lambda: self.vfs.write_whole(f._fh, memoryview(data).cast("B")))
 
     def get_into(self, path: str, buffer: bytearray | memoryview) -> int:
         """Read a whole object into a caller-owned buffer (no allocation); returns its size."""
         a = self._attr(path)
-        reply = self._do(path, lambda: self.meta.open(a.ino, os.O_RDONLY, write=False))
-        reader = FileReader(self.core, reply)
-        view = memoryview(buffer).cast("B")
-        if len(view) < reader.size:
-            raise err(errno.EOVERFLOW, f"buffer of {len(view)} bytes < file size {reader.size}").with_path(path)
-        return self._do(path, lambda: reader.read_all_into(view))
+        opened = self._run(path, self.vfs.open(a.ino, os.O_RDONLY, self._me, prefetch=False))
+        with File(self, normpath(path), "rb", opened) as f:
+            return f._wrap(lambda: self.vfs.read_all_into(f._fh, memoryview(buffer).cast("B")))
 
     def get_bytes(self, path: str) -> bytes:
         a = self._attr(path)
@@ -456,19 +479,20 @@ class Client:
     # ------------------------------------------------------------------ xattrs and cache policy
     def getxattr(self, path: str, name: str) -> bytes:
         a = self._attr(path)
-        return self._do(path, lambda: self.meta.call(
-            "GetXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino, name=name)).value)
+        return self._run(path, self.vfs.getxattr(a.ino, name, self._me))
 
     def setxattr(self, path: str, name: str, value: bytes) -> None:
         a = self._attr(path)
-        self._do(path, lambda: self.meta.call("SetXattr", pb.XattrRequest(
-            caller=self.meta.caller(mutation=True), ino=a.ino, name=name, value=value)))
+        self._run(path, self.vfs.setxattr(a.ino, name, value, 0, self._me))
+
+    def listxattr(self, path: str) -> list[str]:
+        a = self._attr(path)
+        return self._run(path, self.vfs.listxattr(a.ino, self._me))
 
     def removexattr(self, path: str, name: str, missing_ok: bool = False) -> None:
         a = self._attr(path)
         try:
-            self.meta.call("RemoveXattr", pb.XattrRequest(caller=self.meta.caller(mutation=True), ino=a.ino,
-                                                          name=name))
+            self.vfs.run(self.vfs.removexattr(a.ino, name, self._me))
         except CurvineError as e:
             if not (missing_ok and e.errno == errno.ENODATA):
                 raise e.with_path(path) from None
@@ -501,9 +525,7 @@ class Client:
         chain = ["/" + "/".join(parts[:i]) for i in range(len(parts) + 1)]
         pinned_by, ttl, tier = "", ("", ""), ("", "")
         for prefix in chain:   # root first: a nearer ttl or tier overrides, any pin holds
-            a = self._attr(prefix)
-            names = typing.cast(list[str], self._do(prefix, lambda: self.meta.call(
-                "ListXattr", pb.XattrRequest(caller=self.meta.caller(), ino=a.ino)).names))
+            names = self.listxattr(prefix)
             for name in set(names) & set(POLICY_XATTRS):
                 value = self.getxattr(prefix, name).decode("ascii", "replace")
                 if name == PIN and value == "1" and not pinned_by:
@@ -531,8 +553,9 @@ class Client:
     def report(self) -> pb.ReportReply:
         return self.meta.call("Report", pb.Empty())
 
-    def statfs(self) -> pb.StatFsReply:
-        return self.meta.call("StatFs", pb.Empty())
+    def statfs(self) -> StatFs:
+        s = self.vfs.run(self.vfs.statfs())
+        return StatFs(s.capacity, s.used, s.available, s.files, s.block_size)
 
     def root_ino(self) -> int:
         return ROOT_INO

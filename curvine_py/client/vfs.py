@@ -1,7 +1,7 @@
 """The VFS: the POSIX file API of the client core, in inodes and file handles.
 
-The mount (``curvine_py.fuse``) hands every kernel request to one method here; the
-SDK could too.  Policy lives here, not in the adapter: one write state per inode
+The mount (``curvine_py.fuse``) hands every kernel request to one method here, and the
+SDK (``curvine_py/sdk.py``) every call on a path.  Policy lives here, not in the adapter: one write state per inode
 shared by every handle of this client (so reads see this client's writes), commits
 on flush (close-to-open), the lease released with the last writer, kernel page-cache
 reuse when a file did not change since it was last opened here.
@@ -220,10 +220,12 @@ class VFS:
         reply = yield "GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
         return bytes(reply.value)
 
-    def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity) -> Op[Opened]:
+    def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity,
+               block_size: int = 0) -> Op[Opened]:
+        """block_size: the new file's (0: client.block_size)."""
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
-                                       block_size=self.core.cfg.client.block_size, ident=ident)
+                                       block_size=block_size or self.core.cfg.client.block_size, ident=ident)
         opened = self._open_writer(self.meta.saw_dirs((yield "Create", req)), flags, ident)
         if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
             # A file made here and opened write-only: its bytes go straight from the writer's
@@ -380,7 +382,10 @@ class VFS:
         yield "RemoveXattr", pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name)
 
     # ------------------------------------------------------------------ open files
-    def open(self, ino: int, flags: int, ident: Identity) -> Op[Opened]:
+    def open(self, ino: int, flags: int, ident: Identity, prefetch: bool = True) -> Op[Opened]:
+        """prefetch: a small file's blocks start coming at a read-only open (the KV reader
+        reads the whole chunk next); False when the caller reads it all into a buffer of
+        its own at once (the SDK's get_into), which fetches straight there."""
         write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
@@ -391,7 +396,7 @@ class VFS:
             if flags & os.O_TRUNC:
                 yield Blocking(shared.truncate, 0)
             return self._new_handle(ino, flags, reply, True, ident)
-        return self._new_handle(ino, flags, reply, False, ident)
+        return self._new_handle(ino, flags, reply, False, ident, prefetch)
 
     def _writer_of(self, ino: int) -> FileWriter | None:
         """The file's open writer here, if any: new opens of the file share it."""
@@ -408,7 +413,7 @@ class VFS:
         return self._new_handle(ino, flags, reply, True, ident)
 
     def _new_handle(self, ino: int, flags: int, reply: pb.OpenReply, writer_handle: bool,
-                    ident: Identity) -> Opened:
+                    ident: Identity, prefetch: bool = True) -> Opened:
         with self._lock:
             st = self._inodes.setdefault(ino, InodeState(ino))
             h = Handle(next(self._fhs), ino, flags, st, writes=writer_handle, ident=ident)
@@ -418,7 +423,7 @@ class VFS:
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
                 h.local_block = self.local.block_of(reply.attr, reply.blocks, flags)
-                if h.local_block is None:
+                if h.local_block is None and prefetch:
                     # In the background: it may wait for a free buffer, and the mount's
                     # awaited open runs this on its event loop.
                     self.core.executor.submit(h.reader.prefetch_small)
@@ -476,13 +481,64 @@ class VFS:
             n = st.writer.pread(offset, memoryview(buf))
             del buf[n:]
             return bytes(buf)
-        if h.reader is None or h.version != st.version:  # written here since the reader loaded
+        return self._current_reader(h).read_bytes(offset, size)
+
+    def read_into(self, fh: int, offset: int, into: memoryview) -> int:
+        """read() into the caller's buffer (the SDK's readinto): bytes read, short at the end."""
+        h = self.handle(fh)
+        st = h.state
+        if st.writer is not None and not st.writer.closed:
+            return st.writer.pread(offset, into)
+        return self._current_reader(h).pread(offset, into)
+
+    def read_all_into(self, fh: int, into: memoryview) -> int:
+        """The whole file into the caller's buffer (len >= its size), blocks fetched in
+        parallel (the SDK's get_into); its size."""
+        h = self.handle(fh)
+        if h.state.writer is not None and not h.state.writer.closed:
+            return self.read_into(fh, 0, into)
+        reader = self._current_reader(h)
+        if len(into) < reader.size:
+            raise err(errno.EOVERFLOW, f"buffer of {len(into)} bytes < file size {reader.size}")
+        return reader.read_all_into(into)
+
+    def _current_reader(self, h: Handle) -> FileReader:
+        """h's reader, loaded again when this client committed the file since it loaded."""
+        st = h.state
+        if h.reader is None or h.version != st.version:
             reply = self.meta.open(h.ino, os.O_RDONLY, write=False)
             if h.reader is not None:
                 h.reader.close()
             h.reader = FileReader(self.core, reply)
             h.version = st.version
-        return h.reader.read_bytes(offset, size)
+        return h.reader
+
+    def size(self, fh: int) -> int:
+        """The file's size as this handle sees it (this client's writes included)."""
+        h = self.handle(fh)
+        w = h.state.writer
+        if w is not None and not w.closed:
+            return w.size
+        return self._current_reader(h).size
+
+    def write_whole(self, fh: int, data: memoryview, progress: Callable[[int], None] | None = None) -> None:
+        """A whole object from memory through a handle just created with O_TRUNC (the SDK's
+        put_bytes): block ids asked for in one batch, full blocks sent straight from data."""
+        w = self._writer_for(self.handle(fh))
+        w.expected_blocks = (len(data) + w.bs - 1) // w.bs
+        w.truncate(0)   # (no change, and no lease taken, when the create truncated it already)
+        step = w.bs * 8
+        for off in range(0, len(data), step):
+            w.pwrite(off, data[off:off + step])
+            if progress:
+                progress(min(step, len(data) - off))
+
+    def abort(self, fh: int) -> None:
+        """Give up a handle's writes since the last commit (the SDK's abort), then release it."""
+        w = self.handle(fh).state.writer
+        if w is not None and not w.closed:
+            w.abort()
+        self.run(self.release(fh))
 
     def read_view(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
         """read() as a view into the block cache where it can be (waiting for the bytes, not
@@ -508,7 +564,7 @@ class VFS:
             return None
         return h.reader
 
-    def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
+    def write(self, fh: int, offset: int, data: bytes | bytearray | memoryview) -> int:
         h = self.handle(fh)
         if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:  # O_RDONLY|O_TRUNC too
             raise err(errno.EBADF, "file not open for writing")

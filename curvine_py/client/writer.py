@@ -24,7 +24,6 @@ import mmap
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable
 
 import xxhash
 
@@ -731,21 +730,3 @@ class FileWriter:
                 self._error = self._error or e
         self.shipped = []
         return infos
-
-
-def write_all(core: ClientCore, reply: pb.OpenReply, data: memoryview,
-              progress: Callable[[int], None] | None = None, ident: Identity | None = None) -> pb.Attr | None:
-    """Write a whole object from memory: full blocks go straight from `data`, no copy."""
-    w = FileWriter(core, reply, ident)
-    w.expected_blocks = (len(data) + w.bs - 1) // w.bs
-    try:
-        w.truncate(0)
-        step = w.bs * 8
-        for off in range(0, len(data), step):
-            w.pwrite(off, data[off:off + step])
-            if progress:
-                progress(min(step, len(data) - off))
-        return w.close()
-    except BaseException:
-        w.abort()
-        raise

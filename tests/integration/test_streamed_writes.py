@@ -3,6 +3,8 @@ real cluster: bytes leave before the block is complete, and every way a stream c
 spoiled (an overwrite, a truncate, a dead worker) still leaves the file exactly as written."""
 from __future__ import annotations
 
+import typing
+
 import errno
 import os
 import signal
@@ -20,7 +22,10 @@ MiB = 1 << 20
 
 
 def writer_of(f: object) -> FileWriter:
-    return f._writer  # type: ignore[attr-defined, no-any-return]
+    """The write state behind an SDK file: its VFS handle's writer."""
+    w = f._vfs.handle(f._fh).state.writer  # type: ignore[attr-defined]
+    assert w is not None
+    return typing.cast(FileWriter, w)
 
 
 def wait_sent(stream: BlockStream, n: int) -> None:
