@@ -1,8 +1,9 @@
-"""pyfuse3 operations: each kernel request handed to the client VFS in a worker thread.
+"""pyfuse3 operations: each kernel request handed to one VFS operation.
 
 This module is an adapter and nothing more (as JuiceFS keeps ``pkg/fuse`` thin over
 ``pkg/vfs``): translate arguments (bytes names, RequestContext, SetattrFields) to
-VFS calls, run them off the trio loop, translate results to EntryAttributes and
+VFS calls, drive them on the trio loop (``_do``: master calls awaited there, only
+work that may block in a worker thread), translate results to EntryAttributes and
 errors to FUSEError errnos.  Semantics live in the VFS and the master.
 """
 from __future__ import annotations

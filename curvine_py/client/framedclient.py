@@ -7,7 +7,7 @@ are made lazily; a thread that ends drops its connection with its thread-local s
 
 Failures are sorted for the retry loop in ``metaclient.MasterClient``:
 - ``FrameConnectError``: no frame server could be reached at all (refused, not one of
-  ours): the caller may re-learn the port or fall back to gRPC;
+  ours): the caller asks the master for its port again (it may have moved);
 - ``FrameUnreachable``: the call may not have been answered (socket error, timeout,
   the master's UNAVAILABLE): retried with the same request id;
 - ``CurvineError``: the master's answer (an errno, or EACCES for a wrong secret).

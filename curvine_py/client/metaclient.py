@@ -211,7 +211,7 @@ class MasterClient:
         return _PortFailure(frames.port, str(e))
 
     # ------------------------------------------------------------------ requests
-    # The conveniences below send these; the mount's loop-side calls (VFS.*_async) send
+    # The conveniences below send these; the VFS's operations (client/vfs.py) send
     # the same requests over its own connections.  Mutations carry a fresh request id.
     def lookup_request(self, parent: int, name: str, ident: Identity | None = None) -> pb.LookupRequest:
         return pb.LookupRequest(caller=self.caller(ident), parent=parent, name=name)

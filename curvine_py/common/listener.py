@@ -2,8 +2,9 @@
 
 Threads beat an event loop for the block data paths: every step of an exchange is a
 blocking syscall (recv_into, sendmsg, an io_uring completion wait) that releases the GIL
-(worker/dataserver.py has the measurement).  The worker's TCP data channel and its
-short-circuit write socket share this accept loop and its orderly stop.
+(worker/dataserver.py has the measurement).  The worker's TCP data channel, its
+short-circuit write socket and the master's framed metadata server share this accept
+loop and its orderly stop.
 """
 from __future__ import annotations
 
