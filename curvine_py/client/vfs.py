@@ -167,10 +167,9 @@ class VFS:
         error: Exception | None = None
         try:
             while True:
-                try:
-                    step = op.throw(error) if error is not None else op.send(reply)
-                except StopIteration as done:
-                    return typing.cast(T, done.value)
+                done, step = _advance(op, reply, error)
+                if done:
+                    return typing.cast(T, step)
                 reply, error = None, None
                 try:
                     reply = step.fn(*step.args) if isinstance(step, Blocking) else self.meta.call(*step)
@@ -188,10 +187,9 @@ class VFS:
         error: Exception | None = None
         try:
             while True:
-                try:
-                    step = op.throw(error) if error is not None else op.send(reply)
-                except StopIteration as done:
-                    return typing.cast(T, done.value)
+                done, step = _advance(op, reply, error)
+                if done:
+                    return typing.cast(T, step)
                 reply, error = None, None
                 try:
                     reply = await (blocking(step.fn, *step.args) if isinstance(step, Blocking) else call(*step))
@@ -701,3 +699,12 @@ def _truncate_and_flush(w: FileWriter, size: int) -> None:
     """A truncate through a file's open writer here, committed at once (setattr)."""
     w.truncate(size)
     w.flush()
+
+
+def _advance(op: Op[Any], reply: Any, error: Exception | None) -> tuple[bool, Any]:
+    """Hand op the last step's result (or throw its error in): (False, the next step), or
+    (True, op's result) once it returned."""
+    try:
+        return False, op.throw(error) if error is not None else op.send(reply)
+    except StopIteration as done:
+        return True, done.value

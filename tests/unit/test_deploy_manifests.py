@@ -714,10 +714,8 @@ def test_entrypoint_starts_a_killed_csi_node_again_and_stops_on_sigterm(tmp_path
     """docs/csi.md: a crashed driver must not end the container, whose mount daemons
     would die with it; a SIGTERM (the pod's end) does stop it."""
     sock = tmp_path / "csi.sock"
-    env = entrypoint_env({}, os.devnull)
     log = open(tmp_path / "log", "w+")
-    ep = subprocess.Popen(["sh", str(ENTRYPOINT), "csi-node", "--endpoint", f"unix://{sock}", "--node-id", "n1",
-                           "--state-dir", str(tmp_path / "state")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    ep = _csi_entrypoint(tmp_path, log)
     try:
         def serving(old: list[int]) -> list[int]:
             """The entrypoint's driver children not in old, once the socket answers."""
@@ -735,31 +733,36 @@ def test_entrypoint_starts_a_killed_csi_node_again_and_stops_on_sigterm(tmp_path
         text = log.read()
         assert "exited with status 137; starting it again" in text, text
     finally:
-        if ep.poll() is None:
-            for child in _children(ep.pid):
-                os.kill(child, signal.SIGKILL)
-            ep.kill()
-            ep.wait()
+        _kill_entrypoint(ep)
         log.close()
 
 
 def test_entrypoint_stopped_while_its_csi_node_starts_exits_0(tmp_path: Path) -> None:
     """A pod ended while its driver is still importing (no handlers yet): the TERM the
     entrypoint forwards kills the driver, and that is the asked-for stop, exit 0 (CI saw 143)."""
-    env = entrypoint_env({}, os.devnull)
-    ep = subprocess.Popen(["sh", str(ENTRYPOINT), "csi-node", "--endpoint", f"unix://{tmp_path / 'csi.sock'}",
-                           "--node-id", "n1", "--state-dir", str(tmp_path / "state")], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ep = _csi_entrypoint(tmp_path, subprocess.DEVNULL)
     try:
         _wait("the driver", lambda: _children(ep.pid))
         ep.send_signal(signal.SIGTERM)
         assert ep.wait(timeout=30) == 0
     finally:
-        if ep.poll() is None:
-            for child in _children(ep.pid):
-                os.kill(child, signal.SIGKILL)
-            ep.kill()
-            ep.wait()
+        _kill_entrypoint(ep)
+
+
+def _csi_entrypoint(tmp_path: Path, out: typing.Any) -> subprocess.Popen[bytes]:
+    """The image's entrypoint running a CSI node driver on a socket under tmp_path."""
+    return subprocess.Popen(["sh", str(ENTRYPOINT), "csi-node", "--endpoint", f"unix://{tmp_path / 'csi.sock'}",
+                             "--node-id", "n1", "--state-dir", str(tmp_path / "state")],
+                            env=entrypoint_env({}, os.devnull), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _kill_entrypoint(ep: subprocess.Popen[bytes]) -> None:
+    """A test's cleanup: an entrypoint still running is killed with its drivers."""
+    if ep.poll() is None:
+        for child in _children(ep.pid):
+            os.kill(child, signal.SIGKILL)
+        ep.kill()
+        ep.wait()
 
 
 def _zombie(pid: int) -> bool:
