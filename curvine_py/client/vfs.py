@@ -162,34 +162,36 @@ class VFS:
     # ------------------------------------------------------------------ drivers
     def run(self, op: Op[T]) -> T:
         """Run op here, blocking: master calls through MasterClient.call (its retries),
-        Blocking steps called in this thread."""
-        reply: Any = None
-        error: Exception | None = None
+        Blocking steps called in this thread.  The one driver (drive) with steps that
+        never suspend, so its coroutine completes in a single send."""
+        async def call(method: str, request: Any) -> Any:
+            return self.meta.call(method, request)
+
+        async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+            return fn(*args)
+
+        coro = self.drive(op, call, blocking)
         try:
-            while True:
-                done, step = _advance(op, reply, error)
-                if done:
-                    return typing.cast(T, step)
-                reply, error = None, None
-                try:
-                    reply = step.fn(*step.args) if isinstance(step, Blocking) else self.meta.call(*step)
-                except Exception as e:   # thrown into op, which may handle it (EEXIST, say)
-                    error = e
-        finally:
-            op.close()
+            coro.send(None)
+        except StopIteration as done:
+            return typing.cast(T, done.value)
+        coro.close()
+        raise RuntimeError("a VFS operation waited for an event loop in VFS.run")
 
     @staticmethod
     async def drive(op: Op[T], call: MasterCall, blocking: Callable[..., Awaitable[Any]]) -> T:
         """Run op on an event loop: master calls awaited through call, Blocking steps
-        through blocking(fn, *args) (the mount's thread hop).  A cancelled drive closes
-        op, whose cleanups (a commit that did not go) then run."""
+        through blocking(fn, *args) (the mount's thread hop).  Each step's result is sent
+        into op, its error thrown in (op may handle it: EEXIST, say).  A cancelled drive
+        closes op, whose cleanups (a commit that did not go) then run."""
         reply: Any = None
         error: Exception | None = None
         try:
             while True:
-                done, step = _advance(op, reply, error)
-                if done:
-                    return typing.cast(T, step)
+                try:
+                    step = op.throw(error) if error is not None else op.send(reply)
+                except StopIteration as done:
+                    return typing.cast(T, done.value)
                 reply, error = None, None
                 try:
                     reply = await (blocking(step.fn, *step.args) if isinstance(step, Blocking) else call(*step))
@@ -699,12 +701,3 @@ def _truncate_and_flush(w: FileWriter, size: int) -> None:
     """A truncate through a file's open writer here, committed at once (setattr)."""
     w.truncate(size)
     w.flush()
-
-
-def _advance(op: Op[Any], reply: Any, error: Exception | None) -> tuple[bool, Any]:
-    """Hand op the last step's result (or throw its error in): (False, the next step), or
-    (True, op's result) once it returned."""
-    try:
-        return False, op.throw(error) if error is not None else op.send(reply)
-    except StopIteration as done:
-        return True, done.value
