@@ -68,8 +68,14 @@ supervise() {
       # wait was interrupted by the signal: now wait for the driver's own exit.  A driver
       # still starting (before its handlers) dies of the TERM we forwarded: that is the
       # stop that was asked for, not a failure.
+      # The TERM may have reached the forked child before its exec, where the shell's trap
+      # still held (it then runs the driver unstopped): send it again each second until
+      # the driver is gone.
+      ( while sleep 1; do kill -TERM "$child" 2>/dev/null || exit 0; done ) &
+      resend=$!
       rc=0
       wait "$child" || rc=$?
+      kill "$resend" 2>/dev/null || true
       case "$rc" in
         143) rc=0 ;;
       esac
