@@ -31,10 +31,10 @@ import typing
 import trio
 
 from curvine_py.client import metrics
-from curvine_py.client.metaclient import MasterClient
+from curvine_py.client.metaclient import MASTER_WAIT, MasterClient
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
-from curvine_py.common.retry import Exponential, Failed, Retry
+from curvine_py.common.retry import Failed, Retry
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_IDLE = 8            # connections kept open between calls (concurrent calls open more)
@@ -102,7 +102,7 @@ class AsyncMeta:
         # Called before each wait between attempts; what it raises ends the call at once (the
         # mount's watchdog: a request it gave up stops retrying, fuse/ops.py).
         self.before_wait: typing.Callable[[], None] | None = None
-        self._retry = Retry(transient=lambda e: isinstance(e, Unreached), wait=Exponential(0.05, 2.0),
+        self._retry = Retry(transient=lambda e: isinstance(e, Unreached), wait=MASTER_WAIT,
                             deadline_s=lambda: meta.cfg.retry_s, before_sleep=self._retrying,
                             async_sleep=trio.sleep)
 

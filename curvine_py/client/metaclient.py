@@ -38,6 +38,9 @@ from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+# A master that did not answer: the same request again after 0.05 s, doubling to 2 s (the
+# threads' client and the mount loop's, client/asyncmeta.py, wait alike).
+MASTER_WAIT = Exponential(0.05, 2.0)
 T = TypeVar("T")
 
 # Calls that change nothing: no request id needed, safe to retry blindly.
@@ -95,9 +98,8 @@ class MasterClient:
         self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
-        # A master that did not answer: the same request again after 0.05 s, doubling to
-        # 2 s, until client.retry_s (read at each call: the mount lowers it while mounting).
-        self._retry = Retry(transient=_is_unreachable, wait=Exponential(0.05, 2.0),
+        # until client.retry_s (read at each call: the mount lowers it while mounting)
+        self._retry = Retry(transient=_is_unreachable, wait=MASTER_WAIT,
                             deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying)
 
     def close(self) -> None:
