@@ -22,6 +22,12 @@ from curvine_py.processes import pid_alive
 
 log = logging.getLogger("curvine.fuse")
 RUN_DIR = Path(os.environ.get("CURVINE_RUN_DIR", "/run/curvine"))
+# A stop signal ends the FUSE loop; the requests it was serving get this long to finish
+# before they are cut off (the kernel then fails them: ENOTCONN), so one that waits on an
+# unreachable master (a lookup, a getattr: up to client.retry_s) cannot hold the unmount,
+# and a process touching the mount meanwhile gets an error, not a hang.  The flush of the
+# open files comes after the unmount and is not bounded by this.
+STOP_GRACE_S = 1.0
 
 
 def state_paths(mountpoint: str) -> tuple[Path, Path]:
@@ -187,6 +193,12 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
     signal.signal(signal.SIGTERM, _outside_loop)
     signal.signal(signal.SIGINT, _outside_loop)
 
+    serving = trio.CancelScope()   # pyfuse3.main: given STOP_GRACE_S once a stop is asked
+
+    def _stop_serving() -> None:
+        pyfuse3.terminate()
+        serving.deadline = min(serving.deadline, trio.current_time() + STOP_GRACE_S)
+
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             def on_detach() -> None:   # the watchdog found the mount gone (its connection aborted)
@@ -199,7 +211,11 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
             _notify(ready_fd, f"ok {os.getpid()}")
             if not stop:
                 try:
-                    await pyfuse3.main()
+                    with serving:
+                        await pyfuse3.main()
+                    if serving.cancelled_caught:
+                        log.warning("stopping: requests still in flight %g s after the signal were "
+                                    "cut off (they fail with ENOTCONN)", STOP_GRACE_S)
                 except Exception as e:   # (an ExceptionGroup too) a session loop reading the aborted connection
                     if not detached:
                         raise
@@ -212,14 +228,14 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
         # group) with the default action, killing the daemon before it unmounted.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
             if stop:
-                pyfuse3.terminate()
+                _stop_serving()
             async for sig in sigs:
                 if stop:
                     log.info("signal %d: unmounting (already under way)", sig)
                 else:
                     log.info("signal %d: unmounting", sig)
                 stop.append(sig)
-                pyfuse3.terminate()
+                _stop_serving()
 
     code = 0
     try:

@@ -266,10 +266,6 @@ class MasterClient:
     def open_request(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenRequest:
         return pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
 
-    def allocate(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
-                 ident: Identity | None = None) -> pb.AllocateBlocksReply:
-        return self.call("AllocateBlocks", self.allocate_request(ino, lease_id, count, exclude, ident))
-
     def allocate_request(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
                          ident: Identity | None = None) -> pb.AllocateBlocksRequest:
         return pb.AllocateBlocksRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, count=count,

@@ -127,6 +127,9 @@ class FileWriter:
         # implies nothing allocated, and a close with nothing changed commits nothing.
         self.lease = Lease.SOFT if reply.soft_lease else Lease.HARD
         self._hardened = threading.Event()   # a HARDENING's AllocateBlocks came back (or failed)
+        # That AllocateBlocks when its answer never came (the mount's loop stopped first): the
+        # master may have applied it, so the next allocation sends it again, request id and all.
+        self._unanswered: pb.AllocateBlocksRequest | None = None
         core.leases.add(self.lease_id)
         self._used = time.monotonic()   # the last write (the pool takes from idle writers only)
         self.pool.hold(self, cheap=False)
@@ -411,15 +414,24 @@ class FileWriter:
             return None
         self._hardened = threading.Event()
         self._move(lease=Lease.HARDENING)
-        return self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(), ident=self.ident)
+        self._unanswered = self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(),
+                                                           ident=self.ident)
+        return self._unanswered
 
     def hardened(self, reply: pb.AllocateBlocksReply | None, error: BaseException | None = None) -> None:
         """That AllocateBlocks came back (on the mount's loop: takes no lock).  A failure
         (the file taken over by another writer: ESTALE) fails this writer: the writes
-        accepted meanwhile cannot be committed, so its next write and its close report it."""
+        accepted meanwhile cannot be committed, so its next write and its close report it.
+        No answer because the loop stopped (error not an Exception: trio's Cancelled at
+        unmount) fails nothing: the lease is soft again and the flush at unmount, in a
+        thread, sends the same request again (_allocate)."""
         if reply is not None:
+            self._unanswered = None
             self._spare.extend(self._allocated(reply))   # atomic under the GIL; _next_block pops under the lock
+        elif not isinstance(error, Exception):
+            self._move(lease=Lease.SOFT, when=Lease.HARDENING)
         else:
+            self._unanswered = None
             if self._error is None:
                 self._error = error if isinstance(error, CurvineError) else CurvineError(
                     errno.EIO, f"the first block ids of inode {self.ino} did not come: {error!r}")
@@ -702,8 +714,11 @@ class FileWriter:
             self._spare.extend(self._allocate(self._grow_batch()))
 
     def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
+        request, self._unanswered = self._unanswered, None
+        if request is None or exclude:
+            request = self.core.meta.allocate_request(self.ino, self.lease_id, count, exclude, ident=self.ident)
         try:
-            reply = self.core.meta.allocate(self.ino, self.lease_id, count, exclude, ident=self.ident)
+            reply = self.core.meta.call("AllocateBlocks", request)
         except CurvineError as e:
             if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
                 self._move(lease=Lease.HARD)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing
 from pathlib import Path
@@ -283,16 +284,32 @@ def test_a_second_signal_while_unmounting_does_not_kill_the_daemon(daemons: Daem
 
 def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: Daemons) -> None:
     """The flush at unmount may wait for an unreachable master; the mount itself must go
-    first, so nothing that touches it meanwhile hangs."""
+    first, so nothing that touches it meanwhile hangs: neither a request the daemon is
+    still serving at the signal (a lookup waiting on the master: it is cut off after the
+    stop grace) nor one that comes later.  And the bytes of a first write answered before
+    its block ids came (the master stopped in between) still reach the file."""
     mnt = daemons.mountpoint()
     p = daemons.foreground(mnt, "--client-retry-s", "5")
-    fd = os.open(mnt / "f", os.O_CREAT | os.O_WRONLY, 0o644)
+    fd = os.open(mnt / "died-new", os.O_CREAT | os.O_WRONLY, 0o644)
+    lookup: list[BaseException | None] = []
+
+    def stat_a_new_name() -> None:   # no cache can answer it: the daemon asks the master
+        try:
+            os.stat(mnt / "not-there")
+            lookup.append(None)
+        except OSError as e:
+            lookup.append(e)
+    asker = threading.Thread(target=stat_a_new_name, daemon=True)
     try:
-        os.write(fd, b"x" * 1000)
         daemons.cluster.kill_master(signal.SIGSTOP)      # unreachable: calls time out
         try:
+            os.write(fd, b"x" * 1000)   # a new file: answered once its AllocateBlocks is sent
+            asker.start()
+            time.sleep(0.3)
             p.send_signal(signal.SIGTERM)
             assert wait_until(lambda: not is_mounted(str(mnt)), 3), "still mounted 3 s after SIGTERM"
+            asker.join(3)
+            assert lookup and isinstance(lookup[0], OSError), f"the lookup in flight: {lookup or 'still waiting'}"
         finally:
             daemons.cluster.kill_master(signal.SIGCONT)
         assert p.wait(60) == 0
@@ -301,6 +318,9 @@ def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: D
             os.close(fd)
         except OSError:
             pass
+    mnt2 = daemons.mountpoint("check")
+    daemons.foreground(mnt2)
+    assert (mnt2 / "died-new").read_bytes() == b"x" * 1000
 
 
 def test_client_block_size_applies_to_files_the_mount_creates(daemons: Daemons) -> None:
