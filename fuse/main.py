@@ -8,6 +8,7 @@ flushing every open file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import logging
 import os
@@ -19,6 +20,11 @@ from pathlib import Path
 from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.processes import pid_alive
+
+if typing.TYPE_CHECKING:
+    from curvine_py.client.core import ClientCore
+    from curvine_py.client.vfs import VFS
+    from curvine_py.fuse.ops import CurvineOps
 
 log = logging.getLogger("curvine.fuse")
 RUN_DIR = Path(os.environ.get("CURVINE_RUN_DIR", "/run/curvine"))
@@ -134,126 +140,24 @@ def _notify(wfd: int | None, msg: str) -> None:
 def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | None, subdir: str = "/") -> int:
     """Mount and serve until unmounted or signalled; returns the exit code.
     subdir: the pool directory that is the mount's root (the VFS maps the root inode to it)."""
-    import pyfuse3
     import trio
 
-    from curvine_py.client.asyncmeta import AsyncMeta
-    from curvine_py.client.core import ClientCore
-    from curvine_py.client.vfs import VFS
-    from curvine_py.fuse.ops import CurvineOps
-    from curvine_py.fuse.watchdog import MountCheck, Requests, watch
-    from curvine_py.pb import curvine_pb2 as pb
-
-    try:
-        core = ClientCore(cfg)
-        retry_s = core.meta.cfg.retry_s      # (core.meta.cfg is cfg.client: restore the value itself)
-        core.meta.cfg.retry_s = min(retry_s, 10.0)
-        try:
-            core.meta.call("StatFs", pb.Empty())   # fail now, not at the first ls, if the master is unreachable
-        finally:
-            core.meta.cfg.retry_s = retry_s
-    except CurvineError as e:
-        log.error("cannot reach master %s: %s", cfg.client.master, e)
-        _notify(ready_fd, f"cannot reach master {cfg.client.master}: {e.strerror}")
+    stopping = _Stopping()   # from now on a stop signal is kept, never fatal
+    mounted = _mount(cfg, mountpoint, ready_fd, subdir)
+    if mounted is None:
         return 1
-    real = os.path.realpath(mountpoint)   # resolve now: after init the path is served by us
-    try:
-        vfs = VFS(core, subdir)
-    except CurvineError as e:   # the subdir is missing or not a directory: say so, mount nothing
-        log.error("--subdir %s: %s", subdir, e.strerror)
-        _notify(ready_fd, f"--subdir {subdir}: {e.strerror} in the pool")
-        core.close()
-        return 1
-    ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta))
-    options = set(pyfuse3.default_options)
-    options |= {"fsname=curvine", "subtype=curvine", "allow_other"}
-    try:
-        pyfuse3.init(ops, mountpoint, options)
-    except RuntimeError as e:
-        log.error("mount failed: %s", e)
-        _notify(ready_fd, f"mount failed: {e}")
-        return 1
-    served = _serve_metrics(cfg, ops)
+    served = _serve_metrics(cfg, mounted.ops)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.write_text(f"{os.getpid()}\n{real}\n")
+    pid_file.write_text(f"{os.getpid()}\n{mounted.real}\n")
     log.info("mounted %s (master %s)", mountpoint, cfg.client.master)
-    mount = MountCheck.find(real)   # by device number: the watchdog notices a detached mount
-    detached: list[bool] = []
-
-    # A stop signal that arrives while the trio loop does not listen (before it starts, or
-    # re-delivered by trio when the loop ends, or during the flush after it) must neither kill
-    # the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
-    # lost: it is recorded here and acted on by the loop.
-    stop: list[int] = []
-
-    def _outside_loop(signum: int, frame: object) -> None:
-        stop.append(signum)
-        log.info("signal %d: unmounting (already under way)", signum)
-
-    signal.signal(signal.SIGTERM, _outside_loop)
-    signal.signal(signal.SIGINT, _outside_loop)
-
-    serving = trio.CancelScope()   # pyfuse3.main: given STOP_GRACE_S once a stop is asked
-
-    def _stop_serving() -> None:
-        pyfuse3.terminate()
-        serving.deadline = min(serving.deadline, trio.current_time() + STOP_GRACE_S)
-
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            def on_detach() -> None:   # the watchdog found the mount gone (its connection aborted)
-                detached.append(True)
-                pyfuse3.terminate()
-                nursery.cancel_scope.cancel()   # every request still waiting, too
-            nursery.start_soon(_signals)
-            nursery.start_soon(watch, ops.requests or Requests(0), vfs, mount, on_detach, ops._hop_limits)
-            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
-            _notify(ready_fd, f"ok {os.getpid()}")
-            if not stop:
-                try:
-                    with serving:
-                        await pyfuse3.main()
-                    if serving.cancelled_caught:
-                        log.warning("stopping: requests still in flight %g s after the signal were "
-                                    "cut off (they fail with ENOTCONN)", STOP_GRACE_S)
-                except Exception as e:   # (an ExceptionGroup too) a session loop reading the aborted connection
-                    if not detached:
-                        raise
-                    log.info("FUSE loop ended on the aborted connection: %r", e)
-            nursery.cancel_scope.cancel()
-
-    async def _signals() -> None:
-        # Listen for the daemon's whole life: returning after the first signal would make
-        # trio re-deliver a second one (Ctrl-C twice, a service manager signalling the whole
-        # group) with the default action, killing the daemon before it unmounted.
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-            if stop:
-                _stop_serving()
-            async for sig in sigs:
-                if stop:
-                    log.info("signal %d: unmounting (already under way)", sig)
-                else:
-                    log.info("signal %d: unmounting", sig)
-                stop.append(sig)
-                _stop_serving()
-
     code = 0
     try:
-        trio.run(run)
+        trio.run(_loop, cfg, mountpoint, mounted, stopping, ready_fd)
     except BaseException:
         log.exception("mount loop failed")
         code = 1
     finally:
-        # Unmount first, then flush: once the loop has stopped nobody serves the mount, and
-        # a flush can wait long for an unreachable master; a process touching the mount in
-        # that time must get an error at once, not hang.
-        try:
-            # Detached: nothing of ours is mounted there now (something else may be).
-            pyfuse3.close(unmount=not detached)
-        except Exception as e:
-            log.warning("unmount: %s", e)
-        vfs.close()
-        core.close()
+        _unmount(mounted, mountpoint)
         if served is not None:
             served.close()
         try:
@@ -262,6 +166,154 @@ def serve(cfg: config.Config, mountpoint: str, pid_file: Path, ready_fd: int | N
             pass
         log.info("unmounted %s", mountpoint)
     return code
+
+
+@dataclasses.dataclass
+class _Mounted:
+    """What serve() runs: the client, its VFS and the pyfuse3 operations over it, with the
+    mount's real path (resolved before init: after it the path is served by us)."""
+    core: ClientCore
+    vfs: VFS
+    ops: CurvineOps
+    real: str
+    detached: bool = False   # the watchdog found the mount gone: nothing of ours to unmount
+
+
+def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: str) -> _Mounted | None:
+    """Reach the master, resolve subdir and mount; None (the reason logged and sent to the
+    waiting parent) when any of them fails: nothing is left mounted then."""
+    import pyfuse3
+
+    from curvine_py.client.asyncmeta import AsyncMeta
+    from curvine_py.client.vfs import VFS
+    from curvine_py.fuse.ops import CurvineOps
+
+    core = _reach_master(cfg, ready_fd)
+    if core is None:
+        return None
+    real = os.path.realpath(mountpoint)
+    try:
+        vfs = VFS(core, subdir)
+    except CurvineError as e:   # the subdir is missing or not a directory: say so, mount nothing
+        log.error("--subdir %s: %s", subdir, e.strerror)
+        _notify(ready_fd, f"--subdir {subdir}: {e.strerror} in the pool")
+        core.close()
+        return None
+    ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta))
+    options = set(pyfuse3.default_options) | {"fsname=curvine", "subtype=curvine", "allow_other"}
+    try:
+        pyfuse3.init(ops, mountpoint, options)
+    except RuntimeError as e:
+        log.error("mount failed: %s", e)
+        _notify(ready_fd, f"mount failed: {e}")
+        return None
+    return _Mounted(core, vfs, ops, real)
+
+
+def _reach_master(cfg: config.Config, ready_fd: int | None) -> ClientCore | None:
+    """The client, once the master answered (within 10 s at most): an unreachable master
+    fails the mount now, not at the first ls."""
+    from curvine_py.client.core import ClientCore
+    from curvine_py.pb import curvine_pb2 as pb
+
+    try:
+        core = ClientCore(cfg)
+        retry_s = core.meta.cfg.retry_s      # (core.meta.cfg is cfg.client: restore the value itself)
+        core.meta.cfg.retry_s = min(retry_s, 10.0)
+        try:
+            core.meta.call("StatFs", pb.Empty())
+        finally:
+            core.meta.cfg.retry_s = retry_s
+    except CurvineError as e:
+        log.error("cannot reach master %s: %s", cfg.client.master, e)
+        _notify(ready_fd, f"cannot reach master {cfg.client.master}: {e.strerror}")
+        return None
+    return core
+
+
+class _Stopping:
+    """SIGTERM/SIGINT, from the handlers' install (before the loop) to the daemon's exit.
+
+    A stop signal that arrives while the trio loop does not listen (before it starts, or
+    re-delivered by trio when the loop ends, or during the flush after it) must neither kill
+    the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
+    lost: it is recorded and acted on by the loop.  On the loop, a stop ends pyfuse3's
+    session and gives the requests in flight STOP_GRACE_S (the `serving` scope)."""
+
+    def __init__(self) -> None:
+        import trio
+        self.asked: list[int] = []
+        self.serving = trio.CancelScope()
+        signal.signal(signal.SIGTERM, self._outside_loop)
+        signal.signal(signal.SIGINT, self._outside_loop)
+
+    def _outside_loop(self, signum: int, frame: object) -> None:
+        self.asked.append(signum)
+        log.info("signal %d: unmounting (already under way)", signum)
+
+    def _stop_serving(self) -> None:
+        import pyfuse3
+        import trio
+        pyfuse3.terminate()
+        self.serving.deadline = min(self.serving.deadline, trio.current_time() + STOP_GRACE_S)
+
+    async def listen(self) -> None:
+        """Listen for the daemon's whole life: returning after the first signal would make
+        trio re-deliver a second one (Ctrl-C twice, a service manager signalling the whole
+        group) with the default action, killing the daemon before it unmounted."""
+        import trio
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            if self.asked:
+                self._stop_serving()
+            async for sig in sigs:
+                log.info("signal %d: unmounting%s", sig, " (already under way)" if self.asked else "")
+                self.asked.append(sig)
+                self._stop_serving()
+
+
+async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Stopping, ready_fd: int | None) -> None:
+    """The mount's trio loop: pyfuse3's session, the signal listener, the watchdog and the
+    read-ahead tuning, until a stop signal or a detached mount ends the session."""
+    import pyfuse3
+    import trio
+
+    from curvine_py.fuse.watchdog import MountCheck, Requests, watch
+
+    mount = MountCheck.find(m.real)   # by device number: the watchdog notices a detached mount
+    async with trio.open_nursery() as nursery:
+        def on_detach() -> None:   # the watchdog found the mount gone (its connection aborted)
+            m.detached = True
+            pyfuse3.terminate()
+            nursery.cancel_scope.cancel()   # every request still waiting, too
+        nursery.start_soon(stopping.listen)
+        nursery.start_soon(watch, m.ops.requests or Requests(0), m.vfs, mount, on_detach, m.ops._hop_limits)
+        nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
+        _notify(ready_fd, f"ok {os.getpid()}")
+        if not stopping.asked:
+            try:
+                with stopping.serving:
+                    await pyfuse3.main()
+                if stopping.serving.cancelled_caught:
+                    log.warning("stopping: requests still in flight %g s after the signal were "
+                                "cut off (they fail with ENOTCONN)", STOP_GRACE_S)
+            except Exception as e:   # (an ExceptionGroup too) a session loop reading the aborted connection
+                if not m.detached:
+                    raise
+                log.info("FUSE loop ended on the aborted connection: %r", e)
+        nursery.cancel_scope.cancel()
+
+
+def _unmount(m: _Mounted, mountpoint: str) -> None:
+    """Unmount first, then flush: once the loop has stopped nobody serves the mount, and a
+    flush can wait long for an unreachable master; a process touching the mount in that
+    time must get an error at once, not hang."""
+    import pyfuse3
+    try:
+        pyfuse3.close(unmount=not m.detached)   # detached: nothing of ours is mounted there now
+    except Exception as e:
+        log.warning("unmount %s: %s", mountpoint, e)
+    m.vfs.close()
+    m.core.close()
 
 
 def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer | None:
