@@ -135,15 +135,14 @@ class Heartbeat:
     # ------------------------------------------------------------ loop
 
     def _run(self) -> None:
-        failures = 0   # since the last registration (a heartbeat that succeeds leaves it): waits BACKOFF(failures)
+        failures = 0   # in a row, since the last call that got through: waits BACKOFF(failures)
         while not self._stop.is_set():
             try:
                 if not self.registered.is_set():
                     self.register()
-                    failures = 0
                 else:
                     self.beat()
-                wait = self.interval_s
+                failures, wait = 0, self.interval_s
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                     self._warn(f"master {self.cfg.master} refused this worker: {e.details()}")

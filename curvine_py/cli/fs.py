@@ -482,7 +482,9 @@ def cmd_get(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add `cv fs` and its commands."""
+    """Add `cv fs` and its commands.  Long on purpose: one declaration per command, in the
+    order `cv fs --help` lists them, with no logic between; split up, a flag would be
+    harder to find, not easier."""
     fs = sub.add_parser("fs", parents=[common], help="file operations (ls, put, get, ...)",
                         description="File operations on the cluster's namespace.")
     cmds = fs.add_subparsers(dest="fs_command", metavar="COMMAND", required=True)
