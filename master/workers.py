@@ -53,6 +53,9 @@ class Registry:
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
+        # When check_liveness last ran, and since when this master has run without a pause
+        # (SIGSTOP, a frozen VM): a silence is counted only while the master could hear.
+        self._checked = self._awake = time.monotonic()
         self.lock = threading.RLock()
         self.workers: dict[int, Worker] = {}
         self.locations: dict[int, set[int]] = {}
@@ -86,12 +89,20 @@ class Registry:
             return w, revived
 
     def check_liveness(self) -> list[int]:
-        """Mark workers silent past the timeout as lost; returns their ids."""
+        """Mark workers silent past the timeout as lost; returns their ids.  Called every
+        second or so: a longer gap means this master was paused, and the heartbeats sent
+        meanwhile still wait in its sockets, so every worker gets a whole timeout from the
+        resume (else all of them were lost at once and writes failed "no live workers")."""
         now = time.monotonic()
+        if now - self._checked > self.timeout_s / 2:
+            log.warning("the master did not run for %.1f s (paused?): workers get %.0f s from now to be heard",
+                        now - self._checked, self.timeout_s)
+            self._awake = now
+        self._checked = now
         lost = []
         with self.lock:
             for w in self.workers.values():
-                if w.live and now - w.last_heartbeat > self.timeout_s:
+                if w.live and now - max(w.last_heartbeat, self._awake) > self.timeout_s:
                     w.live = False
                     lost.append(w.worker_id)
             if lost:
