@@ -34,7 +34,7 @@ from curvine_py.common.types import (
 )
 from curvine_py.fuse import metrics, passthrough
 from curvine_py.fuse.passthrough import Passthrough
-from curvine_py.fuse.watchdog import CURRENT, Abandoned, Request, Requests, hop
+from curvine_py.fuse.watchdog import CURRENT, Abandoned, Request, Requests, hop, landed
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,11 @@ class CurvineOps(pyfuse3.Operations):
     async def _do(self, op: Op[T]) -> T:
         """A VFS operation driven on the loop: its master calls awaited here, only its
         Blocking steps (a writer's flush, say) in a worker thread (_run)."""
-        return await VFS.drive(op, self._master, self._run)
+        return await VFS.drive(op, self._master, self._run, self._landed)
+
+    async def _landed(self, futures: list[Any]) -> None:
+        """A Landed step: the blocks awaited on the loop (watchdog.landed), no thread hop."""
+        await landed(CURRENT.get() if self.requests is not None else None, futures)
 
     @_fs_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -450,12 +454,7 @@ class CurvineOps(pyfuse3.Operations):
             return
         if w is None or w.closed:
             return
-        error = CurvineError(errno.EIO, "a write was given up by the mount's watchdog (fuse.request_timeout_s)")
-        fail = getattr(w, "fail", None)
-        if fail is not None:
-            fail(error)
-        elif w._error is None:
-            w._error = error
+        w.fail(CurvineError(errno.EIO, "a write was given up by the mount's watchdog (fuse.request_timeout_s)"))
         log.error("inode %d: a write request was given up; the file's writer fails from now on", w.ino)
 
     async def _harden(self, w: FileWriter, req: pb.AllocateBlocksRequest) -> None:

@@ -33,6 +33,7 @@ scope of its own, the one case the watchdog ends with a cancellation.)
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -62,14 +63,15 @@ class Abandoned(Exception):
 class Request:
     """One request being served: what, since when, and the thread hop it waits in."""
 
-    __slots__ = ("op", "name", "value", "start", "hop", "scope", "waits", "expired", "token")
+    __slots__ = ("op", "name", "value", "start", "hop", "scope", "scope_for", "waits", "expired", "token")
 
     def __init__(self, op: str, name: str, value: typing.Any, start: float) -> None:
         self.op = op
         self.name, self.value = name, value           # what it works on: "fh", 3
         self.start = start
         self.hop: Hop | None = None                   # set while the request waits in a thread hop
-        self.scope: trio.CancelScope | None = None    # ...or for a thread to be free (every one busy)
+        self.scope: trio.CancelScope | None = None    # ...or on the loop, in a wait the watchdog may end
+        self.scope_for = ""                           # ...for what: a free thread, blocks to land
         self.waits = ""                               # ...and the function that hop runs
         self.expired = False                          # past the limit: fails with EIO
         self.token: typing.Any = None                 # CURRENT's, reset at its end
@@ -81,7 +83,7 @@ class Request:
     def describe(self, now: float) -> tuple[str, float, str]:
         what = f"{self.op} {self.target}".rstrip()
         waits = (f"thread hop {self.waits}" if self.hop is not None
-                 else f"a free thread for {self.waits} (every one busy)" if self.scope is not None
+                 else self.scope_for if self.scope is not None
                  else "on the loop")
         return what + (" (timed out)" if self.expired else ""), now - self.start, waits
 
@@ -194,7 +196,7 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
         limiter.acquire_on_behalf_of_nowait(h)
     except trio.WouldBlock:   # every thread busy (abandoned ones hold theirs): a wait the watchdog can end
         with trio.CancelScope() as scope:
-            req.scope = scope
+            req.scope, req.scope_for = scope, f"a free thread for {req.waits} (every one busy)"
             try:
                 await limiter.acquire_on_behalf_of(h)
             finally:
@@ -225,6 +227,36 @@ async def hop(req: Request, limiter: trio.CapacityLimiter, fn: typing.Callable[.
         return await trio.lowlevel.wait_task_rescheduled(abort)
     finally:
         req.hop = None
+
+
+async def landed(req: Request | None, futures: typing.Sequence[concurrent.futures.Future[typing.Any]]) -> None:
+    """Wait on the loop, with no thread hop, until futures are done (blocks on their way
+    to their workers: the block I/O pool completes them): each one's done-callback wakes
+    this task.  Their results are the caller's to read.  The watchdog may end the wait
+    (Abandoned), as a wait for a free thread."""
+    token = trio.lowlevel.current_trio_token()
+
+    def waker(event: trio.Event) -> typing.Callable[[concurrent.futures.Future[typing.Any]], None]:
+        def wake(_done: concurrent.futures.Future[typing.Any]) -> None:   # in the thread that completed it
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(event.set)
+        return wake
+    if req is not None and req.expired:
+        raise Abandoned()
+    with trio.CancelScope() as scope:
+        if req is not None:
+            req.scope, req.scope_for = scope, f"{len(futures)} blocks to land on their workers"
+        try:
+            for f in futures:
+                if not f.done():
+                    event = trio.Event()
+                    f.add_done_callback(waker(event))
+                    await event.wait()
+        finally:
+            if req is not None:
+                req.scope = None
+    if scope.cancelled_caught:
+        raise Abandoned()
 
 
 # ---------------------------------------------------------------------- the mount itself
@@ -308,7 +340,7 @@ def report(requests: Requests, vfs: typing.Any, late: list[Request], now: float,
         if r.hop is not None:
             return f"its thread hop {r.waits} abandoned"
         if r.scope is not None:
-            return f"its wait for a free thread (for {r.waits}) ended"
+            return f"its wait for {r.scope_for} ended"
         return "waiting on the loop (fails at its next thread hop)"
     heads = "; ".join(" ".join(f"{r.op} {r.target}".split()) + f" after {now - r.start:.1f} s, {how(r)}"
                       for r in late)
@@ -321,4 +353,4 @@ def report(requests: Requests, vfs: typing.Any, late: list[Request], now: float,
     return "\n".join(lines)
 
 
-__all__ = ["Abandoned", "CURRENT", "Hop", "MountCheck", "Request", "Requests", "hop", "report", "watch"]
+__all__ = ["Abandoned", "CURRENT", "Hop", "MountCheck", "Request", "Requests", "hop", "landed", "report", "watch"]

@@ -17,6 +17,7 @@ plain methods: it is called per FUSE request, and each of its waits is of its ow
 """
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import itertools
 import logging
@@ -25,6 +26,7 @@ import stat
 import threading
 import time
 import typing
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Generator, TypeVar
 
@@ -49,6 +51,18 @@ class Blocking:
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self.fn, self.args = fn, args
+
+
+class Landed(Blocking):
+    """A step that waits for blocks on their way to their workers (futures of the block
+    I/O pool): VFS.run waits in this thread; the mount's loop awaits them with no thread
+    hop (VFS.drive's landed)."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self, futures: list[Future[Any]]) -> None:
+        super().__init__(concurrent.futures.wait, futures)
+        self.futures = futures
 
 
 Step = tuple[str, Any] | Blocking
@@ -179,11 +193,13 @@ class VFS:
         raise RuntimeError("a VFS operation waited for an event loop in VFS.run")
 
     @staticmethod
-    async def drive(op: Op[T], call: MasterCall, blocking: Callable[..., Awaitable[Any]]) -> T:
+    async def drive(op: Op[T], call: MasterCall, blocking: Callable[..., Awaitable[Any]],
+                    landed: Callable[[list[Future[Any]]], Awaitable[Any]] | None = None) -> T:
         """Run op on an event loop: master calls awaited through call, Blocking steps
-        through blocking(fn, *args) (the mount's thread hop).  Each step's result is sent
-        into op, its error thrown in (op may handle it: EEXIST, say).  A cancelled drive
-        closes op, whose cleanups (a commit that did not go) then run."""
+        through blocking(fn, *args) (the mount's thread hop), Landed ones through landed
+        (when given: a wait on the loop).  Each step's result is sent into op, its error
+        thrown in (op may handle it: EEXIST, say).  A cancelled drive closes op, whose
+        cleanups (a commit that did not go) then run."""
         reply: Any = None
         error: Exception | None = None
         try:
@@ -194,7 +210,12 @@ class VFS:
                     return typing.cast(T, done.value)
                 reply, error = None, None
                 try:
-                    reply = await (blocking(step.fn, *step.args) if isinstance(step, Blocking) else call(*step))
+                    if isinstance(step, Landed) and landed is not None:
+                        reply = await landed(step.futures)
+                    elif isinstance(step, Blocking):
+                        reply = await blocking(step.fn, *step.args)
+                    else:
+                        reply = await call(*step)
                 except Exception as e:
                     error = e
         finally:
@@ -612,10 +633,11 @@ class VFS:
 
         When no other descriptor of this client writes the file, the lease goes too, right
         here: the kernel sends RELEASE only later, asynchronously, and another node opening
-        the file for writing right after our close must not find it busy.  When nothing is
-        left to ship or wait for, that is one Commit that also releases the lease (no
-        Blocking step: on the mount's loop, no thread hop); a read-only descriptor, or a
-        writer already closed, needs no step at all.
+        the file for writing right after our close must not find it busy.  When the last
+        blocks need no more than to finish their streams (a KV chunk, written in order),
+        that is a Landed step (on the mount's loop: a wait with no thread hop) and then one
+        Commit that also releases the lease; anything else is a Blocking flush.  A read-only
+        descriptor, or a writer already closed, needs no step at all.
         """
         h = self.handle(fh)
         st = h.state
@@ -629,6 +651,9 @@ class VFS:
                 st.version += 1
         elif not w.close_soft_nowait():   # (created here, never written: nothing to tell the master)
             st.version += 1
+            landing = w.land_nowait()
+            if landing:   # (a KV chunk's close: its streamed last block, on its way)
+                yield Landed(landing)
             req = w.close_request_nowait()
             if req is not None:
                 try:

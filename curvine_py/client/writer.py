@@ -365,6 +365,29 @@ class FileWriter:
         if release:
             self._finish()
 
+    def land_nowait(self) -> list[Future[pb.BlockInfo]] | None:
+        """Before a close from the mount's loop: hand each dirty block to its stream when
+        its bytes all came in order (finishing a stream does not block: its pump runs in the
+        block I/O pool), and return the blocks still on their way, for the loop to await;
+        close_request_nowait then gives the Commit.  None: nothing done, as a dirty block
+        needs more (bytes to read first, no stream, a block id still to come) or a thread is
+        inside the writer."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self.closed or self._error is not None or self.lease is Lease.HARDENING:
+                return None
+            for idx, db in self.dirty.items():
+                length = max(0, min(self.bs, self.size - idx * self.bs))
+                stream = self.streams.get(idx)
+                if stream is None or length < stream.ready or length > len(db.view) or db.gaps(length):
+                    return None
+            while self.dirty:
+                self._ship_dirty(next(iter(self.dirty)))
+            return [f for f in self.shipped if not f.done()]
+        finally:
+            self._lock.release()
+
     def close_request_nowait(self) -> pb.CommitRequest | None:
         """The Commit that closes this writer, when nothing is left to ship or wait for (a
         file created and closed unwritten, or whose blocks have all landed) and no thread

@@ -71,3 +71,71 @@ def test_a_failed_commit_reopens_the_writer_for_an_ordinary_close(client: "Clien
     assert not w.closed and w.lease_id in client.core.leases
     w.close()                                  # the ordinary close still works
     assert client.get_bytes(f"{remote_dir}/retry") == b"kept and more"
+
+
+def test_a_close_after_in_order_writes_lands_its_streamed_blocks_without_a_flush(client: "Client",
+                                                                                   remote_dir: str) -> None:
+    """The KV chunk's close on the mount's loop: land_nowait finishes the streams of the
+    blocks written in order (no thread, no block id to ask for), and once they are on
+    their workers one Commit closes the file."""
+    data = os.urandom(3 * MiB + 5)
+    w = new_writer(client, f"{remote_dir}/streamed")
+    for off in range(0, len(data), 256 * 1024):
+        w.pwrite(off, data[off:off + 256 * 1024])
+    assert w.streams, "in-order writes stream their block"
+    landing = w.land_nowait()
+    assert landing is not None and not w.dirty and not w.closed
+    for f in landing:
+        f.result(30)
+    req = w.close_request_nowait()
+    assert req is not None and req.size == len(data)
+    client.meta.call("Commit", req)
+    w.close_sent(ok=True)
+    assert client.get_bytes(f"{remote_dir}/streamed") == data
+
+
+def test_a_close_after_a_write_out_of_order_is_left_to_the_flush(client: "Client", remote_dir: str) -> None:
+    w = new_writer(client, f"{remote_dir}/gap")
+    w.pwrite(MiB, b"after a hole")   # the block's start was never written: its bytes are read first
+    assert w.land_nowait() is None and w.dirty
+    w.close()
+    assert client.get_bytes(f"{remote_dir}/gap") == bytes(MiB) + b"after a hole"
+
+
+def test_the_vfs_close_of_a_chunk_written_in_order_is_landed_then_committed(client: "Client",
+                                                                             remote_dir: str) -> None:
+    """VFS.flush of that chunk, driven as the mount drives it: a Landed step and one Commit,
+    no Blocking step (no thread hop), and the file complete."""
+    import trio
+
+    from curvine_py.client.vfs import VFS, Blocking, Landed
+
+    vfs = client.vfs
+    me = client.meta.identity
+    parent = client.stat(remote_dir).ino
+    data = os.urandom(3 * MiB + 5)
+    opened = vfs.run(vfs.create(parent, "chunk", 0o644, os.O_WRONLY | os.O_CREAT, 0o022, me))
+    for off in range(0, len(data), 256 * 1024):
+        vfs.write(opened.fh, off, data[off:off + 256 * 1024])
+    steps: list[str] = []
+
+    async def call(method: str, request: typing.Any) -> typing.Any:
+        steps.append(method)
+        return client.meta.call(method, request)
+
+    async def blocking(fn: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:
+        steps.append("Blocking")
+        return fn(*args)
+
+    async def landed(futures: list[typing.Any]) -> None:
+        steps.append("Landed")
+        for f in futures:
+            f.result(30)
+
+    async def close() -> None:
+        await VFS.drive(vfs.flush(opened.fh), call, blocking, landed)
+    trio.run(close)
+    vfs.run(vfs.release(opened.fh))
+    assert steps == ["Landed", "Commit"], steps
+    assert issubclass(Landed, Blocking)   # VFS.run (the SDK) waits for the same step in its thread
+    assert client.get_bytes(f"{remote_dir}/chunk") == data
