@@ -20,6 +20,7 @@ from curvine_py.common.security import SecretCheck
 from curvine_py.master.framed import FrameServer
 from curvine_py.master.metrics import MasterCollector
 from curvine_py.master.service import MasterService
+from curvine_py.master.workers import CHECK_EVERY_S
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("curvine.master")
@@ -98,7 +99,7 @@ def serve_metrics(cfg: config.Config, servers: Servers) -> None:
 
 
 def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
-    while not stop.wait(1.0):
+    while not stop.wait(CHECK_EVERY_S):
         try:
             service.housekeeping()
         except Exception:

@@ -15,6 +15,14 @@ from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+CHECK_EVERY_S = 1.0
+"""How often the master's housekeeping calls check_liveness."""
+PAUSED_AFTER_S = 3 * CHECK_EVERY_S
+"""A longer gap between two checks means the master itself was paused (SIGSTOP, a frozen
+VM), not slow: a replicator tick or GIL contention stretches one by a second at most.  Not
+tied to worker_timeout_s: with a 2 s timeout every ordinary 1 s gap looked like a pause and
+no worker was ever lost."""
+
 
 @dataclass
 class Worker:
@@ -90,11 +98,11 @@ class Registry:
 
     def check_liveness(self) -> list[int]:
         """Mark workers silent past the timeout as lost; returns their ids.  Called every
-        second or so: a longer gap means this master was paused, and the heartbeats sent
+        second: a gap past PAUSED_AFTER_S means this master was paused, and the heartbeats sent
         meanwhile still wait in its sockets, so every worker gets a whole timeout from the
         resume (else all of them were lost at once and writes failed "no live workers")."""
         now = time.monotonic()
-        if now - self._checked > self.timeout_s / 2:
+        if now - self._checked > PAUSED_AFTER_S:
             log.warning("the master did not run for %.1f s (paused?): workers get %.0f s from now to be heard",
                         now - self._checked, self.timeout_s)
             self._awake = now
