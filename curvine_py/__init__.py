@@ -12,7 +12,8 @@ __all__ = ["Client", "File", "FileStatus", "CurvineError"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Client", "File", "FileStatus", "BlockLocation", "WorkerRef"):
+    if name in ("Client", "File", "FileStatus", "BlockLocation", "WorkerRef", "Report", "WorkerReport",
+                "DataDir"):
         from curvine_py import sdk
         return getattr(sdk, name)
     if name == "CurvineError":

@@ -89,11 +89,17 @@ class StatFs:
 
 @dataclass(frozen=True)
 class WorkerRef:
+    """A worker's identity and ports (the wire's WorkerAddress): host is its host identity,
+    ip the address its rpc and data ports listen on."""
     worker_id: int
     host: str
     ip: str
     rpc_port: int
     data_port: int
+
+    @classmethod
+    def of(cls, a: pb.WorkerAddress) -> "WorkerRef":
+        return cls(a.worker_id, a.host, a.ip, a.rpc_port, a.data_port)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,62 @@ class BlockLocation:
     length: int
     checksum: int
     workers: list[WorkerRef]
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """One data directory of a worker: its tier (MEM, SSD, HDD, DISK) and bytes."""
+    path: str
+    tier: str
+    capacity: int
+    used: int
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker as the master sees it.  state: "live" or "lost"; last_heartbeat_ms is an
+    age (ms since its last heartbeat); io_engine "uring" or "threads" ("" = the worker did
+    not say); metrics_port its /metrics port on address.ip (0 = off)."""
+    address: WorkerRef
+    state: str
+    capacity: int
+    used: int
+    dirs: tuple[DataDir, ...]
+    blocks: int
+    last_heartbeat_ms: int
+    io_engine: str
+    metrics_port: int
+
+
+@dataclass(frozen=True)
+class Report:
+    """The cluster as the master sees it (`cv report`): its workers, the ring epoch, the
+    pool's bytes, files and blocks, blocks missing a replica, and the files removed by
+    eviction and TTL sweeps since the master started.  metrics_port: the master's (0 = off)."""
+    workers: tuple[WorkerReport, ...]
+    ring_epoch: int
+    capacity: int
+    used: int
+    files: int
+    blocks: int
+    under_replicated: int
+    master_address: str
+    version: str
+    evicted_files: int
+    evicted_bytes: int
+    expired_files: int
+    metrics_port: int
+
+    @classmethod
+    def from_pb(cls, r: pb.ReportReply) -> "Report":
+        """The Report RPC's reply as plain records."""
+        workers = tuple(WorkerReport(
+            WorkerRef.of(w.address), w.state, w.capacity, w.used,
+            tuple(DataDir(d.path, d.tier, d.capacity, d.used) for d in w.dirs),
+            w.blocks, w.last_heartbeat_ms, w.io_engine, w.metrics_port) for w in r.workers)
+        return cls(workers, r.ring_epoch, r.capacity, r.used, r.files, r.blocks, r.under_replicated,
+                   r.master_address, r.version, r.evicted_files, r.evicted_bytes, r.expired_files,
+                   r.metrics_port)
 
 
 def normpath(path: str) -> str:
@@ -545,13 +607,13 @@ class Client:
         addrs = {w.worker_id: w for w in reply.workers}
         out = []
         for b in reply.blocks:
-            refs = [WorkerRef(w, addrs[w].host, addrs[w].ip, addrs[w].rpc_port, addrs[w].data_port)
-                    for w in b.workers if w in addrs]
+            refs = [WorkerRef.of(addrs[w]) for w in b.workers if w in addrs]
             out.append(BlockLocation(b.block_id, b.offset, b.length, b.checksum, refs))
         return out
 
-    def report(self) -> pb.ReportReply:
-        return self.meta.call("Report", pb.Empty())
+    def report(self) -> Report:
+        """The cluster as the master sees it: workers, ring epoch, pool, replication."""
+        return Report.from_pb(self.meta.call("Report", pb.Empty()))
 
     def statfs(self) -> StatFs:
         s = self.vfs.run(self.vfs.statfs())

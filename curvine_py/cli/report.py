@@ -13,11 +13,11 @@ from curvine_py.cli import Context
 from curvine_py.cli import output
 
 if typing.TYPE_CHECKING:
-    from curvine_py.pb import curvine_pb2
+    from curvine_py.sdk import Report
 
 
-def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
-    """The Report reply with exact integers and the same worker fields `fs blocks` uses."""
+def report_json(rep: "Report") -> dict[str, typing.Any]:
+    """The report with exact integers and the same worker fields `fs blocks` uses."""
     return {
         "master": rep.master_address,
         "version": rep.version,
@@ -49,7 +49,7 @@ def report_json(rep: "curvine_pb2.ReportReply") -> dict[str, typing.Any]:
     }
 
 
-def format_report(rep: "curvine_pb2.ReportReply") -> str:
+def format_report(rep: "Report") -> str:
     """The human view: a summary block, then one row per worker."""
     live = sum(1 for w in rep.workers if w.state.lower() == "live")
     summary = output.table([

@@ -15,8 +15,7 @@ import pytest
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
-from curvine_py.pb import curvine_pb2
-from curvine_py.sdk import Client
+from curvine_py.sdk import Client, Report
 
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
 
@@ -55,7 +54,7 @@ def present(client: Client, path: str) -> bool:
         return False
 
 
-def settle(client: Client, timeout: float = 15.0) -> curvine_pb2.ReportReply:
+def settle(client: Client, timeout: float = 15.0) -> Report:
     """Wait until eviction is over: at or below the high watermark and no eviction for 1.5 s
     (deletes reach workers by heartbeat; the look-ahead may evict a little after writes stop)."""
     deadline = time.monotonic() + timeout
