@@ -12,10 +12,13 @@ __all__ = ["Client", "File", "FileStatus", "CurvineError"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Client", "File", "FileStatus", "BlockLocation", "WorkerRef", "Report", "WorkerReport",
-                "DataDir"):
+    if name in ("Client", "File"):
         from curvine_py import sdk
         return getattr(sdk, name)
+    if name in ("FileStatus", "StatFs", "BlockLocation", "WorkerRef", "Report", "WorkerReport", "DataDir",
+                "CachePolicy"):
+        from curvine_py import results
+        return getattr(results, name)
     if name == "CurvineError":
         from curvine_py.common.errors import CurvineError
         return CurvineError

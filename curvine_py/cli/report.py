@@ -13,7 +13,7 @@ from curvine_py.cli import Context
 from curvine_py.cli import output
 
 if typing.TYPE_CHECKING:
-    from curvine_py.sdk import Report
+    from curvine_py.results import Report
 
 
 def report_json(rep: "Report") -> dict[str, typing.Any]:
