@@ -46,6 +46,7 @@ from pathlib import Path
 import grpc
 
 from curvine_py.common import config as cfgmod
+from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.common.security import with_secret
 from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
@@ -129,29 +130,6 @@ def fuse_available() -> bool:
         return False
     locations = spec.submodule_search_locations if spec else None
     return any(Path(loc, "main.py").exists() for loc in (locations or ()))
-
-
-def is_mounted(mountpoint: str) -> bool:
-    """Whether mountpoint appears in this process's mount table."""
-    target = os.path.realpath(mountpoint)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 4 and parts[4].replace("\\040", " ") == target:
-                    return True
-    except OSError:
-        pass
-    return False
-
-
-def unmount(mountpoint: str) -> None:
-    """Lazily detach a mount left behind by a killed mount daemon (best effort)."""
-    if is_mounted(mountpoint):
-        for tool in ("fusermount3", "fusermount"):
-            with contextlib.suppress(OSError):
-                subprocess.run([tool, "-u", "-z", mountpoint], capture_output=True, timeout=10)
-                return
 
 
 def _channel(address: str, secret: str = "") -> grpc.Channel:
@@ -592,7 +570,7 @@ def _stop_ordered(procs: typing.Sequence[ProcessRecord], timeout: float) -> None
     fuse = [p for p in procs if p.role == "fuse"]
     terminate(fuse, timeout)
     for p in fuse:
-        unmount(p.address)
+        detach(p.address)
     terminate([p for p in procs if p.role != "fuse"], timeout)
 
 

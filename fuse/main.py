@@ -19,6 +19,7 @@ from pathlib import Path
 
 from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
+from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.processes import pid_alive
 
 if typing.TYPE_CHECKING:
@@ -365,19 +366,17 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
         if pid_alive(pid):
             print(f"cv umount: {mountpoint}: daemon {pid} did not exit in {timeout:.0f} s", file=sys.stderr)
             return 1
-        if not _is_mounted(mountpoint):
+        if not is_mounted(mountpoint):
             print(f"unmounted {mountpoint}")
             return 0
         # it died without unmounting: detach below
-    if not _is_mounted(mountpoint):
+    if not is_mounted(mountpoint):
         print(f"cv umount: {mountpoint}: not mounted", file=sys.stderr)
         return 1
     if (pid is not None and not pid_alive(pid)) or _daemon_dead(mountpoint):   # its pid file names a dead one
         print(f"cv umount: {mountpoint}: the mount daemon is gone (died?); detaching the stale mount",
               file=sys.stderr)
-        r = subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, text=True)
-        if r.returncode != 0:
-            subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+        detach(mountpoint)
     else:  # a live daemon we have no pid file for (another run dir): a plain unmount ends it
         r = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
         if r.returncode != 0:
@@ -386,7 +385,7 @@ def umount(mountpoint: str, timeout: float = 30.0) -> int:
         print(f"unmounted {mountpoint}")
     if pid_file.exists():
         pid_file.unlink()
-    return 0 if not _is_mounted(mountpoint) else 1
+    return 0 if not is_mounted(mountpoint) else 1
 
 
 def _daemon_dead(mountpoint: str) -> bool:
@@ -398,12 +397,6 @@ def _daemon_dead(mountpoint: str) -> bool:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
-
-
-def _is_mounted(mountpoint: str) -> bool:
-    real = os.path.realpath(mountpoint)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == real for line in f if len(line.split()) > 1)
 
 
 if __name__ == "__main__":

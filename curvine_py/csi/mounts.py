@@ -9,68 +9,24 @@ issue #582 was a driver that forgot its mounts and unmounted pods' volumes).
 
 Mounting is done by util-linux's ``mount``/``umount`` (what Kubernetes' own mount-utils
 run), never by stat()ing a mount: a stat of a hung FUSE mount blocks.
+The mount table itself is read by curvine_py/common/mounttable.py.
 """
 from __future__ import annotations
 
 import logging
-import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+
+from curvine_py.common.mounttable import MountEntry
 
 log = logging.getLogger("curvine.csi")
 
-MOUNTINFO = "/proc/self/mountinfo"
 FUSE_TYPE = "fuse.curvine"      # the mount daemon's type (fsname=curvine, subtype=curvine)
 COMMAND_TIMEOUT_S = 30.0
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 class MountError(Exception):
     """A mount command failed; str() is the command's own one-line reason."""
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo (proc(5))."""
-    mount_id: int
-    parent_id: int
-    dev: str            # "major:minor": the same for a FUSE mount and every bind of it
-    root: str           # the directory of the filesystem mounted here ("/" for a whole mount)
-    point: str
-    options: frozenset[str]
-    fstype: str
-    source: str
-
-    @property
-    def readonly(self) -> bool:
-        return "ro" in self.options
-
-    @classmethod
-    def parse(cls, line: str) -> "MountEntry":
-        left, _, right = line.rstrip("\n").partition(" - ")
-        f, r = left.split(" "), right.split(" ")
-        return cls(int(f[0]), int(f[1]), f[2], _unescape(f[3]), _unescape(f[4]), frozenset(f[5].split(",")),
-                   r[0], _unescape(r[1]) if len(r) > 1 else "")
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040...)."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def read_mounts(path: str = MOUNTINFO) -> list[MountEntry]:
-    with open(path) as f:
-        return [MountEntry.parse(line) for line in f if line.strip()]
-
-
-def mount_at(mounts: list[MountEntry], point: str) -> MountEntry | None:
-    """The topmost mount at point (the last one listed: later mounts stack on earlier ones)."""
-    found = None
-    for m in mounts:
-        if m.point == point:
-            found = m
-    return found
 
 
 def same_device(mounts: list[MountEntry], dev: str) -> list[MountEntry]:

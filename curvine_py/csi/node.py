@@ -14,7 +14,8 @@ import grpc
 
 from curvine_py.csi.common import Clients, Cluster, CsiError, absolute_path, check_capability, invalid, \
     is_readonly_mode, rpc, volume_path
-from curvine_py.csi.mounts import FUSE_TYPE, mount_at, read_mounts
+from curvine_py.common.mounttable import mount_at, read_mounts
+from curvine_py.csi.mounts import FUSE_TYPE
 from curvine_py.csi.staging import StagingMounts
 from curvine_py.pb import csi_pb2 as csi
 from curvine_py.pb import csi_pb2_grpc

@@ -18,7 +18,7 @@ import time
 import typing
 from pathlib import Path
 
-from curvine_py.localcluster import is_mounted, unmount
+from curvine_py.common.mounttable import detach, is_mounted
 
 if typing.TYPE_CHECKING:
     from curvine_py.testing.testhosts import Host, Hosts
@@ -183,7 +183,7 @@ class MooseFS:
         for mp in self.mounts:          # a clean unmount ends mfsmount -f by itself
             if is_mounted(str(mp)):
                 subprocess.run(["umount", str(mp)], capture_output=True, timeout=30)
-            unmount(str(mp))
+            detach(str(mp))
         for _name, p, _ in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
@@ -195,5 +195,5 @@ class MooseFS:
                 p.wait(10)
         for mp in self.mounts:
             if is_mounted(str(mp)):
-                unmount(str(mp))
+                detach(str(mp))
         self.mounts, self.procs = [], []

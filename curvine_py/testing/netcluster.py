@@ -15,9 +15,9 @@ import typing
 from pathlib import Path
 
 from curvine_py.common import config as cfgmod
+from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.localcluster import (
-    _BOOTSTRAP, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError, LocalCluster,
-    is_mounted, log_tail, unmount,
+    _BOOTSTRAP, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError, LocalCluster, log_tail,
 )
 from curvine_py.pb import curvine_pb2
 from curvine_py.processes import ProcessRecord, terminate
@@ -220,7 +220,7 @@ class NetCluster:
         mp = str(Path(mountpoint).absolute())
         recs = [p for p in self._d.processes if p.role == "fuse" and p.address == mp]
         terminate(recs)
-        unmount(mp)
+        detach(mp)
         self._d.processes = [p for p in self._d.processes if p not in recs]
         self._d.write_state()
 

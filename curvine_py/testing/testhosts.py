@@ -42,7 +42,8 @@ import time
 import typing
 from pathlib import Path
 
-from curvine_py.localcluster import STATE_FILE, is_mounted, unmount
+from curvine_py.common.mounttable import detach, is_mounted
+from curvine_py.localcluster import STATE_FILE
 from curvine_py.processes import _start_ticks, pid_alive
 
 STATE_DIR = Path(os.environ.get("CURVINE_TESTHOSTS_DIR", "/run/curvine-testhosts"))
@@ -151,7 +152,7 @@ def teardown_state(state: dict[str, typing.Any]) -> list[str]:
         pids += [(int(p), None) for p in r.stdout.split() if p.isdigit()]
     _kill_all(pids)
     for mp in state.get("mounts", []):
-        unmount(mp)
+        detach(mp)
         if is_mounted(mp):
             problems.append(f"mount {mp} is still mounted")
     for ns in state.get("netns", []):

@@ -341,7 +341,8 @@ if __name__ == "__main__":
 def test_cluster_start_with_a_mount(tmp_path: Path) -> None:
     """--mount starts the mount daemon when it is installed (else says it is not available
     yet and starts without it); stop unmounts before stopping the servers."""
-    from curvine_py.localcluster import fuse_available, is_mounted
+    from curvine_py.common.mounttable import is_mounted
+    from curvine_py.localcluster import fuse_available
     d, mnt = tmp_path / "c", tmp_path / "mnt"
     port = free_port_run(10)  # master P, workers P+2 .. P+5, metrics P+6 .. P+9
     started = run_cv("cluster", "start", "--dir", str(d), "--workers", "2", "--master-port", str(port),

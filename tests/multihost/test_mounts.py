@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import is_mounted
+from curvine_py.common.mounttable import is_mounted
 from curvine_py.testing.netcluster import NetCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]

@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
-from curvine_py.localcluster import LocalCluster, is_mounted, log_tail
+from curvine_py.common.mounttable import is_mounted
+from curvine_py.localcluster import LocalCluster, log_tail
 
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import LocalCluster, is_mounted
+from curvine_py.common.mounttable import is_mounted
+from curvine_py.localcluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,7 +22,8 @@ import pytest
 import trio
 
 from curvine_py.fuse.watchdog import Abandoned, Requests, hop
-from curvine_py.localcluster import LocalCluster, is_mounted
+from curvine_py.common.mounttable import is_mounted
+from curvine_py.localcluster import LocalCluster
 from tests.posix.conftest import Mount, start_mount
 
 pytestmark = pytest.mark.timeout(180)
