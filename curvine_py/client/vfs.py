@@ -546,7 +546,7 @@ class VFS:
         """A whole object from memory through a handle just created with O_TRUNC (the SDK's
         put_bytes): block ids asked for in one batch, full blocks sent straight from data."""
         w = self._writer_for(self.handle(fh))
-        w.expected_blocks = (len(data) + w.bs - 1) // w.bs
+        w.ids.expected = (len(data) + w.bs - 1) // w.bs
         w.truncate(0)   # (no change, and no lease taken, when the create truncated it already)
         step = w.bs * 8
         for off in range(0, len(data), step):

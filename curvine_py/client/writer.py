@@ -27,7 +27,9 @@ from concurrent.futures import Future
 
 import xxhash
 
+from curvine_py.client.blockids import BlockIds
 from curvine_py.client.blockio import PIECE
+from curvine_py.client.blockship import store_block
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
 from curvine_py.client.dirtyblock import SMALL, DirtyBlock, merge_ranges, ranges_cover, written_prefix
@@ -35,34 +37,13 @@ from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
-from curvine_py.common.retry import Failed, Retry
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
-WRITE_ATTEMPTS = 3
 HARDEN_WAIT_S = 60.0   # a thread waits this long for the first block ids the mount's loop asked for
-NOSPACE_RETRIES = 30   # a worker out of space: ~13 s of backoff while the master's eviction frees room
-
-
-def _nospace(e: BaseException) -> bool:
-    return isinstance(e, CurvineError) and e.errno == errno.ENOSPC
-
-
-def _write_attempts(e: BaseException) -> int:
-    """How many attempts a block write gets in all, the latest having failed with e.  A
-    worker out of space (ENOSPC: the master's view of usage lags a heartbeat) gets more,
-    with waits (_write_wait), while eviction frees room.  When nothing can be evicted the
-    master answers ENOSPC itself, to the allocation of the next block, which ends the
-    retries (the allocation runs in Retry.before_retry)."""
-    return NOSPACE_RETRIES + 1 if _nospace(e) else WRITE_ATTEMPTS
-
-
-def _write_wait(attempt: int, e: BaseException) -> float:
-    """Out of space: 0.05 s more after each attempt, up to 0.5 s; any other failure: at once."""
-    return min(0.05 * attempt, 0.5) if _nospace(e) else 0.0
 
 
 class Lease(enum.Enum):
@@ -115,11 +96,8 @@ class FileWriter:
         self._slots = threading.Semaphore(IN_FLIGHT)
         self._lock = threading.RLock()
         self._error: BaseException | None = None
-        self._spare: list[pb.BlockInfo] = []
-        self._batch = 2
         self.changed = False         # written or truncated since the last commit
         self.mtime_ns = 0            # time of the last change, the file's mtime at commit
-        self.expected_blocks = 0     # a hint: how many blocks the caller will write
         self._state_lock = threading.Lock()
         self.phase = Phase.OPEN
         # A new file's soft lease (OpenReply.soft_lease) binds nobody until this writer's
@@ -127,9 +105,7 @@ class FileWriter:
         # implies nothing allocated, and a close with nothing changed commits nothing.
         self.lease = Lease.SOFT if reply.soft_lease else Lease.HARD
         self._hardened = threading.Event()   # a HARDENING's AllocateBlocks came back (or failed)
-        # That AllocateBlocks when its answer never came (the mount's loop stopped first): the
-        # master may have applied it, so the next allocation sends it again, request id and all.
-        self._unanswered: pb.AllocateBlocksRequest | None = None
+        self.ids = BlockIds(core, self.ino, self.lease_id, ident, lambda: self._move(lease=Lease.HARD))
         core.leases.add(self.lease_id)
         self._used = time.monotonic()   # the last write (the pool takes from idle writers only)
         self.pool.hold(self, cheap=False)
@@ -233,7 +209,8 @@ class FileWriter:
             stream = self.streams.get(idx)
             completes_stream = stream is not None and within >= stream.ready
             if ((ranges_cover(ranges, self.bs) and not completes_stream) or idx in self.inflight
-                    or (self._wants_stream(idx, ranges) and not self._spare and self.lease is not Lease.HARDENING)):
+                    or (self._wants_stream(idx, ranges) and not self.ids.at_hand
+                        and self.lease is not Lease.HARDENING)):
                 self._undo(plan)   # a block to ship whole, or a stream to open: may wait
                 return None
             if db is None:
@@ -437,9 +414,7 @@ class FileWriter:
             return None
         self._hardened = threading.Event()
         self._move(lease=Lease.HARDENING)
-        self._unanswered = self.core.meta.allocate_request(self.ino, self.lease_id, self._grow_batch(),
-                                                           ident=self.ident)
-        return self._unanswered
+        return self.ids.request()
 
     def hardened(self, reply: pb.AllocateBlocksReply | None, error: BaseException | None = None) -> None:
         """That AllocateBlocks came back (on the mount's loop: takes no lock).  A failure
@@ -447,14 +422,13 @@ class FileWriter:
         accepted meanwhile cannot be committed, so its next write and its close report it.
         No answer because the loop stopped (error not an Exception: trio's Cancelled at
         unmount) fails nothing: the lease is soft again and the flush at unmount, in a
-        thread, sends the same request again (_allocate)."""
+        thread, sends the same request again (BlockIds.allocate)."""
         if reply is not None:
-            self._unanswered = None
-            self._spare.extend(self._allocated(reply))   # atomic under the GIL; _next_block pops under the lock
+            self.ids.received(reply)
         elif not isinstance(error, Exception):
             self._move(lease=Lease.SOFT, when=Lease.HARDENING)
         else:
-            self._unanswered = None
+            self.ids.refused()
             if self._error is None:
                 self._error = error if isinstance(error, CurvineError) else CurvineError(
                     errno.EIO, f"the first block ids of inode {self.ino} did not come: {error!r}")
@@ -596,7 +570,7 @@ class FileWriter:
     def _ship(self, idx: int, data: memoryview, owned: DirtyBlock | None) -> Future[pb.BlockInfo]:
         self._slots.acquire()
         try:
-            target = self._next_block()
+            target = self.ids.take()
         except BaseException as e:
             self._slots.release()
             # No block for these bytes (the master's ENOSPC, say): they are gone, so this
@@ -619,40 +593,16 @@ class FileWriter:
             self._slots.release()
 
     def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
-        """Store data as a block (retrying on other workers); frees data and owned."""
-        where = [target]   # the block being written: a new one, on other workers, for each retry
-
-        def retrying(failed: Failed) -> None:
-            log.warning("block %d: %s; retrying on other workers", where[0].block_id, failed.error)
-
-        def elsewhere(failed: Failed) -> None:   # what this raises (the master's ENOSPC) is not retried
-            where[0] = self._allocate(1, exclude=list(where[0].workers))[0]
-
-        policy = Retry(transient=lambda e: isinstance(e, CurvineError), attempts=_write_attempts, wait=_write_wait,
-                       before_sleep=retrying, before_retry=elsewhere)
+        """Store data as slot idx's block (client/blockship.py: retried on other workers);
+        frees data and owned; a failure is this writer's sticky error."""
         try:
-            return policy.call(self._store, idx, data, where, owned)
+            return store_block(self.core, idx * self.bs, data, target, owned.view if owned is not None else None,
+                               lambda failed: self.ids.allocate(1, exclude=list(failed.workers))[0])
         except BaseException as e:
             self._error = self._error or e
             raise
         finally:
             self._free(data, owned)
-
-    def _store(self, idx: int, data: memoryview, where: list[pb.BlockInfo], owned: DirtyBlock | None) -> pb.BlockInfo:
-        """One attempt of _send: the block where[0] on its workers."""
-        target = where[0]
-        addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
-        acked, checksum = self._write_block(addrs, target, data, owned)
-        return pb.BlockInfo(block_id=target.block_id, offset=idx * self.bs, length=len(data),
-                            checksum=checksum, workers=acked, token=target.token)
-
-    def _write_block(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, data: memoryview,
-                     owned: DirtyBlock | None) -> tuple[list[int], int]:
-        """One attempt at storing a whole block: a replica on this host by short-circuit."""
-        lw = self.core.localwrites
-        if lw is None:
-            return self.core.io.write_block(addrs, target.block_id, data, target.token, target.tier)
-        return lw.write_block(self.core.io, addrs, target, data, owned.view if owned is not None else None)
 
     def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
         """Give a shipped (or dropped) block's memory back to the pool."""
@@ -676,7 +626,7 @@ class FileWriter:
         ready = min(written_prefix(db.ranges), self.bs) // PIECE * PIECE
         stream = self.streams.get(idx)
         if stream is None:
-            if not self._wants_stream(idx, db.ranges) or (nowait and not self._spare):
+            if not self._wants_stream(idx, db.ranges) or (nowait and not self.ids.at_hand):
                 return
             stream = self._open_stream(idx, db)
             if stream is None:
@@ -685,13 +635,13 @@ class FileWriter:
 
     def _open_stream(self, idx: int, db: DirtyBlock) -> BlockStream | None:
         try:
-            target = self._next_block()
+            target = self.ids.take()
         except CurvineError:
             self._streaming = False   # no block now: slots are shipped whole later, which reports it
             return None
         addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
         if not addrs:
-            self._spare.insert(0, target)
+            self.ids.put_back(target)
             return None
 
         def fallback(length: int, expect: int | None) -> pb.BlockInfo:
@@ -702,7 +652,7 @@ class FileWriter:
                     errno.EIO, f"inode {self.ino}: block {idx}'s buffer no longer holds the bytes written")
                 log.error("%s", self._error)
                 raise self._error
-            return self._send(idx, data, self._allocate(1)[0], db)
+            return self._send(idx, data, self.ids.allocate(1)[0], db)
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
                              fallback, lambda length: self._free(None, db), self.core.localwrites)
@@ -718,41 +668,13 @@ class FileWriter:
             stream.abort()
             self.dirty[idx].streamable = False
 
-    def _next_block(self) -> pb.BlockInfo:
-        """Block ids come in batches (one master call per batch), growing as the file does."""
-        if not self._spare:
-            self._spare = self._allocate(self._grow_batch())
-        return self._spare.pop(0)
-
-    def _grow_batch(self) -> int:
-        self._batch = min(64, max(self._batch * 2, self.expected_blocks))
-        return self._batch
-
     def _harden(self) -> None:
         """Make a soft lease binding before the first change: the first batch of block ids
         (needed anyway) is asked for now, and from then on the master keeps other clients'
         writers out (EBUSY) as for any lease.  The mount's loop may have asked already."""
         self._settle_harden()
         if self.lease is Lease.SOFT:
-            self._spare.extend(self._allocate(self._grow_batch()))
-
-    def _allocate(self, count: int, exclude: list[int] | None = None) -> list[pb.BlockInfo]:
-        request, self._unanswered = self._unanswered, None
-        if request is None or exclude:
-            request = self.core.meta.allocate_request(self.ino, self.lease_id, count, exclude, ident=self.ident)
-        try:
-            reply = self.core.meta.call("AllocateBlocks", request)
-        except CurvineError as e:
-            if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
-                self._move(lease=Lease.HARD)
-            raise
-        return self._allocated(reply)
-
-    def _allocated(self, reply: pb.AllocateBlocksReply) -> list[pb.BlockInfo]:
-        """The ids an AllocateBlocks gave; it also made the lease hard at the master."""
-        self._move(lease=Lease.HARD)
-        self.core.workers.learn(list(reply.workers))
-        return list(reply.blocks)
+            self.ids.fill()
 
     def _wait_all(self) -> list[pb.BlockInfo]:
         for idx in list(self.inflight):
