@@ -14,6 +14,13 @@ the caller are sent straight from the caller's memory with no copy.
 
 Reads through a file that has a writer see the writer's bytes: dirty blocks first,
 then shipped blocks, then the committed ones (``FileReader`` over ``self.current``).
+
+Why one module of ~700 lines: every piece of state here (dirty blocks, their streams,
+the blocks in flight, the lease and the phase) is read and moved under the writer's one
+lock, and a split along that state would pass the lock around.  What needs none of it is
+apart: the block ids (client/blockids.py), a whole block's store and retries
+(client/blockship.py), a dirty block's ranges (client/dirtyblock.py), a stream
+(client/blockstream.py).
 """
 from __future__ import annotations
 
