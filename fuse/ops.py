@@ -23,7 +23,7 @@ import trio
 
 from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta, Unreached
-from curvine_py.client.metaclient import Identity
+from curvine_py.client.metaclient import Identity, attempt_timeout
 from curvine_py.client.vfs import VFS, Op, Opened
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.config import FuseConfig
@@ -490,7 +490,7 @@ class CurvineOps(pyfuse3.Operations):
         returned gives its reply (a send or reply that did not get through: the whole
         call, retried, with the same request id)."""
         try:
-            pending = await self.meta.send(method, request, self.vfs.core.cfg.client.rpc_timeout_s)
+            pending = await self.meta.send(method, request, attempt_timeout(self.vfs.core.cfg.client))
         except Unreached:
             done = await self.meta.call(method, request)
 

@@ -31,7 +31,7 @@ import typing
 import trio
 
 from curvine_py.client import metrics
-from curvine_py.client.metaclient import MASTER_WAIT, MasterClient
+from curvine_py.client.metaclient import MASTER_WAIT, MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Failed, Retry
@@ -112,7 +112,7 @@ class AsyncMeta:
         answered under one timeout (a trio cancel scope costs ~10% of a lookup)."""
         m = mf.BY_NAME[method]
         payload = request.SerializeToString()
-        timeout = timeout or self._meta.cfg.rpc_timeout_s
+        timeout = timeout or attempt_timeout(self._meta.cfg)
         start = time.perf_counter() if metrics.on else 0.0
         try:
             return await self._retry.acall(self._once, m, timeout, payload)

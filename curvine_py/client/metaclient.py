@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 # threads' client and the mount loop's, client/asyncmeta.py, wait alike).
 MASTER_WAIT = Exponential(0.05, 2.0)
 T = TypeVar("T")
+MIN_ATTEMPT_S = 1.0
+
+
+def attempt_timeout(cfg: ClientConfig) -> float:
+    """One attempt's bound: client.rpc_timeout_s, but never past client.retry_s (and at
+    least MIN_ATTEMPT_S): a caller who allows 5 s of retries must not wait 30 s for one
+    attempt on a master that accepted the connection and went silent (SIGSTOP, a frozen VM)."""
+    return min(cfg.rpc_timeout_s, max(cfg.retry_s, MIN_ATTEMPT_S))
 
 # Calls that change nothing: no request id needed, safe to retry blindly.
 READ_ONLY = frozenset({"Lookup", "GetAttr", "ResolvePath", "ReadDir", "Readlink", "GetXattr", "ListXattr",
@@ -133,7 +141,7 @@ class MasterClient:
         """call() without the clock.  The first attempt runs without tenacity (Retry.call):
         building its Retrying costs ~15 us, a quarter of a framed call, and is only needed
         once the master did not answer."""
-        timeout = timeout or self.cfg.rpc_timeout_s
+        timeout = timeout or attempt_timeout(self.cfg)
         try:
             return self._retry.call(self._attempt, method, request, timeout)
         except _Unreachable as e:

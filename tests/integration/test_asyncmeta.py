@@ -4,8 +4,11 @@ route learning, and retries (never a wrong answer) while the master cannot be re
 from __future__ import annotations
 
 import errno
+import signal
 import socket
+import time
 import typing
+from pathlib import Path
 
 import pytest
 import trio
@@ -15,7 +18,7 @@ from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.errors import CurvineError
 from curvine_py.localcluster import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
-from tests.conftest import client_config
+from tests.conftest import client_config, start_cluster
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -159,3 +162,38 @@ def test_a_silent_server_is_a_timeout_retried_then_etimedout(client: "Client") -
             trio.run(main)
         finally:
             client.meta.cfg.retry_s = saved
+
+
+
+def test_an_attempt_waits_no_longer_than_retry_s_on_a_stopped_master(tmp_path: Path) -> None:
+    """With the default rpc_timeout_s (30 s) and retry_s = 1 s, a master stopped (SIGSTOP)
+    after both clients' connections were made fails each client's next call in about a
+    second, not after one 30 s attempt: the threads' client and the mount loop's."""
+    cluster = start_cluster(tmp_path / "c", workers=1)
+    try:
+        cfg = client_config(cluster)
+        cfg.client.retry_s = 1.0
+        assert cfg.client.rpc_timeout_s >= 30
+        meta = MasterClient(cluster.master_address, cfg.client, cfg.cluster.secret)
+        fast = AsyncMeta(meta)
+        meta.call("GetAttr", meta.getattr_request(1))       # the route is learned, a connection kept
+        trio.run(fast.call, "GetAttr", meta.getattr_request(1))
+        cluster.kill_master(signal.SIGSTOP, wait=False)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(CurvineError) as e:
+                meta.call("GetAttr", meta.getattr_request(1))
+            assert e.value.errno == errno.ETIMEDOUT and time.monotonic() - t0 < 6, time.monotonic() - t0
+
+            async def main() -> None:
+                with trio.fail_after(6):
+                    with pytest.raises(CurvineError) as e:
+                        await fast.call("GetAttr", meta.getattr_request(1))
+                    assert e.value.errno == errno.ETIMEDOUT
+            trio.run(main)
+        finally:
+            cluster.kill_master(signal.SIGCONT, wait=False)
+        fast.close()
+        meta.close()
+    finally:
+        cluster.stop()

@@ -290,7 +290,7 @@ def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: D
     stop grace) nor one that comes later.  And the bytes of a first write answered before
     its block ids came (the master stopped in between) still reach the file."""
     mnt = daemons.mountpoint()
-    p = daemons.foreground(mnt, "--client-retry-s", "5")
+    p = daemons.foreground(mnt, "--client-retry-s", "15")
     fd = os.open(mnt / "died-new", os.O_CREAT | os.O_WRONLY, 0o644)
     lookup: list[BaseException | None] = []
 
