@@ -168,6 +168,11 @@ def test_cached_ufs_blocks_are_read_from_the_local_block_file(ufs_cluster: Local
     client.ufs.mount(f"file://{nas}", mp)
     assert client.get_bytes(f"{mp}/sc") == body
     wait_for(lambda: client.ufs.stat(f"{mp}/sc").cached_bytes == len(body), 10, "cached")
+    # cached_bytes counts a block once one replica is stored; the copy forwarded to the
+    # other worker may come later, and a reader on worker 0's host needs its own
+    ino = client.stat(f"{mp}/sc").ino
+    wait_for(lambda: all(len(b.workers) == 2 for b in client.core.meta.block_locations(ino).blocks), 10,
+             "both replicas of every block")
     with client_on_host(ufs_cluster, ufs_cluster.worker_host(0)) as local:
         sc = local.core.shortcircuit
         assert sc is not None
