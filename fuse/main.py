@@ -397,7 +397,5 @@ def _daemon_dead(mountpoint: str) -> bool:
         return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
-
-
 if __name__ == "__main__":
     sys.exit(main())

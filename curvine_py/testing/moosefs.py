@@ -193,7 +193,6 @@ class MooseFS:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
-        for mp in self.mounts:
-            if is_mounted(str(mp)):
-                detach(str(mp))
+        for mp in self.mounts:          # detach checks the mount table itself
+            detach(str(mp))
         self.mounts, self.procs = [], []
