@@ -68,7 +68,7 @@ def sdk_read(master: str, secret: str, host: str, short_circuit: bool, data: byt
         c.get_into("/bench/kv.data", buf)   # warm: connections, block locations, file paths
         ts = timed(lambda: c.get_into("/bench/kv.data", buf), runs)
         assert buf == data, "get_into returned wrong bytes"
-        stats = c.core.shortcircuit.stats() if c.core.shortcircuit else {}
+        stats = c.core.paths.shortcircuit.stats() if c.core.paths.shortcircuit else {}
         return ts, stats
     finally:
         c.close()

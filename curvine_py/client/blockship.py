@@ -5,7 +5,7 @@ A block is written under a fresh block id each attempt: a failed attempt may hav
 bytes on some worker, and blocks never change, so a retry asks the master for another
 block on other workers (``elsewhere``).  A worker out of space gets more attempts, with
 waits, while the master's eviction frees room.  A replica on this host goes by
-short-circuit (client/localwrite.py) when the client has it.  The caller (client/writer.py
+short-circuit when the client has it (client/blockpaths.py chooses).  The caller (client/writer.py
 ``FileWriter._send``) owns the buffer and the writer's sticky error.
 """
 from __future__ import annotations
@@ -64,11 +64,6 @@ def _store_once(core: ClientCore, offset: int, data: memoryview, where: list[pb.
                 owned: memoryview | None) -> pb.BlockInfo:
     """One attempt: the block where[0] on its workers, a replica on this host by short-circuit."""
     target = where[0]
-    addrs = [a for a in (core.workers.get(w) for w in target.workers) if a is not None]
-    lw = core.localwrites
-    if lw is None:
-        acked, checksum = core.io.write_block(addrs, target.block_id, data, target.token, target.tier)
-    else:
-        acked, checksum = lw.write_block(core.io, addrs, target, data, owned)
+    acked, checksum = core.paths.write(target, data, owned)
     return pb.BlockInfo(block_id=target.block_id, offset=offset, length=len(data),
                         checksum=checksum, workers=acked, token=target.token)

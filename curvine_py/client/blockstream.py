@@ -17,7 +17,7 @@ Rules that keep it safe:
 * A stream whose connection fails is not an error: at ``finish`` the block is sent
   again by the writer's ordinary path (``fallback``), which retries on other workers.
 * A replica on this host is written into its block file by the stream itself
-  (short-circuit, client/localwrite.py) when its worker allows it; the other replicas
+  (short-circuit, ``BlockWriter.open_local``) when its worker allows it; the other replicas
   get the pieces over the network, as a chain among themselves.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import Callable
 import xxhash
 
 from curvine_py.client.blockio import BlockIO
-from curvine_py.client.localwrite import LocalFile, LocalWrites
+from curvine_py.client.blockpaths import BlockWriter, RemoteWriter
+from curvine_py.client.localwrite import LocalFile
 from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
@@ -46,11 +47,11 @@ class BlockStream:
     def __init__(self, io: BlockIO, executor: Executor, target: pb.BlockInfo, addrs: list[pb.WorkerAddress],
                  offset: int, view: memoryview, block_size: int,
                  fallback: Callable[[int, int | None], pb.BlockInfo], done: Callable[[int], None],
-                 local: LocalWrites | None = None) -> None:
+                 writer: BlockWriter | None = None) -> None:
         """fallback(length, expect) ships view[:length] the ordinary way (and frees the
         buffer), after checking it still hashes to expect (None: no check);
-        done(length) frees the buffer after a successful stream; local: short-circuit
-        writes of a replica on this host (None: all replicas over the network)."""
+        done(length) frees the buffer after a successful stream; writer: how the
+        replicas are written (BlockPaths.writer; None: all over the network)."""
         self.io = io
         self.executor = executor
         self.target = target
@@ -68,7 +69,7 @@ class BlockStream:
         self._expect: int | None = None  # set by finish: the xxh3 the writes gave (None: unknown)
         self._aborted = False
         self._pumping = False
-        self.local = local
+        self.writer = writer or RemoteWriter(io)
         self._opened = False
         self._head: pb.WorkerAddress | None = None
         self._sock: socket.socket | None = None
@@ -152,14 +153,9 @@ class BlockStream:
         """Open the block on its workers: a replica on this host by short-circuit if its
         worker takes it, the others (all, else) over the network as one chain."""
         self._opened = True
-        remote = self.addrs
-        here = self.local.local_of(self.addrs) if self.local is not None else None
-        if here is not None and self.local is not None:
-            self._file = self.local.open(here, self.target.block_id, self.block_size, self.target.token,
-                                         self.target.tier, self.view)
-            if self._file is not None:
-                self._sums = BlockHasher()
-                remote = [a for a in self.addrs if a is not here]
+        self._file, remote = self.writer.open_local(self.addrs, self.target, self.block_size, self.view)
+        if self._file is not None:
+            self._sums = BlockHasher()
         if remote:
             self._head, self._sock = self.io.open_stream(remote, self.target.block_id, self.block_size,
                                                          self.target.token, self.target.tier)

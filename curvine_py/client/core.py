@@ -15,29 +15,12 @@ from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
 from curvine_py.client.blockio import BlockIO
+from curvine_py.client.blockpaths import BlockPaths, WorkerDirectory
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.client.localwrite import LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit
-from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-class WorkerDirectory:
-    """worker_id -> address, learned from every reply that names workers."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, pb.WorkerAddress] = {}
-        self._lock = threading.Lock()
-
-    def learn(self, addresses: list[pb.WorkerAddress]) -> None:
-        with self._lock:
-            for a in addresses:
-                self._by_id[a.worker_id] = a
-
-    def get(self, wid: int) -> pb.WorkerAddress | None:
-        with self._lock:
-            return self._by_id.get(wid)
 
 
 class LeaseKeeper:
@@ -106,11 +89,12 @@ class ClientCore:
         self._pools: dict[int, BufferPool] = {}   # other block sizes than the master's default
         self._pools_lock = threading.Lock()
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
-        self.shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
+        shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
             if cfg.client.short_circuit else None
-        self.localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
-        if self.localwrites is not None:   # a replica here is one written without the network
+        localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
+        if localwrites is not None:   # a replica here is one written without the network
             self.meta.prefer_host = self.host
+        self.paths = BlockPaths(self.host, self.workers, self.io, self.pool, shortcircuit, localwrites)
 
     def _report_bad(self, block_id: int, worker_id: int, reason: str) -> None:
         """Tell the master of a corrupt replica, in the background (the read goes on elsewhere)."""
@@ -140,25 +124,9 @@ class ClientCore:
         with self._pools_lock:
             return [self.buffers, *self._pools.values()]
 
-    def replica_order(self, block: pb.BlockInfo) -> list[pb.WorkerAddress]:
-        """Replicas to try, local host first, others rotated by block id to spread load;
-        replicas that recently timed out (suspect, see connpool) last."""
-        addrs = [a for a in (self.workers.get(w) for w in block.workers) if a is not None]
-        local = [a for a in addrs if a.host == self.host]
-        remote = [a for a in addrs if a.host != self.host]
-        if remote:
-            k = block.block_id % len(remote)
-            remote = remote[k:] + remote[:k]
-        ordered = local + remote
-        suspect = [a for a in ordered if self.pool.is_suspect(a.ip, a.data_port)]
-        return [a for a in ordered if a not in suspect] + suspect
-
     def close(self) -> None:
         self.leases.stop()
-        if self.shortcircuit is not None:
-            self.shortcircuit.close()
-        if self.localwrites is not None:
-            self.localwrites.close()
+        self.paths.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         self.meta.close()

@@ -53,26 +53,18 @@ class LocalFiles:
         """The file's only block if the kernel may read its local replica's file: a complete
         file that is exactly one block, not opened O_DIRECT (the block file would be read
         with it, which needs aligned reads), with a replica on this host."""
-        sc = self.core.shortcircuit
-        if not self.enabled or sc is None or not attr.complete or flags & os.O_DIRECT \
+        if not self.enabled or self.core.paths.local is None or not attr.complete or flags & os.O_DIRECT \
                 or len(blocks) != 1 or not attr.size:
             return None
         block = blocks[0]
         if block.offset or block.length != attr.size:
             return None
-        return block if self.replica_here(block) is not None else None
-
-    def replica_here(self, block: pb.BlockInfo) -> pb.WorkerAddress | None:
-        """The block's replica on this host (placement puts at most one on a host)."""
-        sc = self.core.shortcircuit
-        if sc is None:
-            return None
-        return next((a for a in self.core.replica_order(block) if sc.is_local(a)), None)
+        return block if self.core.paths.local_replica(block) is not None else None
 
     def warm(self) -> None:
         """Ahead of the first open: what the checks need of this host's workers, and the
         checker process (~50 ms to start)."""
-        sc = self.core.shortcircuit
+        sc = self.core.paths.shortcircuit
         if sc is None:
             return
         if self.ahead:
@@ -114,7 +106,7 @@ class LocalFiles:
     def _check(self, block: pb.BlockInfo) -> None:
         self._checker.idle()      # again: an open waiting for the last check lent it normal priority
         try:
-            sc, addr = self.core.shortcircuit, self.replica_here(block)
+            sc, addr = self.core.paths.shortcircuit, self.core.paths.local_replica(block)
             if sc is not None and addr is not None:
                 # a failure is logged there; the open tries again
                 sc.verify(addr, block, self._checker.sums, self._checker.boost)

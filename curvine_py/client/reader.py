@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client import metrics
+from curvine_py.client.blockpaths import UfsFailure
 from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
@@ -84,7 +85,12 @@ def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into:
             return None
         state.block = fresh
     try:
-        return _fetch_once(core, state.block, offset, into, progress)
+        # Bytes already announced as arrived are in use: only a network replica (whose bytes
+        # are verified before they are sent) may write over them, never a local file read
+        # unverified (a local read announces each chunk once verified, so its head is served
+        # early too).
+        local_ok = progress is None or progress.got == 0
+        return core.paths.read(state.block, offset, into, local_ok, None if progress is None else progress.advance)
     except CurvineError as e:
         state.last = e
         raise
@@ -101,22 +107,6 @@ _LOCATION_RETRY = Retry(transient=_no_replica_answered, wait=Delays(LOCATION_RET
                         attempts=len(LOCATION_RETRY_DELAYS) + 1)
 
 
-class UfsFailure(CurvineError):
-    """A worker could not fetch a UFS file's block from the UFS (down, denied, changed)."""
-
-
-def _ufs_args(core: ClientCore, block: pb.BlockInfo,
-              addr: pb.WorkerAddress) -> tuple[pb.BlockInfo | None, list[pb.WorkerAddress]]:
-    """For a UFS file's block: the block (its UFS range) and the replicas the asked worker
-    forwards a fetched copy to (the block's other workers)."""
-    if not block.ufs.mount_id:
-        return None, []
-    if not block.ufs.load:
-        return block, []
-    others = [a for a in (core.workers.get(w) for w in block.workers if w != addr.worker_id) if a is not None]
-    return block, others
-
-
 def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo | None:
     """The block's current locations, or None if its file no longer holds it."""
     reply = core.meta.block_locations(ino)
@@ -125,44 +115,6 @@ def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo |
         if b.block_id == block.block_id:
             return b
     return None
-
-
-def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview,
-                progress: _Cached | None = None) -> int:
-    want = min(len(into), max(0, block.length - offset))
-    if want == 0:
-        return 0
-    errors = []
-    sc = core.shortcircuit
-    # Bytes already announced as arrived are in use: only a network replica (whose bytes are
-    # verified before they are sent) may write over them, never a local file read unverified
-    # (a local read announces each chunk once verified, so its head is served early too).
-    local_ok = progress is None or progress.got == 0
-    advance = None if progress is None else progress.advance
-    for addr in core.replica_order(block):
-        if sc is not None and local_ok and sc.is_local(addr) and \
-                sc.read(addr, block, offset, into[:want], advance) is not None:
-            if metrics.on:
-                metrics.SHORT_CIRCUIT_READS.inc()
-                metrics.SHORT_CIRCUIT_BYTES.inc(want)
-            return want   # the local replica's file, verified (else: this replica over the network)
-        try:
-            n = core.io.read_block(addr, block.block_id, offset, into[:want], block.token, advance,
-                                   *_ufs_args(core, block, addr))
-            if n != want:
-                raise CurvineError(errno.EIO, f"short read: {n} of {want} bytes")
-            if metrics.on:
-                metrics.REMOTE_READS.inc()
-                metrics.REMOTE_BYTES.inc(n)
-            return n
-        except (CurvineError, OSError) as e:
-            if isinstance(e, CurvineError) and e.errno == errno.EREMOTEIO:
-                raise UfsFailure(errno.EIO, e.strerror or str(e)) from None
-            errors.append(f"worker {addr.worker_id}: {e}")
-            log.warning("read of block %d from worker %d failed (%s); trying the next replica",
-                        block.block_id, addr.worker_id, e)
-    detail = "; ".join(errors) or "no live replica"
-    raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
 
 
 def _note_use(entry: _Cached) -> None:

@@ -466,15 +466,14 @@ class VFS:
 
     def local_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.local: a read-only descriptor of the local
-        replica's block file, whole and verified (ShortCircuit.open_verified), for the
+        replica's block file, whole and verified (BlockPaths.open_verified), for the
         kernel to read by itself; None when that fails, and then the handle reads as any
         other (its blocks are fetched now)."""
         h = self.handle(fh)
-        block, sc = h.local_block, self.core.shortcircuit
-        if block is None or sc is None or h.reader is None:
+        block = h.local_block
+        if block is None or h.reader is None:
             return None
-        addr = self.local.replica_here(block)
-        fd = sc.open_verified(addr, block) if addr is not None else None
+        fd = self.core.paths.open_verified(block)
         if fd is not None:
             return fd
         self.read_normally(fh)

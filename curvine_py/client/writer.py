@@ -646,7 +646,7 @@ class FileWriter:
         except CurvineError:
             self._streaming = False   # no block now: slots are shipped whole later, which reports it
             return None
-        addrs = [a for a in (self.core.workers.get(w) for w in target.workers) if a is not None]
+        addrs = self.core.workers.of(target)
         if not addrs:
             self.ids.put_back(target)
             return None
@@ -662,7 +662,7 @@ class FileWriter:
             return self._send(idx, data, self.ids.allocate(1)[0], db)
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
-                             fallback, lambda length: self._free(None, db), self.core.localwrites)
+                             fallback, lambda length: self._free(None, db), self.core.paths.writer)
         self.streams[idx] = stream
         return stream
 

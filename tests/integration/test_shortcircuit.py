@@ -43,7 +43,7 @@ def local_block_files(client: "Client", cluster: LocalCluster, path: str) -> lis
 
 def local_block(client: "Client", path: str, last: bool) -> tuple["ShortCircuit", pb.WorkerAddress, pb.BlockInfo]:
     """The client's short-circuit reader, the local worker, and path's first or last block."""
-    sc = client.core.shortcircuit
+    sc = client.core.paths.shortcircuit
     assert sc is not None
     reply = client.core.meta.block_locations(client.stat(path).ino)
     client.core.workers.learn(list(reply.workers))
@@ -53,7 +53,7 @@ def local_block(client: "Client", path: str, last: bool) -> tuple["ShortCircuit"
 
 def counted_read(client: "Client", path: str) -> tuple[bytes, dict[str, int]]:
     """get_bytes(path) and how the client's short-circuit counters moved during it."""
-    sc = client.core.shortcircuit
+    sc = client.core.paths.shortcircuit
     assert sc is not None
     before = sc.stats()
     got = client.get_bytes(path)
@@ -69,7 +69,7 @@ def test_same_host_reads_use_the_block_file(local_client: "Client", remote_dir: 
     assert moved["reads"] == 3
     assert moved["bytes"] == len(data)
     assert moved["fallbacks"] == 0
-    sc = local_client.core.shortcircuit
+    sc = local_client.core.paths.shortcircuit
     assert sc is not None
     fallbacks = sc.stats()["fallbacks"]
     # unaligned ranges (partial chunks at both ends, across a block boundary)
@@ -86,10 +86,10 @@ def test_other_hosts_read_over_the_network(shared_cluster: LocalCluster, client:
     data = payload(2)
     client.put_bytes(f"{remote_dir}/f", data)
     assert client.get_bytes(f"{remote_dir}/f") == data
-    assert client.core.shortcircuit is not None and client.core.shortcircuit.stats()["reads"] == 0
+    assert client.core.paths.shortcircuit is not None and client.core.paths.shortcircuit.stats()["reads"] == 0
     off = client_on_host(shared_cluster, shared_cluster.worker_host(0), short_circuit=False)
     try:
-        assert off.core.shortcircuit is None
+        assert off.core.paths.shortcircuit is None
         assert off.get_bytes(f"{remote_dir}/f") == data
     finally:
         off.close()
@@ -149,7 +149,7 @@ class _NoStatBlock:
 def test_block_files_are_found_by_the_layout_without_a_call(local_client: "Client", remote_dir: str) -> None:
     """After one Info per worker, local blocks are found under its data dirs by the
     documented layout (blockmeta.block_file): no StatBlock round trip per block."""
-    sc = local_client.core.shortcircuit
+    sc = local_client.core.paths.shortcircuit
     assert sc is not None
     local_client.put_bytes(f"{remote_dir}/warm", payload(6))
     assert local_client.get_bytes(f"{remote_dir}/warm")          # learns the data dirs (Info)
@@ -167,7 +167,7 @@ def test_block_files_are_found_by_the_layout_without_a_call(local_client: "Clien
 def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client", remote_dir: str) -> None:
     """Data dirs where the layout does not find a block (here: a wrong list) cost one
     StatBlock per block; the read stays local and verified."""
-    sc = local_client.core.shortcircuit
+    sc = local_client.core.paths.shortcircuit
     assert sc is not None
     local_client.put_bytes(f"{remote_dir}/warm", payload(8))
     assert local_client.get_bytes(f"{remote_dir}/warm")          # learns the data dirs (Info)

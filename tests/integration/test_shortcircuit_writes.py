@@ -50,7 +50,7 @@ def replicas(client: "Client", path: str) -> list[tuple[pb.BlockInfo, pb.WorkerA
 def test_the_local_replica_is_written_into_its_block_file(local_client: "Client",
                                                            shared_cluster: LocalCluster) -> None:
     data = os.urandom(SIZE)
-    lw = local_client.core.localwrites
+    lw = local_client.core.paths.localwrites
     assert lw is not None
     before = lw.stats()
     write_in_pieces(local_client, "/lw-a", data)
@@ -62,7 +62,7 @@ def test_the_local_replica_is_written_into_its_block_file(local_client: "Client"
         assert raw == data[b.offset:b.offset + b.length]
     # the local copy, read from its file and verified chunk by chunk against the meta
     # file the worker wrote from the client's sums
-    sc = local_client.core.shortcircuit
+    sc = local_client.core.paths.shortcircuit
     assert sc is not None
     reads = sc.stats()["reads"]
     assert local_client.get_bytes("/lw-a") == data
@@ -74,7 +74,7 @@ def test_a_client_on_another_host_sends_every_replica_over_the_network(shared_cl
     try:
         data = os.urandom(5 * MiB + 1)
         write_in_pieces(c, "/lw-b", data)
-        lw = c.core.localwrites
+        lw = c.core.paths.localwrites
         assert lw is not None and lw.stats() == {"blocks": 0, "refused": 0}
         assert c.get_bytes("/lw-b") == data
     finally:
@@ -111,7 +111,7 @@ def test_a_worker_with_local_writes_off_gets_the_bytes_over_tcp(cluster_factory:
     try:
         data = os.urandom(5 * MiB + 7)
         write_in_pieces(client, "/off", data)
-        lw = client.core.localwrites
+        lw = client.core.paths.localwrites
         assert lw is not None and lw.blocks == 0 and lw.refused == 2
         for b, _, raw in replicas(client, "/off"):
             assert raw == data[b.offset:b.offset + b.length]
@@ -122,7 +122,7 @@ def test_a_worker_with_local_writes_off_gets_the_bytes_over_tcp(cluster_factory:
 def test_client_switch_off_keeps_every_replica_on_the_network(shared_cluster: LocalCluster) -> None:
     c = client_on_host(shared_cluster, shared_cluster.worker_host(0), short_circuit_writes=False)
     try:
-        assert c.core.localwrites is None
+        assert c.core.paths.localwrites is None
         data = os.urandom(4 * MiB + 3)
         write_in_pieces(c, "/lw-d", data)
         assert c.get_bytes("/lw-d") == data
@@ -140,7 +140,7 @@ def test_the_writers_host_gets_the_first_replica_of_every_block(
     try:
         data = os.urandom(40 * MiB)
         write_in_pieces(client, "/local-first", data)
-        lw = client.core.localwrites
+        lw = client.core.paths.localwrites
         assert lw is not None and lw.stats() == {"blocks": 20, "refused": 0}
         got = replicas(client, "/local-first")
         hosts = {}
@@ -164,7 +164,7 @@ def test_blocks_shipped_whole_from_the_writers_buffer_go_local_too(local_client:
     (page-aligned) buffer when complete, and its local replica by short-circuit as well.
     Whole blocks handed over from the application's own memory are not aligned for
     O_DIRECT: they go over the network, without asking the worker first."""
-    lw = local_client.core.localwrites
+    lw = local_client.core.paths.localwrites
     assert lw is not None
     data = os.urandom(4 * MiB + 5000)
     before = lw.stats()

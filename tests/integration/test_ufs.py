@@ -174,7 +174,7 @@ def test_cached_ufs_blocks_are_read_from_the_local_block_file(ufs_cluster: Local
     wait_for(lambda: all(len(b.workers) == 2 for b in client.core.meta.block_locations(ino).blocks), 10,
              "both replicas of every block")
     with client_on_host(ufs_cluster, ufs_cluster.worker_host(0)) as local:
-        sc = local.core.shortcircuit
+        sc = local.core.paths.shortcircuit
         assert sc is not None
         assert local.get_bytes(f"{mp}/sc") == body
         assert sc.stats()["reads"] >= 1 and sc.stats()["fallbacks"] == 0, sc.stats()

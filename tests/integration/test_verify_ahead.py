@@ -55,7 +55,7 @@ def settled(vfs: VFS, timeout: float = 10.0) -> None:
 def mount_vfs(client: "Client") -> tuple[VFS, "ShortCircuit"]:
     vfs = VFS(client.core)
     vfs.local.enabled = True          # as passthrough.start does once the kernel took it
-    sc = client.core.shortcircuit
+    sc = client.core.paths.shortcircuit
     assert sc is not None
     return vfs, sc
 
