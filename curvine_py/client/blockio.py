@@ -11,10 +11,12 @@ import errno
 import logging
 import socket
 from contextlib import contextmanager
+import threading
 from typing import Callable, Iterator
 
 import xxhash
 
+from curvine_py.client import metrics
 from curvine_py.common import frames
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.errors import CurvineError
@@ -171,3 +173,80 @@ class BlockIO:
                 raise frames.ChannelClosed(f"worker sent {n} bytes for a {len(into)}-byte read")
             frames.recv_exact_into(sock, into[:n], progress)
             return n
+
+
+class UfsFailure(CurvineError):
+    """A worker could not fetch a UFS file's block from the UFS (down, denied, changed)."""
+
+
+class WorkerDirectory:
+    """worker_id -> address, learned from every reply that names workers."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, pb.WorkerAddress] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, addresses: list[pb.WorkerAddress]) -> None:
+        with self._lock:
+            for a in addresses:
+                self._by_id[a.worker_id] = a
+
+    def get(self, wid: int) -> pb.WorkerAddress | None:
+        with self._lock:
+            return self._by_id.get(wid)
+
+    def of(self, block: pb.BlockInfo, but: int | None = None) -> list[pb.WorkerAddress]:
+        """The known addresses of block's workers (but: leave that worker out)."""
+        return [a for a in (self.get(w) for w in block.workers if w != but) if a is not None]
+
+
+class RemoteReader:
+    """A BlockReader (client/blockpaths.py) for any replica, over the data channel; a UFS
+    file's block its worker does not hold is fetched by that worker from the UFS."""
+
+    def __init__(self, io: BlockIO, workers: WorkerDirectory) -> None:
+        self.io, self.workers = io, workers
+
+    def serves(self, addr: pb.WorkerAddress) -> bool:
+        return True
+
+    def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
+             advance: Callable[[int], None] | None) -> int | None:
+        try:
+            n = self.io.read_block(addr, block.block_id, offset, into, block.token, advance,
+                                   *self._ufs_args(block, addr))
+        except CurvineError as e:
+            if e.errno == errno.EREMOTEIO:   # every replica would ask the same UFS
+                raise UfsFailure(errno.EIO, e.strerror or str(e)) from None
+            raise
+        if n != len(into):
+            raise CurvineError(errno.EIO, f"short read: {n} of {len(into)} bytes")
+        if metrics.on:
+            metrics.REMOTE_READS.inc()
+            metrics.REMOTE_BYTES.inc(n)
+        return n
+
+    def _ufs_args(self, block: pb.BlockInfo,
+                  addr: pb.WorkerAddress) -> tuple[pb.BlockInfo | None, list[pb.WorkerAddress]]:
+        """For a UFS file's block: the block (its UFS range) and the replicas the asked
+        worker forwards a fetched copy to (the block's other workers)."""
+        if not block.ufs.mount_id:
+            return None, []
+        if not block.ufs.load:
+            return block, []
+        return block, self.workers.of(block, but=addr.worker_id)
+
+
+class RemoteWriter:
+    """A BlockWriter (client/blockpaths.py): every replica over the network, as one chain."""
+
+    def __init__(self, io: BlockIO) -> None:
+        self.io = io
+
+    def write(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, data: memoryview,
+              owned: memoryview | None) -> tuple[list[int], int]:
+        return self.io.write_block(addrs, target.block_id, data, target.token, target.tier)
+
+    def open_local(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, length_hint: int,
+                   buffer: memoryview) -> tuple[None, list[pb.WorkerAddress]]:
+        return None, addrs

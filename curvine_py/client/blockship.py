@@ -64,6 +64,6 @@ def _store_once(core: ClientCore, offset: int, data: memoryview, where: list[pb.
                 owned: memoryview | None) -> pb.BlockInfo:
     """One attempt: the block where[0] on its workers, a replica on this host by short-circuit."""
     target = where[0]
-    acked, checksum = core.paths.write(target, data, owned)
+    acked, checksum = core.paths.writer.write(core.workers.of(target), target, data, owned)
     return pb.BlockInfo(block_id=target.block_id, offset=offset, length=len(data),
                         checksum=checksum, workers=acked, token=target.token)

@@ -31,8 +31,8 @@ from typing import Callable
 
 import xxhash
 
-from curvine_py.client.blockio import BlockIO
-from curvine_py.client.blockpaths import BlockWriter, RemoteWriter
+from curvine_py.client.blockio import BlockIO, RemoteWriter
+from curvine_py.client.blockpaths import BlockWriter
 from curvine_py.client.localwrite import LocalFile
 from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.errors import CurvineError

@@ -14,8 +14,8 @@ from curvine_py.common.buffers import BufferPool
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
-from curvine_py.client.blockio import BlockIO
-from curvine_py.client.blockpaths import BlockPaths, WorkerDirectory
+from curvine_py.client.blockio import BlockIO, WorkerDirectory
+from curvine_py.client.blockpaths import BlockPaths
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.client.localwrite import LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit

@@ -53,7 +53,7 @@ class LocalFiles:
         """The file's only block if the kernel may read its local replica's file: a complete
         file that is exactly one block, not opened O_DIRECT (the block file would be read
         with it, which needs aligned reads), with a replica on this host."""
-        if not self.enabled or self.core.paths.local is None or not attr.complete or flags & os.O_DIRECT \
+        if not self.enabled or self.core.paths.shortcircuit is None or not attr.complete or flags & os.O_DIRECT \
                 or len(blocks) != 1 or not attr.size:
             return None
         block = blocks[0]

@@ -225,6 +225,25 @@ class LocalWrites:
         self.pool.shutdown(wait=False)
 
 
+class LocalFirstWriter:
+    """A BlockWriter (client/blockpaths.py): the replica on this host into its block file,
+    the others over the network."""
+
+    def __init__(self, lw: LocalWrites, io: BlockIO) -> None:
+        self.lw, self.io = lw, io
+
+    def write(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, data: memoryview,
+              owned: memoryview | None) -> tuple[list[int], int]:
+        return self.lw.write_block(self.io, addrs, target, data, owned)
+
+    def open_local(self, addrs: list[pb.WorkerAddress], target: pb.BlockInfo, length_hint: int,
+                   buffer: memoryview) -> tuple[LocalFile | None, list[pb.WorkerAddress]]:
+        here = self.lw.local_of(addrs)
+        f = self.lw.open(here, target.block_id, length_hint, target.token, target.tier, buffer) \
+            if here is not None else None
+        return f, addrs if f is None else [a for a in addrs if a is not here]
+
+
 def _fits(buffer: memoryview, align: int) -> bool:
     """Can buffer be written to a file opened with O_DIRECT at this unit (0: any)?"""
     return not align or (aligned(buffer) and len(buffer) % align == 0)

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client import metrics
-from curvine_py.client.blockpaths import UfsFailure
+from curvine_py.client.blockio import UfsFailure
 from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
@@ -85,12 +85,7 @@ def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into:
             return None
         state.block = fresh
     try:
-        # Bytes already announced as arrived are in use: only a network replica (whose bytes
-        # are verified before they are sent) may write over them, never a local file read
-        # unverified (a local read announces each chunk once verified, so its head is served
-        # early too).
-        local_ok = progress is None or progress.got == 0
-        return core.paths.read(state.block, offset, into, local_ok, None if progress is None else progress.advance)
+        return _fetch_once(core, state.block, offset, into, progress)
     except CurvineError as e:
         state.last = e
         raise
@@ -115,6 +110,34 @@ def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo |
         if b.block_id == block.block_id:
             return b
     return None
+
+
+def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview,
+                progress: _Cached | None = None) -> int:
+    """One round over the block's replicas (ClientCore.paths.replica_order), each by the
+    first way that serves it (BlockPaths.readers: its local file, else the network)."""
+    want = min(len(into), max(0, block.length - offset))
+    if want == 0:
+        return 0
+    errors = []
+    # Bytes already announced as arrived are in use: only a network replica (whose bytes are
+    # verified before they are sent) may write over them, never a local file read unverified
+    # (a local read announces each chunk once verified, so its head is served early too).
+    ways = core.paths.readers(local_ok=progress is None or progress.got == 0)
+    advance = None if progress is None else progress.advance
+    for addr in core.paths.replica_order(block):
+        try:
+            for way in ways:
+                if way.serves(addr) and way.read(addr, block, offset, into[:want], advance) is not None:
+                    return want
+        except UfsFailure:
+            raise
+        except (CurvineError, OSError) as e:
+            errors.append(f"worker {addr.worker_id}: {e}")
+            log.warning("read of block %d from worker %d failed (%s); trying the next replica",
+                        block.block_id, addr.worker_id, e)
+    detail = "; ".join(errors) or "no live replica"
+    raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
 
 
 def _note_use(entry: _Cached) -> None:

@@ -33,6 +33,7 @@ from typing import Callable
 import grpc
 import xxhash
 
+from curvine_py.client import metrics
 from curvine_py.common import rpc
 from curvine_py.common.blockmeta import BlockMeta, block_file, mapped_chunk_sums
 from curvine_py.common.errors import CurvineError
@@ -82,6 +83,8 @@ class ShortCircuit:
     def is_local(self, addr: pb.WorkerAddress) -> bool:
         return bool(addr.host) and addr.host == self.host
 
+    serves = is_local   # as a BlockReader (client/blockpaths.py): only the replica on this host
+
     def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
              advance: Callable[[int], object] | None = None) -> int | None:
         """Fill `into` with block bytes from `offset` (len(into) <= block length - offset) out
@@ -102,6 +105,9 @@ class ShortCircuit:
         with self._lock:
             self.reads += 1
             self.bytes += len(into)
+        if metrics.on:
+            metrics.SHORT_CIRCUIT_READS.inc()
+            metrics.SHORT_CIRCUIT_BYTES.inc(len(into))
         return len(into)
 
     def open_verified(self, addr: pb.WorkerAddress, block: pb.BlockInfo) -> int | None:

@@ -466,14 +466,15 @@ class VFS:
 
     def local_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.local: a read-only descriptor of the local
-        replica's block file, whole and verified (BlockPaths.open_verified), for the
+        replica's block file, whole and verified (ShortCircuit.open_verified), for the
         kernel to read by itself; None when that fails, and then the handle reads as any
         other (its blocks are fetched now)."""
         h = self.handle(fh)
         block = h.local_block
         if block is None or h.reader is None:
             return None
-        fd = self.core.paths.open_verified(block)
+        sc, addr = self.core.paths.shortcircuit, self.core.paths.local_replica(block)
+        fd = sc.open_verified(addr, block) if sc is not None and addr is not None else None
         if fd is not None:
             return fd
         self.read_normally(fh)
