@@ -146,6 +146,14 @@ class MooseFS:
             time.sleep(0.05)
         return mp
 
+    def unmount(self, mountpoint: str | Path) -> None:
+        """Unmount one mount (its mfsmount -f then ends by itself); stop() skips it."""
+        mp = Path(mountpoint).absolute()
+        if is_mounted(str(mp)):
+            subprocess.run(["umount", str(mp)], capture_output=True, timeout=30)
+        detach(str(mp))
+        self.mounts = [m for m in self.mounts if m != mp]
+
     def set_goal(self, host: int, path: str | Path, goal: int = 2) -> None:
         """Copies per chunk for path and everything created below it.
 
