@@ -9,7 +9,8 @@ clients, without gRPC's per-call cost (0.4-0.6 ms of a Python gRPC round trip ag
 One thread per connection (``common/listener.py``'s server), one request at a time per
 connection: a client keeps one connection per calling thread, so replies never need
 reordering, and the mount's up to 64 threads make at most 64 connections.  A handler's
-CurvineError becomes its errno on the wire, Unavailable the UNAVAILABLE status.
+CurvineError becomes its errno on the wire, NotLeader the NOT_LEADER status (with the
+leader's address), Unavailable the UNAVAILABLE status.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import typing
 from google.protobuf.message import DecodeError
 
 from curvine_py.common import metaframes as mf
-from curvine_py.common.errors import CurvineError, Unavailable
+from curvine_py.common.errors import CurvineError, NotLeader, Unavailable
 from curvine_py.common.frames import send_all
 from curvine_py.common.listener import ConnectionServer
 
@@ -129,6 +130,8 @@ class FrameServer(ConnectionServer):
             reply = self._handlers[method_id](request)
         except CurvineError as e:
             return e.errno or errno.EIO, (e.strerror or "error").encode()
+        except NotLeader as e:
+            return mf.NOT_LEADER, e.leader.encode()
         except Unavailable as e:
             return mf.UNAVAILABLE, str(e).encode()
         except Exception as e:   # handlers turn their own bugs into EIO; this is a last resort

@@ -55,12 +55,18 @@ class MasterConfig:
     evict_interval_s: float = 1.0  # how often usage is checked (an allocation past evict_high checks at once)
     ttl_sweep_s: float = 60.0     # how often files past their user.curvine.ttl are removed
     metrics_port: int = 9000      # Prometheus /metrics (docs/metrics.md); 0 = off
+    # Three (or five) masters replicating the journal by Raft (docs/ha.md); "" = one master, no Raft.
+    ip: str = "127.0.0.1"         # address clients, workers and the other masters reach this master at
+    raft_port: int = 8994         # this master's Raft port (with raft_peers only)
+    raft_peers: str = ""          # every master's ip:raft_port, comma-separated, this one's included
+    election_timeout_s: float = 1.0  # a follower hearing no leader for 1-2x this starts an election
+    snapshot_entries: int = 100000   # the Raft log is compacted into a SQLite snapshot past this many entries
 
 
 @dataclass
 class WorkerConfig:
     """A block server."""
-    master: str = "127.0.0.1:8995"  # where this worker registers and heartbeats
+    master: str = "127.0.0.1:8995"  # where this worker registers and heartbeats (masters: comma-separated)
     bind: str = "0.0.0.0"
     ip: str = "127.0.0.1"         # address clients and peers use to reach this worker
     host: str = ""                # host identity for placement; "" = the hostname
@@ -83,7 +89,7 @@ class WorkerConfig:
 @dataclass
 class ClientConfig:
     """The client core: SDK, CLI, and mount."""
-    master: str = "127.0.0.1:8995"
+    master: str = "127.0.0.1:8995"  # the master's gRPC address; several masters: comma-separated
     host: str = ""                # this client's host identity (local-replica preference); "" = hostname
     block_size: int = 0           # block size of files this client creates; 0 = inherit from the directory
     read_ahead_blocks: int = 4    # blocks fetched ahead of a sequential reader
@@ -273,6 +279,17 @@ def load(args: argparse.Namespace | None = None, path: str | None = None) -> Con
                 _, section, key = name.split("__", 2)
                 _apply(cfg, section, key, value, f"--{section}-{key}")
     return cfg
+
+
+def addresses(text: str) -> tuple[str, ...]:
+    """The "host:port" entries of a comma-separated list (client.master, worker.master,
+    master.raft_peers): blanks stripped, empties and repeats dropped, order kept."""
+    out: list[str] = []
+    for part in text.split(","):
+        a = part.strip()
+        if a and a not in out:
+            out.append(a)
+    return tuple(out)
 
 
 def host_identity(configured: str) -> str:

@@ -17,6 +17,7 @@ import typing
 import grpc
 
 ERRNO_KEY = "curvine-errno"
+LEADER_KEY = "curvine-leader"   # a follower's UNAVAILABLE names the leader it knows (docs/ha.md)
 log = logging.getLogger(__name__)
 
 _STATUS_OF: dict[int, grpc.StatusCode] = {
@@ -106,6 +107,30 @@ class Unavailable(Exception):
     sent as UNAVAILABLE without an errno, which clients retry like an unreachable server."""
 
 
+class NotLeader(Unavailable):
+    """This master is not the leader of its group (docs/ha.md): the caller makes the same
+    call, same request id, on the leader.  leader: its client address "host:port" as this
+    master knows it, "" when it knows none (an election is under way).  On the wire: the
+    framed channel's NOT_LEADER status with the address as payload; gRPC's UNAVAILABLE with
+    the address in the ``curvine-leader`` trailing metadata.  A client that knows neither
+    sees an UNAVAILABLE and retries, as it does for a master that is down."""
+
+    def __init__(self, leader: str = "", message: str = "") -> None:
+        super().__init__(message or (f"not the leader; the leader is {leader}" if leader
+                                     else "not the leader; no leader is known (an election is under way)"))
+        self.leader = leader
+
+
+def leader_of(e: grpc.RpcError) -> str | None:
+    """The leader a follower named in a failed gRPC call: its address, "" when the follower
+    knew none, None when the call did not come from a follower."""
+    md = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    for key, value in md or ():
+        if key == LEADER_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
 def handler(fn: F) -> F:
     """Decorate a service method ``(self, request) -> reply``: the same function answers
     every transport (gRPC through ``rpc.grpc_servicer``, the master's framed channel
@@ -144,7 +169,10 @@ def handler(fn: F) -> F:
 def to_grpc(context: grpc.ServicerContext, e: CurvineError | Unavailable) -> typing.NoReturn:
     """End a gRPC call with a handler's error: its errno travels in the trailing metadata,
     Unavailable as UNAVAILABLE without one (clients retry it like an unreachable server)."""
-    if isinstance(e, Unavailable):
+    if isinstance(e, NotLeader):
+        context.set_trailing_metadata(((LEADER_KEY, e.leader),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    elif isinstance(e, Unavailable):
         context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
     else:
         abort(context, e)

@@ -16,7 +16,8 @@ whose 4-byte length prefix it shares), docs/wire.md:
 - request: ``u32 length of what follows | u32 call id | u16 method id | request bytes``
 - reply:   ``u32 length of what follows | u32 call id | i32 status | payload``;
   status 0 = OK (payload = the reply message), > 0 = an errno (payload = UTF-8 message),
-  -1 = UNAVAILABLE (retry), -2 = UNAUTHENTICATED.
+  -1 = UNAVAILABLE (retry), -2 = UNAUTHENTICATED, -3 = NOT_LEADER (payload: the
+  leader's client address "host:port", empty when unknown; docs/ha.md).
 
 Method id = index of the method in the proto's ``MasterService``: new methods must be
 appended at the end of the service (or VERSION bumped), never inserted.
@@ -55,6 +56,7 @@ SHRINK_ABOVE = 1 << 20              # a buffer grown past this is dropped once e
 OK = 0
 UNAVAILABLE = -1
 UNAUTHENTICATED = -2
+NOT_LEADER = -3
 
 
 def refusal(service: str = "master") -> str:
@@ -109,6 +111,15 @@ class Unavailable(Exception):
     """The master answered UNAVAILABLE (it cannot answer yet): retry the call."""
 
 
+class NotLeader(Unavailable):
+    """The master is a follower: retry the call on leader ("host:port" of its gRPC port;
+    "" = unknown, try the group's other masters)."""
+
+    def __init__(self, leader: str) -> None:
+        super().__init__(f"not the leader; the leader is {leader}" if leader else "not the leader; no leader known")
+        self.leader = leader
+
+
 def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
     """The reply message a frame carries, or the error its status stands for: the
     master's answer as CurvineError (an errno; EACCES for a refused secret), Unavailable,
@@ -123,6 +134,8 @@ def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryvie
         except DecodeError:
             raise CurvineError(errno.EIO, f"{method.name}: undecodable reply from the master") from None
     message = bytes(body).decode("utf-8", "replace")
+    if status == NOT_LEADER:
+        raise NotLeader(message)
     if status == UNAVAILABLE:
         raise Unavailable(message)
     if status > 0:

@@ -745,6 +745,46 @@ class ReportReply(_message.Message):
     metrics_port: int
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ..., evicted_files: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_files: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
 
+class MasterStatusReply(_message.Message):
+    __slots__ = ("address", "raft_address", "role", "term", "commit_index", "applied_index", "last_log_index", "leader", "leader_raft", "pid", "frame_port", "ready", "peers")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_RAFT_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    raft_address: str
+    role: str
+    term: int
+    commit_index: int
+    applied_index: int
+    last_log_index: int
+    leader: str
+    leader_raft: str
+    pid: int
+    frame_port: int
+    ready: bool
+    peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
+    def __init__(self, address: _Optional[str] = ..., raft_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., leader: _Optional[str] = ..., leader_raft: _Optional[str] = ..., pid: _Optional[int] = ..., frame_port: _Optional[int] = ..., ready: _Optional[bool] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ...) -> None: ...
+
+class PeerStatus(_message.Message):
+    __slots__ = ("raft_address", "connected", "match_index")
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    raft_address: str
+    connected: bool
+    match_index: int
+    def __init__(self, raft_address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
+
 class WorkerInfoReply(_message.Message):
     __slots__ = ("worker_id", "host", "dirs", "blocks", "version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -214,6 +214,11 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.FreeReply.FromString,
                 _registered_method=True)
+        self.MasterStatus = channel.unary_unary(
+                '/curvine.MasterService/MasterStatus',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -441,6 +446,13 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MasterStatus(self, request, context):
+        """masters (docs/ha.md): answered by every master, whatever its role
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -623,6 +635,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Free,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.FreeReply.SerializeToString,
+            ),
+            'MasterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.MasterStatus,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1597,6 +1614,33 @@ class MasterService:
             '/curvine.MasterService/Free',
             curvine__py_dot_pb_dot_curvine__pb2.FreeRequest.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.FreeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MasterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/MasterStatus',
+            curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.FromString,
             options,
             channel_credentials,
             insecure,
