@@ -45,8 +45,9 @@ class Evictor:
     """One per master; its own thread plus synchronous calls from AllocateBlocks."""
 
     def __init__(self, cfg: MasterConfig, db_path: str, registry: Registry, capacity: Capacity,
-                 submit: Submit) -> None:
+                 submit: Submit, leading: Callable[[], bool] = lambda: True) -> None:
         self.cfg = cfg
+        self.leading = leading   # a follower of a Raft group evicts nothing (docs/ha.md)
         self.db_path = db_path
         self.registry = registry
         self.capacity = capacity
@@ -88,6 +89,8 @@ class Evictor:
             self._kick.clear()
             if self._stop.is_set():
                 return
+            if not self.leading():
+                continue
             try:
                 self.tick()
             except Exception:

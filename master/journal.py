@@ -6,12 +6,17 @@ its own savepoint (a failing op rolls back alone), appends it to the ``oplog`` t
 and commits the batch once (group commit); only then are the callers answered, so a
 reply always follows durability.  A lone caller applies its own record in its own
 thread: no hand-off to a writer thread and back (two thread wake-ups, ~30% of a
-mutation's time on two busy cores).  The ``oplog`` rows are the records a Raft log
-will later replicate (``Record.to_json()``, read back with ``records.decode``); they
-double as the retry cache: a record whose request id was already applied gets the
-stored result instead of being applied twice.  Records are checked when they are built
+mutation's time on two busy cores).  The ``oplog`` rows (``Record.to_json()``, read
+back with ``records.decode``) are the retry cache: a record whose request id was already
+applied gets the stored result instead of being applied twice.  They are forgotten by a
+record too (``PruneOplog``, from the housekeeping), never by the clock, so that masters
+replaying the same log prune at the same point.  Records are checked when they are built
 (``records.py``), so the only error an op raises is its own ``CurvineError``, which
 fails that record alone.
+
+In a Raft group (docs/ha.md, ``master/raft.py``) no caller applies anything: Raft's
+thread applies each committed entry with ``apply_entry``, the same ``_apply_one`` in a
+transaction of its own that also stores the entry's log index.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from typing import Any
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
-from curvine_py.master.records import Record, json_default
+from curvine_py.master.records import Record, decode, json_default
 from curvine_py.master.store import Row
 
 log = logging.getLogger(__name__)
@@ -39,25 +44,20 @@ MAX_BATCH = 256
 # oplog instead, ~8 ms per mutation at 30k rows (10 minutes of a busy client), which
 # made every create, rename and unlink through the mount cost 3 ms.
 RETRY_LOOKUP = "SELECT result FROM oplog WHERE request_id=? AND request_id != ''"
-# Rows are appended in time order, so the expired ones are a prefix in seq order: find
-# the first row to keep by walking from the oldest (O(expired), not a scan of the log).
-PRUNE = ("DELETE FROM oplog WHERE seq < COALESCE("
-         "(SELECT seq FROM oplog WHERE ts_ms >= ? ORDER BY seq LIMIT 1),"
-         " (SELECT COALESCE(MAX(seq), 0) + 1 FROM oplog))")
+APPLIED = "SELECT value FROM meta WHERE key='raft_applied'"
 
 
 class Journal:
     """Serializes every mutation of the namespace through one writer lock."""
 
-    def __init__(self, ns: Namespace, retry_cache_s: float = 600.0) -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.conn: sqlite3.Connection = ns.conn
-        self.retry_cache_s = retry_cache_s
         self._q: queue.SimpleQueue[tuple[Record, Future[Row]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stopped = False
-        self._last_prune = time.monotonic()
         self.applied = 0
+        self.raft_applied = self.stored_index()
 
     def start(self) -> None:
         """Nothing to start: callers apply records themselves (kept for the master's
@@ -120,17 +120,48 @@ class Journal:
                 if not fut.done():
                     fut.set_exception(error)
             return
-        self.applied += len(batch)
-        metrics.JOURNAL_COMMIT_SECONDS.observe(time.perf_counter() - start)
-        metrics.JOURNAL_BATCH.observe(len(batch))
-        for rec, _ in batch:
-            metrics.JOURNAL_RECORDS.labels(rec.op).inc()
+        self._count([rec for rec, _ in batch], start)
         for fut, outcome in outcomes:
             if isinstance(outcome, BaseException):
                 fut.set_exception(outcome)
             else:
                 fut.set_result(outcome)
-        self._maybe_prune()
+
+    def _count(self, recs: list[Record], start: float) -> None:
+        self.applied += len(recs)
+        metrics.JOURNAL_COMMIT_SECONDS.observe(time.perf_counter() - start)
+        metrics.JOURNAL_BATCH.observe(len(recs))
+        for rec in recs:
+            metrics.JOURNAL_RECORDS.labels(rec.op).inc()
+
+    # ------------------------------------------------------------------ a Raft group's entries
+    def stored_index(self) -> int:
+        """The log index of the last Raft entry applied to this store (0: none)."""
+        row = self.conn.execute(APPLIED).fetchone()
+        return int(row[0]) if row else 0
+
+    def apply_entry(self, index: int, text: str) -> Any:
+        """Apply the committed Raft entry at index (its record's to_json()) in a transaction
+        of its own, which also stores index; returns the result or the op's CurvineError.
+        An entry at or below the stored index is already in the tables (a journal replayed
+        after a restart, a snapshot installed) and is skipped: None.  A record this master
+        cannot decode (a newer op) raises: Raft's thread then stops applying, rather than
+        skip an entry, until the master is upgraded."""
+        if index <= self.raft_applied:
+            return None
+        rec = decode(text)
+        start = time.perf_counter()
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            outcome = self._apply_one(rec)
+            self.conn.execute("UPDATE meta SET value=? WHERE key='raft_applied'", (index,))
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.raft_applied = index
+        self._count([rec], start)
+        return outcome
 
     def _apply_one(self, rec: Record) -> Any:
         """Apply one record in a savepoint; returns its result or its CurvineError."""
@@ -159,18 +190,6 @@ class Journal:
         self.conn.execute("INSERT INTO oplog(request_id, ts_ms, op, result) VALUES (?,?,?,?)",
                           (rid, rec.now_ns // 1_000_000, rec.to_json(),
                            json.dumps(result, default=json_default) if rid else None))
-
-    def _maybe_prune(self) -> None:
-        """Trim oplog rows older than the retry-cache window (they are in the tables already)."""
-        now = time.monotonic()
-        if now - self._last_prune < 10:
-            return
-        self._last_prune = now
-        self.prune(int(time.time() * 1000 - self.retry_cache_s * 1000))
-
-    def prune(self, cutoff_ms: int) -> None:
-        """Delete the oplog rows written before cutoff_ms."""
-        self.conn.execute(PRUNE, (cutoff_ms,))
 
 
 def _decode_result(text: str | None) -> Any:

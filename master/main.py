@@ -18,6 +18,7 @@ from curvine_py.common.signals import StopSignals
 from curvine_py.common.rpc import grpc_servicer, server_options
 from curvine_py.common.security import SecretCheck
 from curvine_py.master.framed import FrameServer
+from curvine_py.master.group import LeaderOnly
 from curvine_py.master.metrics import MasterCollector
 from curvine_py.master.service import MasterService
 from curvine_py.master.workers import CHECK_EVERY_S
@@ -42,13 +43,13 @@ class Servers:
         self.grpc.stop(grace=grace).wait()
         self.service.evictor.stop()
         self.service.uploader.stop()
-        self.service.journal.stop()
+        self.service.group.stop()
 
 
 def start_frames(cfg: config.Config, service: MasterService) -> FrameServer:
     """The framed metadata server (docs/wire.md) on master.frame_port: every client's
     metadata calls go there, so it cannot be switched off (build_server refuses -1)."""
-    frames = FrameServer(service, cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port)
+    frames = FrameServer(LeaderOnly(service), cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port)
     try:
         service.frame_port = frames.start().port
     except OSError as e:
@@ -75,7 +76,7 @@ def build_server(cfg: config.Config) -> Servers:
                                                     thread_name_prefix="rpc"),
                          options=server_options(),
                          interceptors=[SecretCheck(cfg.cluster.secret, "master")])
-    pb_grpc.add_MasterServiceServicer_to_server(grpc_servicer(service, "MasterService"), server)
+    pb_grpc.add_MasterServiceServicer_to_server(grpc_servicer(LeaderOnly(service), "MasterService"), server)
     try:
         port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
     except RuntimeError:

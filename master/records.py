@@ -587,3 +587,23 @@ class UfsFree(Record, op="ufs_free"):
     """cv fs free: drop the cached blocks of these files (persisted UFS files only)."""
     inos: tuple[int, ...]
 
+
+
+# ---------------------------------------------------------------------- the masters (groupops.py)
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderAnnounce(Record, op="leader_announce"):
+    """The first record of a leader's term (docs/ha.md): once it is applied the leader has
+    applied everything committed before it and serves calls; every master learns from it
+    where that leader answers clients, to name it in a NotLeader."""
+    term: int
+    raft_id: str
+    address: str
+    frame_port: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneOplog(Record, op="prune_oplog"):
+    """Forget the retry cache's rows older than before_ms (submitted by the leader's
+    housekeeping, so every master prunes at the same point of the log)."""
+    before_ms: int

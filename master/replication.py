@@ -63,6 +63,16 @@ class Replicator:
         self._scan_after: int | None = None   # the scan under way resumes after this block id
         self.ordered = 0                                  # orders given since start (for the report)
 
+    def restart(self, grace_s: float) -> None:
+        """Drop every order and suspicion and judge no block for grace_s: a new leader first
+        hears from its workers (docs/ha.md)."""
+        with self._lock:
+            self._suspects.clear()
+            self._orders.clear()
+            self._outbox.clear()
+            self._next_scan = time.monotonic() + grace_s
+            self._scan_after = None
+
     # ------------------------------------------------------------------ events
     def suspect(self, block_ids: "list[int] | set[int]") -> None:
         with self._lock:

@@ -70,10 +70,13 @@ CREATE TABLE IF NOT EXISTS ufs_files (
   dirty_ns INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ufs_files_pending ON ufs_files(dirty_ns) WHERE state = 'pending';
+CREATE TABLE IF NOT EXISTS masters (
+  raft_id TEXT PRIMARY KEY, address TEXT NOT NULL, frame_port INTEGER NOT NULL, term INTEGER NOT NULL
+);
 """
 
 COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lease": 1,
-            "next_worker": 1, "next_mount": 1, "schema_version": SCHEMA_VERSION}
+            "next_worker": 1, "next_mount": 1, "schema_version": SCHEMA_VERSION, "raft_applied": 0}
 
 
 WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation
@@ -99,14 +102,16 @@ def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Co
     return conn
 
 
-def init_db(conn: sqlite3.Connection, block_size: int, replicas: int) -> None:
-    """Create the tables, the counters and the root directory if they are missing."""
+def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: int | None = None) -> None:
+    """Create the tables, the counters and the root directory if they are missing.  now_ns:
+    the root's times (the clock's by default; 0 for a master of a Raft group, whose
+    replicas must hold the same root: the group's first LeaderAnnounce sets them)."""
     conn.executescript(SCHEMA)
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
     if conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
-        now = time.time_ns()
+        now = time.time_ns() if now_ns is None else now_ns
         conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns,"
             " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",

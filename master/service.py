@@ -19,20 +19,21 @@ import time
 from typing import Any, Iterable
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import Unavailable, err, handler
+from curvine_py.common.errors import NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.types import SETATTR_SIZE
 from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
+from curvine_py.master.group import Group, client_address, open_group
 from curvine_py.master.journal import Journal
 from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
-    Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, Record,
+    Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
@@ -45,6 +46,7 @@ from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
+PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than master.retry_cache_s this often
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
                "block_size", "replicas", "generation")
 
@@ -82,25 +84,33 @@ class MasterService:
         self.cfg = cfg
         self.db_path = db_path
         conn = schema.open_db(db_path, cfg.master.sync)
-        schema.init_db(conn, cfg.master.block_size, cfg.master.replicas)
+        in_group = bool(cfg.master.raft_peers.strip())
+        schema.init_db(conn, cfg.master.block_size, cfg.master.replicas, now_ns=0 if in_group else None)
         self.writer_ns = Namespace(conn, cfg.master.block_size, cfg.master.replicas)
-        self.journal = Journal(self.writer_ns, cfg.master.retry_cache_s)
+        self.journal = Journal(self.writer_ns)
+        self.frame_port = 0   # the framed metadata server's port once main.py started it (0 = none)
+        self.metrics_port = 0   # the /metrics port once main.py started it (0 = none)
+        # alone, or one of a Raft group (docs/ha.md): who serves, and how records become durable
+        self.address = client_address(cfg.master) if in_group else f"{cfg.master.bind}:{cfg.master.port}"
+        self.group: Group = open_group(cfg.master, cfg.cluster.secret, self.journal, db_path, self.address,
+                                       lambda: self.frame_port)
+        self._served_term = self.group.term if not in_group else -1
+        self._term_lock = threading.Lock()
+        self._last_prune = 0.0
         self.registry = Registry(cfg.master.worker_timeout_s)
         self.placement = Placement(self.registry, cfg.master.vnodes)
         self._local = threading.local()
         self.lease_ms = int(cfg.master.lease_s * 1000)
-        self.address = f"{cfg.master.bind}:{cfg.master.port}"
         self.capacity = Capacity(self.registry, self.placement, cfg.master.heartbeat_ms / 1000)
-        self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit)
+        self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit, self.leading)
         self.tokens = BlockTokens(cfg.cluster.secret)
         self.started = time.monotonic()
-        self.frame_port = 0   # the framed metadata server's port once main.py started it (0 = none)
-        self.metrics_port = 0   # the /metrics port once main.py started it (0 = none)
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
         self.ufs = UfsMounts(lambda: self.ns, self.submit, cfg.ufs.timeout_s)
         self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret)
-        self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks)
+        self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks,
+                                 self.leading)
         self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
                               cfg.ufs.timeout_s, self.evictor.note_read)
 
@@ -115,8 +125,40 @@ class MasterService:
             self._local.ns = ns
         return ns
 
+    def serving(self) -> None:
+        """Let a call through on the ready leader only; a follower answers NotLeader with the
+        leader it knows (docs/ha.md).  The first call of a new term first drops what a
+        leader keeps in memory (workers, block locations, replication orders): the workers
+        register again with this master, and no block is judged under-replicated before
+        one worker timeout passed."""
+        if not self.group.ready():
+            raise NotLeader(self.group.leader_address())
+        term = self.group.term
+        if term != self._served_term:
+            with self._term_lock:
+                if term != self._served_term:
+                    log.info("leading term %d: waiting %.0f s for the workers' reports before judging replicas",
+                             term, self.cfg.master.worker_timeout_s)
+                    self.registry.clear()
+                    self.replicator.restart(self.cfg.master.worker_timeout_s)
+                    self.started = time.monotonic()
+                    self._served_term = term
+
+    def leading(self) -> bool:
+        """Is this master the group's leader (its background work runs only then)?"""
+        try:
+            self.serving()
+        except NotLeader:
+            return False
+        return True
+
+    @handler
+    def MasterStatus(self, request: pb.Empty) -> pb.MasterStatusReply:
+        """Every master answers, whatever its role (cv report's masters table)."""
+        return self.group.status()
+
     def submit(self, rec: Record) -> Row:
-        result = self.journal.submit(rec)
+        result = self.group.submit(rec)
         if result.get("freed"):
             self.registry.free_blocks(result["freed"])
         return result
@@ -404,7 +446,7 @@ class MasterService:
     def RegisterWorker(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         if not request.storage_id or not request.ip or not request.data_port:
             raise err(errno.EINVAL, "registration needs storage_id, ip and data_port")
-        result = self.journal.submit(RegisterWorker(storage_id=request.storage_id, host=request.host))
+        result = self.group.submit(RegisterWorker(storage_id=request.storage_id, host=request.host))
         self.registry.register(result["worker_id"], request)
         return pb.RegisterReply(worker_id=result["worker_id"], heartbeat_ms=self.cfg.master.heartbeat_ms)
 
@@ -558,7 +600,10 @@ class MasterService:
 
     # ------------------------------------------------------------------ housekeeping
     def housekeeping(self) -> None:
-        """Run by a timer thread: liveness of workers, expired write leases, re-replication."""
+        """Run by a timer thread on the leader: liveness of workers, expired write leases,
+        re-replication, the retry cache's pruning."""
+        if not self.leading():
+            return
         for wid in self.registry.check_liveness():
             self.replicator.worker_lost(wid)
         self.replicator.tick(self.ns.conn)
@@ -566,3 +611,6 @@ class MasterService:
         if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
                                 (now_ms,)).fetchone():
             self.submit(ExpireLeases())
+        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+            self._last_prune = time.monotonic()
+            self.submit(PruneOplog(before_ms=now_ms - int(self.cfg.master.retry_cache_s * 1000)))

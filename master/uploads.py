@@ -47,8 +47,10 @@ class Uploader:
     """One per master: the write-back loop plus write-through uploads on request."""
 
     def __init__(self, cfg: UfsConfig, ns: Callable[[], Namespace], submit: Submit,
-                 mounts: UfsMounts, workers: WorkerClients, blocks_of: BlocksOf) -> None:
+                 mounts: UfsMounts, workers: WorkerClients, blocks_of: BlocksOf,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.cfg = cfg
+        self.leading = leading   # write-back uploads run on a group's leader only (docs/ha.md)
         self._ns = ns
         self.submit = submit
         self.mounts = mounts
@@ -184,6 +186,8 @@ class Uploader:
         while not self._stop.is_set():
             self._kick.wait(SCAN_S)
             self._kick.clear()
+            if not self.leading():
+                continue
             try:
                 self._scan()
             except Exception:

@@ -69,6 +69,15 @@ class Registry:
         self.locations: dict[int, set[int]] = {}
         self.membership_version = 0   # bumped when the set of live workers changes
 
+    def clear(self) -> None:
+        """Forget every worker and block location: a master that becomes the leader (again)
+        rebuilds them from the registrations and block reports sent to it (docs/ha.md)."""
+        with self.lock:
+            self.workers.clear()
+            self.locations.clear()
+            self.membership_version += 1
+            self._checked = self._awake = time.monotonic()
+
     def register(self, wid: int, req: pb.RegisterRequest) -> None:
         with self.lock:
             old = self.workers.get(wid)

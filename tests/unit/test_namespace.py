@@ -18,7 +18,7 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
     ROOT, Allocate, Commit, CommitBlock, Create, ExpireLeases, Link, Mknod, OpenWrite, Record, Rename, Rmdir,
-    Setattr, Unlink,
+    PruneOplog, Setattr, Unlink,
 )
 
 ALICE = Cred(1000, 1000, frozenset())
@@ -288,13 +288,15 @@ def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
     conn = ns.ns.conn
     count = lambda: conn.execute("SELECT count(*) FROM oplog").fetchone()[0]  # noqa: E731
     assert count() == 6
-    ns.journal.prune(3_000)           # rows of t = 1 s and 2 s expire
+    # a record, as the housekeeping submits it; its own row (no request id, time 1 ms) is
+    # the log's newest, so it survives its own prune
+    assert ns.do(PruneOplog, before_ms=3_000, now_ns=1_000_000)["pruned"] == 2   # t = 1 s and 2 s
     assert [r[0] for r in conn.execute("SELECT request_id FROM oplog ORDER BY seq")] == \
-        ["old-2", "old-3", "old-4", "new-1"]
-    ns.journal.prune(1 << 62)         # everything expired
-    assert count() == 0
-    ns.journal.prune(1 << 62)         # an empty log stays empty
-    assert count() == 0
+        ["old-2", "old-3", "old-4", "new-1", ""]
+    ns.do(PruneOplog, before_ms=1 << 62, now_ns=1 << 61)   # everything expired (a later prune row stays)
+    assert count() == 1
+    ns.do(PruneOplog, before_ms=1 << 62, now_ns=1 << 61)
+    assert count() == 1
 
 
 def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:

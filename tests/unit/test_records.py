@@ -21,9 +21,9 @@ from curvine_py.master.handlers import handlers
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
-    RECORDS, ROOT, Allocate, Commit, CommitBlock, Create, Evict, ExpireLeases, LastRead, Link, Mknod, OpenWrite,
-    Record, RecordReads, RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, SyncEntry, UfsFree,
-    UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount, Unlink, Victim, decode,
+    RECORDS, ROOT, Allocate, Commit, CommitBlock, Create, Evict, ExpireLeases, LastRead, LeaderAnnounce, Link, Mknod,
+    OpenWrite, PruneOplog, Record, RecordReads, RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr,
+    SyncEntry, UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount, Unlink, Victim, decode,
 )
 
 from tests.unit.test_namespace import NS, errno_of
@@ -63,6 +63,8 @@ SAMPLES: list[Record] = [
     UfsState(ino=6, generation=2, key="k/a", etag="e3", mtime_ns=5),
     UfsState(ino=6, generation=2, key="k/a", message="upload failed", final=True),
     UfsFree(inos=(6, 7)),
+    LeaderAnnounce(term=3, raft_id="10.0.0.1:8994", address="10.0.0.1:8995", frame_port=8996),
+    PruneOplog(before_ms=5),
 ]
 
 
@@ -205,6 +207,8 @@ def _workload(ns: NS) -> None:
     ns.do(Commit, ino=victim["ino"], lease_id=ns.ns.inode(victim["ino"])["lease_id"], size=0, release=True)
     ns.do(Evict, victims=[Victim(victim["ino"], ns.ns.inode(victim["ino"])["generation"])])
     ns.do(RegisterWorker, storage_id="s-1", host="h1")
+    ns.do(LeaderAnnounce, term=2, raft_id="10.0.0.2:8994", address="10.0.0.2:8995", frame_port=8996)
+    ns.do(PruneOplog, before_ms=1)   # nothing that old: the replay below keeps every row
     _ufs_workload(ns)
 
 
