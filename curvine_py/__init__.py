@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
         from curvine_py import sdk
         return getattr(sdk, name)
     if name in ("FileStatus", "StatFs", "BlockLocation", "WorkerRef", "Report", "WorkerReport", "DataDir",
-                "CachePolicy"):
+                "CachePolicy", "MasterInfo"):
         from curvine_py import results
         return getattr(results, name)
     if name == "CurvineError":

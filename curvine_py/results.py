@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import stat
+import typing
 from dataclasses import dataclass
 
 from curvine_py.pb import curvine_pb2 as pb
@@ -110,10 +111,54 @@ class WorkerReport:
 
 
 @dataclass(frozen=True)
+class MasterInfo:
+    """One master of the group as it reports itself (MasterStatus, docs/ha.md), at the
+    address the client knows it by.  role: "leader", "follower", "candidate", or
+    "unreachable" (it did not answer: every number 0).  lag: the leader's commit index
+    minus this master's applied index, how far its namespace is behind; None when no
+    leader answered or this master did not.  A single master is its own leader."""
+    address: str
+    role: str
+    term: int
+    commit_index: int
+    applied_index: int
+    last_log_index: int
+    leader: str          # the leader's client address as this master knows it ("" = none)
+    raft_address: str    # "" = a single master without Raft
+    pid: int
+    ready: bool          # a leader that serves calls
+    lag: int | None
+
+    @classmethod
+    def unreachable(cls, address: str) -> "MasterInfo":
+        return cls(address, "unreachable", 0, 0, 0, 0, "", "", 0, False, None)
+
+    @classmethod
+    def of(cls, address: str, r: pb.MasterStatusReply | None, leader_commit: int | None) -> "MasterInfo":
+        """A master's reply (None: it did not answer) and the leader's commit index."""
+        if r is None:
+            return cls.unreachable(address)
+        lag = max(0, leader_commit - r.applied_index) if leader_commit is not None else None
+        return cls(address, r.role, r.term, r.commit_index, r.applied_index, r.last_log_index,
+                   r.leader, r.raft_address, r.pid, r.ready, lag)
+
+    @classmethod
+    def group(cls, addresses: typing.Sequence[str],
+              replies: typing.Sequence[pb.MasterStatusReply | None]) -> tuple[MasterInfo, ...]:
+        """Every master of a group, its lag measured against the leader's commit index
+        (the leader of the highest term, when an old one has not yet heard of the new)."""
+        leaders = [r for r in replies if r is not None and r.role == "leader"]
+        commit = max(leaders, key=lambda r: r.term).commit_index if leaders else None
+        return tuple(cls.of(a, r, commit) for a, r in zip(addresses, replies))
+
+
+@dataclass(frozen=True)
 class Report:
     """The cluster as the master sees it (`cv report`): its workers, the ring epoch, the
     pool's bytes, files and blocks, blocks missing a replica, and the files removed by
-    eviction and TTL sweeps since the master started.  metrics_port: the master's (0 = off)."""
+    eviction and TTL sweeps since the master started.  metrics_port: the master's (0 = off).
+    masters: every master of the client's list as it reports itself (one for a single
+    master; asked of each master, not of the leader: ``Client.masters``)."""
     workers: tuple[WorkerReport, ...]
     ring_epoch: int
     capacity: int
@@ -127,17 +172,18 @@ class Report:
     evicted_bytes: int
     expired_files: int
     metrics_port: int
+    masters: tuple[MasterInfo, ...] = ()
 
     @classmethod
-    def from_pb(cls, r: pb.ReportReply) -> "Report":
-        """The Report RPC's reply as plain records."""
+    def from_pb(cls, r: pb.ReportReply, masters: tuple[MasterInfo, ...] = ()) -> "Report":
+        """The Report RPC's reply as plain records, with the masters' own statuses."""
         workers = tuple(WorkerReport(
             WorkerRef.of(w.address), w.state, w.capacity, w.used,
             tuple(DataDir(d.path, d.tier, d.capacity, d.used) for d in w.dirs),
             w.blocks, w.last_heartbeat_ms, w.io_engine, w.metrics_port) for w in r.workers)
         return cls(workers, r.ring_epoch, r.capacity, r.used, r.files, r.blocks, r.under_replicated,
                    r.master_address, r.version, r.evicted_files, r.evicted_bytes, r.expired_files,
-                   r.metrics_port)
+                   r.metrics_port, masters)
 
 
 @dataclass(frozen=True)
@@ -149,3 +195,4 @@ class CachePolicy:
     ttl_from: str
     tier: str
     tier_from: str
+

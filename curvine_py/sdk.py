@@ -26,8 +26,9 @@ from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import ROOT_INO, SETATTR_ATIME_NOW, SETATTR_MODE, SETATTR_MTIME_NOW, SETATTR_SIZE
+from curvine_py.metagroup import STATUS_TIMEOUT_S, MasterGroup
 from curvine_py.pb import curvine_pb2 as pb
-from curvine_py.results import BlockLocation, CachePolicy, FileStatus, Report, StatFs, WorkerRef
+from curvine_py.results import BlockLocation, CachePolicy, FileStatus, MasterInfo, Report, StatFs, WorkerRef
 from curvine_py.ufsadmin import UfsAdmin
 
 if typing.TYPE_CHECKING:
@@ -175,6 +176,8 @@ class Client:
         self.config = config or config_mod.load()
         if master is None and os.environ.get("CURVINE_MASTER"):
             master = os.environ["CURVINE_MASTER"]
+        # every master of the group, as given: masters() asks each, not only the leader
+        self.master_addresses = config_mod.addresses(master or self.config.client.master)
         self.core = ClientCore(self.config, master)
         self.meta = self.core.meta
         self.vfs = VFS(self.core)   # every operation below goes through it, as the mount's do
@@ -472,8 +475,17 @@ class Client:
         return out
 
     def report(self) -> Report:
-        """The cluster as the master sees it: workers, ring epoch, pool, replication."""
-        return Report.from_pb(self.meta.call("Report", pb.Empty()))
+        """The cluster as the leader sees it: workers, ring epoch, pool, replication; and
+        every master of the group as it sees itself (``masters()``)."""
+        return Report.from_pb(self.meta.call("Report", pb.Empty()), self.masters())
+
+    def masters(self, timeout: float = STATUS_TIMEOUT_S) -> tuple[MasterInfo, ...]:
+        """Each master of this client's list as it reports itself (role, term, commit and
+        applied index, lag behind the leader), asked of all at once over gRPC with a
+        short deadline: one that does not answer within timeout is ``unreachable``, so
+        this shows a group with a master down rather than waiting for it."""
+        with MasterGroup(self.master_addresses, self.config.cluster.secret) as group:
+            return group.infos(timeout)
 
     def statfs(self) -> StatFs:
         s = self.vfs.run(self.vfs.statfs())

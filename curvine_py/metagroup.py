@@ -1,0 +1,97 @@
+"""A group of masters as tools see it: each one's MasterStatus, and a call made on
+whichever of them is the leader.
+
+For ``cv report``, ``cv cluster status``, the SDK's ``Client.masters`` and the local
+cluster's readiness waits: they ask every master of a list (one for a single master)
+directly over gRPC, with a short deadline, instead of going through the client core's
+retrying metadata client, because a master that does not answer is something to show
+(``unreachable``), not to wait out.  The client core follows the leader on its own
+(docs/ha.md); nothing here is on the data path.
+"""
+from __future__ import annotations
+
+import typing
+
+import grpc
+
+from curvine_py.common.errors import leader_of
+from curvine_py.common.rpc import channel
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+from curvine_py.results import MasterInfo
+
+STATUS_TIMEOUT_S = 1.0
+
+
+class MasterGroup:
+    """Channels to every master of a list, opened once (start-up polls call many times).
+
+    ``call`` makes a call on the leader: the master that answered last first, then the
+    one a follower names (NotLeader's ``curvine-leader``), then the rest in list order.
+    """
+
+    def __init__(self, addresses: typing.Sequence[str], secret: str = "") -> None:
+        self.addresses = tuple(addresses)
+        self._channels = [channel(a, secret) for a in self.addresses]
+        self._stubs = [pb_grpc.MasterServiceStub(c) for c in self._channels]
+        self._last = 0   # index of the master that answered last
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> "MasterGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def status(self, i: int, timeout: float = STATUS_TIMEOUT_S) -> pb.MasterStatusReply | None:
+        """Master i's MasterStatus, or None when it does not answer within timeout."""
+        try:
+            return self._stubs[i].MasterStatus(pb.Empty(), timeout=timeout)
+        except grpc.RpcError:
+            return None
+
+    def statuses(self, timeout: float = STATUS_TIMEOUT_S) -> list[pb.MasterStatusReply | None]:
+        """Every master's MasterStatus, asked of all at once (one deadline for the lot)."""
+        futures = [s.MasterStatus.future(pb.Empty(), timeout=timeout) for s in self._stubs]
+        out: list[pb.MasterStatusReply | None] = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except grpc.RpcError:
+                out.append(None)
+        return out
+
+    def infos(self, timeout: float = STATUS_TIMEOUT_S) -> tuple[MasterInfo, ...]:
+        """Every master as a MasterInfo (role "unreachable" for one that did not answer)."""
+        return MasterInfo.group(self.addresses, self.statuses(timeout))
+
+    def leader(self, timeout: float = STATUS_TIMEOUT_S) -> int | None:
+        """Index of the ready leader (of the highest term, should an old one still think
+        it leads), or None when no master answers as one."""
+        replies = self.statuses(timeout)
+        ready = [(r.term, i) for i, r in enumerate(replies) if r is not None and r.role == "leader" and r.ready]
+        return max(ready)[1] if ready else None
+
+    def call(self, method: str, request: typing.Any, timeout: float = STATUS_TIMEOUT_S) -> typing.Any | None:
+        """method(request) answered by the leader, or None when no master answered it
+        (no leader yet, every master down, or the leader not ready)."""
+        order = [self._last] + [i for i in range(len(self._stubs)) if i != self._last]
+        tried: set[int] = set()
+        while order:
+            i = order.pop(0)
+            if i in tried:
+                continue
+            tried.add(i)
+            try:
+                reply = getattr(self._stubs[i], method)(request, timeout=timeout)
+            except grpc.RpcError as e:
+                named = leader_of(e)
+                if named in self.addresses:
+                    order.insert(0, self.addresses.index(named))
+                continue
+            self._last = i
+            return reply
+        return None
