@@ -1,8 +1,9 @@
-"""A whole cluster on one machine: 1 master, N workers (and later a mount) as processes.
+"""A whole cluster on one machine: 1 master (or 3, 5 with Raft), N workers and an optional
+mount, as processes.
 
 Used by ``cv cluster start|stop|status`` and by the test suite.  Each daemon is a
 separate process in its own session, so a Ctrl-C aimed at the launcher reaches only the
-launcher, which then stops the daemons in order (mount, then workers and master).
+launcher, which then stops the daemons in order (mount, then workers and masters).
 Daemons are started by importing their ``main`` in a fresh interpreter rather than
 being imported here: this module must never load master or worker code into the
 caller's process (one process, one role).
@@ -11,21 +12,33 @@ Layout of a cluster directory D (all paths absolute once started)::
 
     D/curvine.toml        shared settings, written once; every daemon reads it (--config)
     D/cluster.json        what is running: role, pid, address, log of each process
-    D/logs/<name>.log     stdout+stderr of master, worker0.., fuse (appended across runs)
-    D/master/             the master's metadata directory
+    D/logs/<name>.log     stdout+stderr of master (master0..), worker0.., fuse (appended across runs)
+    D/master/             the single master's metadata directory
+    D/master<i>/          master i's, with several masters (each its own SQLite and Raft journal)
     D/worker<i>/data      worker i's block directory
 
-Process bookkeeping (records, liveness, stopping, ports) is in ``processes.py``.
+Process bookkeeping (records, liveness, stopping, ports) is in ``processes.py``; which
+port each daemon gets is ``clusterports.py``.
 
-Ports: the master listens on P (default 8995); worker i uses rpc port B+2i and data
-port B+2i+1, where B defaults to P+2 (so 8997/8998, 8999/9000, ...).  The Prometheus
-/metrics ports follow the workers': M = B+2N for the master, M+1+i for worker i, M+1+N
-for the mount (9001, 9002/9003, 9004 with two workers; docs/metrics.md).  Each worker gets
-its own host identity ``<hostname>-w<i>`` so that two replicas can land on two workers
-of one machine.  Clients using D/curvine.toml (the mount, ``cv --config``) are on worker
-0's host: everything here runs on one machine, as on an inference node that is also a
-storage node, so they read and write worker 0's replicas without the network
+Ports, from the first master's port P (default 8995) for K masters and N workers: master
+i listens on P+2i (gRPC) and P+2i+1 (frames); worker i uses rpc port B+2i and data port
+B+2i+1, where B defaults to P+2K (so 8997/8998, 8999/9000, ... with one master).  The
+Prometheus /metrics ports follow the workers': M = B+2N, master i M+i, worker i M+K+i,
+the mount M+K+N (9001, 9002/9003, 9004 with one master and two workers;
+docs/metrics.md).  Several masters also get Raft ports R+i, R = M+K+N+1, and each is
+started with ``--master-ip``, ``--master-raft-port`` and ``--master-raft-peers`` (every
+master's ip:raft_port): three masters and two workers from 8995 take 8995-9000
+(masters), 9001-9004 (workers), 9005-9010 (metrics), 9011-9013 (Raft).  Workers, the
+mount and clients are given every master's gRPC address, comma-separated (docs/ha.md).
+
+Each worker gets its own host identity ``<hostname>-w<i>`` so that two replicas can land
+on two workers of one machine.  Clients using D/curvine.toml (the mount, ``cv --config``)
+are on worker 0's host: everything here runs on one machine, as on an inference node that
+is also a storage node, so they read and write worker 0's replicas without the network
 (short-circuit reads and writes).
+
+Readiness waits ask whichever master is the leader (``metagroup.MasterGroup``: a
+follower answers NotLeader and names the leader); with one master that is the master.
 """
 from __future__ import annotations
 
@@ -43,16 +56,16 @@ import time
 import typing
 from pathlib import Path
 
-import grpc
-
+from curvine_py import clusterports
+from curvine_py.clusterports import MasterPorts, PortPlan
 from curvine_py.common import config as cfgmod
 from curvine_py.common.mounttable import detach, is_mounted
-from curvine_py.common.security import with_secret
+from curvine_py.metagroup import MasterGroup
 from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
     port_in_use, terminate, wait_dead,
 )
-from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
+from curvine_py.pb import curvine_pb2
 
 DEFAULT_MASTER_PORT = 8995
 DEFAULT_WORKERS = 2
@@ -132,22 +145,11 @@ def fuse_available() -> bool:
     return any(Path(loc, "main.py").exists() for loc in (locations or ()))
 
 
-def _channel(address: str, secret: str = "") -> grpc.Channel:
-    """A channel that retries a not-yet-listening master every 100-500 ms, not gRPC's
-    default back-off of up to two minutes (start-up polling must notice it promptly)."""
-    return with_secret(grpc.insecure_channel(address, options=[
-        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 500)]), secret)
-
-
 def query_report(address: str, timeout: float = 1.0, secret: str = "") -> curvine_pb2.ReportReply | None:
-    """One Report call to the master at address; None when it does not answer."""
-    with _channel(address, secret) as channel:
-        try:
-            return curvine_pb2_grpc.MasterServiceStub(channel).Report(curvine_pb2.Empty(),
-                                                                        timeout=timeout)
-        except grpc.RpcError:
-            return None
+    """The leader's Report (address: one master, or every master comma-separated); None
+    when no master answers it within timeout."""
+    with MasterGroup(cfgmod.addresses(address), secret) as group:
+        return group.call("Report", curvine_pb2.Empty(), timeout)
 
 
 # ---------------------------------------------------------------- the cluster
@@ -183,26 +185,33 @@ def ensure_secret(path: Path) -> None:
 
 
 class LocalCluster:
-    """Start, watch and stop one master, N workers and an optional mount on this machine.
+    """Start, watch and stop one master (or 3, 5), N workers and an optional mount on
+    this machine.
 
     ``master_port=None`` picks free ports for everything (what tests want); the CLI passes
-    8995.  ``die_with_parent`` makes the daemons exit when the creating thread's process
-    dies, which keeps a killed test run or a killed ``--foreground`` launcher from
-    leaving orphans.
+    8995.  ``masters`` > 1 (odd) starts that many masters replicating by Raft (docs/ha.md).
+    ``die_with_parent`` makes the daemons exit when the creating thread's process dies,
+    which keeps a killed test run or a killed ``--foreground`` launcher from leaving
+    orphans.
     """
 
     def __init__(self, dir: str | Path, workers: int = DEFAULT_WORKERS,
                  master_port: int | None = None, capacity: int | str | None = None,
                  extra_master_flags: typing.Sequence[str] = (),
                  extra_worker_flags: typing.Sequence[str] = (),
-                 *, base_port: int | None = None, bind: str = LOCAL_IP, mount: str | None = None,
-                 die_with_parent: bool = False, env: typing.Mapping[str, str] | None = None) -> None:
+                 *, masters: int = 1, base_port: int | None = None, bind: str = LOCAL_IP,
+                 mount: str | None = None, die_with_parent: bool = False,
+                 env: typing.Mapping[str, str] | None = None) -> None:
         if workers < 1:
             raise ClusterError("a cluster needs at least one worker")
+        if masters < 1 or masters % 2 == 0:
+            raise ClusterError(f"the number of masters must be odd (1, 3 or 5), not {masters}: "
+                               "Raft needs a majority")
         self.dir = Path(dir).absolute()
         self.config_path = self.dir / CONFIG_FILE
         self.state_path = self.dir / STATE_FILE
         self.n_workers = workers
+        self.n_masters = masters
         self.capacity = cfgmod.parse_size(capacity) if capacity is not None else None
         self.extra_master_flags = list(extra_master_flags)
         self.extra_worker_flags = list(extra_worker_flags)
@@ -211,44 +220,74 @@ class LocalCluster:
         self.mount = str(Path(mount).absolute()) if mount else None
         self.die_with_parent = die_with_parent
         self.env = dict(env or {})
-        # Explicit ports follow the documented scheme; master_port=None means "any free
-        # ports" for every daemon (tests run many clusters side by side).
-        self._ports: list[int] | None = None
-        self._metrics_ports: list[int] | None = None
-        picked: list[int] = []
-        if master_port is None:
-            # The frame port is picked in the same batch: left to the master's own
-            # ephemeral bind, it could land on a port picked here for a worker that
-            # has not bound it yet (seen in CI as EADDRINUSE in a worker).
-            picked = free_ports(2 + 2 * workers + workers + 2, self.bind)
-            master_port = picked[0]
-            if base_port is None:
-                self._ports = picked[2:2 + 2 * workers]
-                self._metrics_ports = picked[2 + 2 * workers:]
-        self.master_port = master_port
-        self.base_port = base_port if base_port is not None else master_port + 2
-        # The framed metadata port: master port + 1 in the documented scheme; the picked
-        # one when ports are picked; an ephemeral one (clients learn it from the master)
-        # when the scheme's would collide with the workers'.
-        self.frame_port = picked[1] if picked else master_port + 1
-        if not picked and self.base_port <= self.frame_port < self.base_port + 2 * workers:
-            self.frame_port = 0
+        self.ports = self._plan_ports(master_port, base_port)
         self.processes: list[ProcessRecord] = []
         self.launcher_pid: int | None = None  # set by a --foreground launcher
-        self._channel: grpc.Channel | None = None
-        self._stub: curvine_pb2_grpc.MasterServiceStub | None = None
+        self._group: MasterGroup | None = None
         self.hostname = cfgmod.host_identity("")
         self.secret = ""  # the cluster secret, read (or created) by prepare()
+
+    def _plan_ports(self, master_port: int | None, base_port: int | None) -> PortPlan:
+        """Explicit ports follow the documented scheme; master_port=None means "any free
+        ports" for every master (and every worker, unless base_port is given)."""
+        if master_port is None:
+            return clusterports.picked(self.n_masters, self.n_workers, self.bind, base_port)
+        return clusterports.documented(self.n_masters, self.n_workers, master_port, base_port)
 
     # ------------------------------------------------------------ layout
 
     @property
+    def master_port(self) -> int:
+        """The first master's gRPC port (the only one's, with one master)."""
+        return self.ports.masters[0].grpc
+
+    @property
+    def frame_port(self) -> int:
+        return self.ports.masters[0].frame
+
+    def master_ports(self, i: int) -> MasterPorts:
+        return self.ports.masters[i]
+
+    def master_ip(self, i: int) -> str:
+        """The address master i is reached at (every master shares this machine's)."""
+        return self.ip
+
+    def master_bind(self, i: int) -> str:
+        """The address master i listens on."""
+        return self.bind
+
+    @property
+    def master_addresses(self) -> tuple[str, ...]:
+        """Every master's gRPC address, master 0 first."""
+        return tuple(f"{self.master_ip(i)}:{self.master_ports(i).grpc}" for i in range(self.n_masters))
+
+    @property
     def master_address(self) -> str:
-        return f"{self.ip}:{self.master_port}"
+        """What clients and workers are given: the master's address, or every master's
+        comma-separated (config.addresses reads either)."""
+        return ",".join(self.master_addresses)
+
+    def raft_peers(self) -> str:
+        """Every master's ip:raft_port, comma-separated ("" for a single master)."""
+        if self.n_masters == 1:
+            return ""
+        return ",".join(f"{self.master_ip(i)}:{self.master_ports(i).raft}" for i in range(self.n_masters))
+
+    def meta_dir(self, i: int) -> Path:
+        """D/master for a single master (as ever), D/master<i> for each of several."""
+        return self.dir / ("master" if self.n_masters == 1 else f"master{i}")
+
+    def master_name(self, i: int) -> str:
+        return "master" if self.n_masters == 1 else f"master{i}"
+
+    @property
+    def masters(self) -> list[ProcessRecord]:
+        return [p for p in self.processes if p.role == "master"]
 
     @property
     def master(self) -> ProcessRecord:
-        return next(p for p in self.processes if p.role == "master")
+        """The first master's record (the only master's, with one)."""
+        return self.masters[0]
 
     @property
     def workers(self) -> list[ProcessRecord]:
@@ -256,16 +295,13 @@ class LocalCluster:
 
     def worker_ports(self, i: int) -> tuple[int, int]:
         """(rpc, data) ports of worker i."""
-        if self._ports is not None:
-            return self._ports[2 * i], self._ports[2 * i + 1]
-        return self.base_port + 2 * i, self.base_port + 2 * i + 1
+        return self.ports.workers[i]
 
     def metrics_port(self, role: str, i: int = 0) -> int:
-        """The /metrics port of a daemon (role master, worker i, or fuse)."""
-        slot = 0 if role == "master" else 1 + i if role == "worker" else 1 + self.n_workers
-        if self._metrics_ports is not None:
-            return self._metrics_ports[slot]
-        return self.base_port + 2 * self.n_workers + slot
+        """The /metrics port of a daemon (role master i, worker i, or fuse)."""
+        if role == "master":
+            return self.master_ports(i).metrics
+        return self.ports.worker_metrics[i] if role == "worker" else self.ports.mount_metrics
 
     def worker_host(self, i: int) -> str:
         return f"{self.hostname}-w{i}"
@@ -275,12 +311,17 @@ class LocalCluster:
         return f"[{tier}]{self.dir / f'worker{i}' / 'data'}"
 
     def effective_config(self) -> cfgmod.Config:
-        """The settings written to D/curvine.toml; per-worker values show worker0's."""
+        """The settings written to D/curvine.toml; per-daemon values show master0's and
+        worker0's."""
         cfg = cfgmod.Config()
         cfg.master.bind = self.bind
         cfg.master.port = self.master_port
         cfg.master.frame_port = self.frame_port
-        cfg.master.meta_dir = str(self.dir / "master")
+        cfg.master.meta_dir = str(self.meta_dir(0))
+        if self.n_masters > 1:
+            cfg.master.ip = self.master_ip(0)
+            cfg.master.raft_port = self.master_ports(0).raft
+            cfg.master.raft_peers = self.raft_peers()
         cfg.worker.master = self.master_address
         cfg.worker.bind = self.bind
         cfg.worker.ip = self.ip
@@ -290,18 +331,28 @@ class LocalCluster:
         cfg.client.host = self.worker_host(0)   # this machine; see the module docstring
         return cfg
 
+    def _boot(self, role: str) -> list[str]:
+        """The interpreter that runs role's main (see _BOOTSTRAP)."""
+        boot = _BOOTSTRAP.format(prog=f"curvine-{role}", die_with_parent=self.die_with_parent,
+                                 parent=os.getpid(), module=ROLE_MODULES[role])
+        return [sys.executable, "-c", boot]
+
+    def master_flags(self, i: int) -> list[str]:
+        """Master i's own flags: ports, metadata dir, and its place in the Raft group."""
+        ports = self.master_ports(i)
+        flags = ["--master-port", str(ports.grpc), "--master-bind", self.master_bind(i),
+                 "--master-frame-port", str(ports.frame), "--master-meta-dir", str(self.meta_dir(i)),
+                 "--master-metrics-port", str(ports.metrics)]
+        if self.n_masters > 1:
+            flags += ["--master-ip", self.master_ip(i), "--master-raft-port", str(ports.raft),
+                      "--master-raft-peers", self.raft_peers()]
+        return flags
+
     def _command(self, role: str, i: int) -> list[str]:
         """argv of a daemon: the bootstrap interpreter plus the role's flags."""
-        module = ROLE_MODULES[role]
-        boot = _BOOTSTRAP.format(prog=f"curvine-{role}", die_with_parent=self.die_with_parent,
-                                 parent=os.getpid(), module=module)
-        argv = [sys.executable, "-c", boot]
+        argv = self._boot(role)
         if role == "master":
-            return argv + ["--config", str(self.config_path),
-                           "--master-port", str(self.master_port), "--master-bind", self.bind,
-                           "--master-frame-port", str(self.frame_port),
-                           "--master-meta-dir", str(self.dir / "master"),
-                           "--master-metrics-port", str(self.metrics_port("master")), *self.extra_master_flags]
+            return argv + ["--config", str(self.config_path), *self.master_flags(i), *self.extra_master_flags]
         if role == "worker":
             rpc, data = self.worker_ports(i)
             return argv + ["--config", str(self.config_path),
@@ -317,10 +368,12 @@ class LocalCluster:
         raise ValueError(role)
 
     def _record(self, role: str, i: int) -> ProcessRecord:
-        metrics = f"{self.ip}:{self.metrics_port(role, i)}"
         if role == "master":
-            return ProcessRecord(role, "master", 0, self.master_address,
-                                 str(self.dir / "logs" / "master.log"), metrics=metrics)
+            name, ip = self.master_name(i), self.master_ip(i)
+            raft = self.master_ports(i).raft
+            return ProcessRecord(role, name, i, self.master_addresses[i], str(self.dir / "logs" / f"{name}.log"),
+                                 metrics=f"{ip}:{self.metrics_port(role, i)}", raft=f"{ip}:{raft}" if raft else "")
+        metrics = f"{self.ip}:{self.metrics_port(role, i)}"
         if role == "worker":
             rpc, data = self.worker_ports(i)
             return ProcessRecord(role, f"worker{i}", i, f"{self.ip}:{rpc}",
@@ -330,16 +383,16 @@ class LocalCluster:
 
     def prepare(self) -> None:
         """Create the directory tree and D/curvine.toml (only when absent: users may edit it)."""
-        for sub in ("logs", "master", *(f"worker{i}/data" for i in range(self.n_workers))):
+        metas = [self.meta_dir(i).name for i in range(self.n_masters)]
+        for sub in ("logs", *metas, *(f"worker{i}/data" for i in range(self.n_workers))):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         if self.mount:
             Path(self.mount).mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             header = ("# Written by `cv cluster start`; edit freely, it is not overwritten.\n"
-                      "# Every daemon of this cluster reads it (--config).  Per-worker values\n"
-                      "# (host, ports, data dir) are passed to each worker as flags; the\n"
-                      "# [worker] section shows worker0's.  Worker i: rpc port = rpc_port + 2i,\n"
-                      "# data port = rpc_port + 2i + 1, host = <hostname>-w<i>.\n\n")
+                      "# Every daemon of this cluster reads it (--config).  Per-daemon values\n"
+                      "# (host, ports, data dir) are passed to each as flags; the [master] and\n"
+                      "# [worker] sections show master0's and worker0's (port layout: docs/cli.md).\n\n")
             tmp = self.config_path.with_suffix(".tmp")
             tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
             os.replace(tmp, self.config_path)
@@ -365,21 +418,18 @@ class LocalCluster:
         return rec
 
     def _check_ports(self) -> None:
-        wanted = [(self.master_port, "master")]
-        if self.frame_port:
-            wanted.append((self.frame_port, "master frames"))
-        for i in range(self.n_workers):
-            rpc, data = self.worker_ports(i)
-            wanted += [(rpc, f"worker{i} rpc"), (data, f"worker{i} data"),
-                       (self.metrics_port("worker", i), f"worker{i} metrics")]
-        wanted.append((self.metrics_port("master"), "master metrics"))
-        for port, what in wanted:
+        clash = self.ports.clash()
+        if clash:
+            raise ClusterError(f"two daemons would share a port ({clash}); "
+                               "choose other ports (--master-port / --base-port)")
+        for port, what in self.ports.labelled():
             if port_in_use(self.bind, port):
                 raise ClusterError(f"port {port} ({what}) on {self.bind} is already in use; "
                                    "choose other ports (--master-port / --base-port)")
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "LocalCluster":
-        """Start every daemon and wait until the master reports all workers live.
+        """Start every daemon and wait until the master (the leader, of several) reports
+        all workers live.
 
         On any failure (including Ctrl-C) whatever was started is stopped again.
         """
@@ -402,9 +452,9 @@ class LocalCluster:
 
     def _start_all(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        master = self._spawn(self._record("master", 0), "master")
-        self.processes = [master]
-        self._wait(lambda r: r is not None, "the master to answer", deadline, [master])
+        self.processes = [self._spawn(self._record("master", i), "master") for i in range(self.n_masters)]
+        self.write_state()
+        self._wait(lambda: self.report() is not None, self._answer_what(), deadline, self.masters)
         spawned_ms = int(time.time() * 1000)
         for i in range(self.n_workers):
             self.processes.append(self._spawn(self._record("worker", i), "worker"))
@@ -414,9 +464,12 @@ class LocalCluster:
             fuse = self._spawn(self._record("fuse", 0), "fuse")
             self.processes.append(fuse)
             self.write_state()
-            self._wait(lambda r: is_mounted(fuse.address), f"the mount at {fuse.address}",
+            self._wait(lambda: is_mounted(fuse.address), f"the mount at {fuse.address}",
                        deadline, [fuse])
         self.write_state()
+
+    def _answer_what(self) -> str:
+        return "the master to answer" if self.n_masters == 1 else "a leader to be elected and answer"
 
     @contextlib.contextmanager
     def _lock(self) -> typing.Iterator[None]:
@@ -435,6 +488,7 @@ class LocalCluster:
             "dir": str(self.dir),
             "config": str(self.config_path),
             "master": self.master_address,
+            "masters": list(self.master_addresses),
             "mount": self.mount,
             "launcher_pid": self.launcher_pid,
             "launcher_start_ticks": _start_ticks(self.launcher_pid) if self.launcher_pid else None,
@@ -443,21 +497,40 @@ class LocalCluster:
 
     # ------------------------------------------------------------ readiness
 
-    def report(self, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:
-        """The master's Report, or None when it does not answer within timeout."""
-        if self._stub is None:
-            self._channel = _channel(self.master_address, self.secret)
-            self._stub = curvine_pb2_grpc.MasterServiceStub(self._channel)
-        try:
-            return self._stub.Report(curvine_pb2.Empty(), timeout=timeout)
-        except grpc.RpcError:
-            return None
+    @property
+    def group(self) -> MasterGroup:
+        """Channels to every master, opened on first use (the secret is known by then)."""
+        if self._group is None:
+            self._group = MasterGroup(self.master_addresses, self.secret)
+        return self._group
 
-    def _wait(self, ready: typing.Callable[[curvine_pb2.ReportReply | None], bool], what: str,
+    def report(self, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:
+        """The leader's Report, or None when no master answers it within timeout."""
+        return typing.cast("curvine_pb2.ReportReply | None",
+                           self.group.call("Report", curvine_pb2.Empty(), timeout))
+
+    def master_status(self, i: int, timeout: float = 1.0) -> curvine_pb2.MasterStatusReply | None:
+        """Master i's MasterStatus (role, term, indexes), or None when it does not answer."""
+        return self.group.status(i, timeout)
+
+    def leader_index(self, timeout: float = 10.0) -> int:
+        """Which master is the ready leader, waiting up to timeout for one; ClusterError
+        when none is (an election that does not end, a minority left)."""
+        found: list[int] = []
+
+        def elected() -> bool:
+            i = self.group.leader()
+            if i is not None:
+                found.append(i)
+            return i is not None
+        self._wait(elected, "a ready leader", time.monotonic() + timeout, [])
+        return found[-1]
+
+    def _wait(self, ready: typing.Callable[[], bool], what: str,
               deadline: float, watch: typing.Sequence[ProcessRecord],
               culprit: typing.Callable[[], ProcessRecord] | None = None) -> None:
-        """Poll until ready(report); fail fast when a watched process dies.  On timeout
-        the log shown is culprit()'s (the process that kept us waiting), else watch[0]'s."""
+        """Poll until ready(); fail fast when a watched process dies.  On timeout the log
+        shown is culprit()'s (the process that kept us waiting), else watch[0]'s."""
         while True:
             for p in watch:
                 if not p.is_alive():
@@ -466,30 +539,40 @@ class LocalCluster:
                         f"was killed by signal {-code}" if code is not None else "exited")
                     raise ClusterError(f"{p.name} (pid {p.pid}) {how} while waiting for {what}; "
                                        f"last lines of {p.log}:", log_tail(p.log))
-            if ready(self.report(timeout=1.0)):
+            if ready():
                 return
             if time.monotonic() >= deadline:
-                p = culprit() if culprit else watch[0]
+                p = culprit() if culprit else watch[0] if watch else self.masters[0]
                 raise ClusterError(f"timed out waiting for {what} ({p.name} is not ready); "
                                    f"last lines of {p.log}:", log_tail(p.log))
             time.sleep(0.1)
 
+    def _watched_masters(self) -> list[ProcessRecord]:
+        """The masters a wait fails on when they die: the one, or those of several still
+        running (a test may have killed the others on purpose)."""
+        return self.masters if self.n_masters == 1 else [m for m in self.masters if m.is_alive()]
+
     def _wait_workers(self, workers: typing.Sequence[ProcessRecord], since_ms: int,
                       deadline: float) -> None:
-        """Wait until the master reports these workers live (heard from after since_ms)."""
+        """Wait until the leader reports these workers live (heard from after since_ms)."""
         def missing() -> list[ProcessRecord]:
             rep = self.report()
             live = _live_hosts(rep, since_ms) if rep is not None else set()
             return [w for w in workers if w.host not in live] or [self.master]
 
-        self._wait(lambda rep: rep is not None and {w.host for w in workers} <= _live_hosts(rep, since_ms),
-                   f"{len(workers)} worker(s) to register with the master at {self.master_address}",
-                   deadline, [self.master, *workers], culprit=lambda: missing()[0])
+        def registered() -> bool:
+            rep = self.report()
+            return rep is not None and {w.host for w in workers} <= _live_hosts(rep, since_ms)
+
+        where = f"the master at {self.master_address}" if self.n_masters == 1 else "the leader"
+        self._wait(registered, f"{len(workers)} worker(s) to register with {where}",
+                   deadline, [*self._watched_masters(), *workers], culprit=lambda: missing()[0])
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S, since_ms: int = 0) -> None:
-        """Wait until the master answers and every running worker is live in its report."""
+        """Wait until the master (the leader) answers and every running worker is live in
+        its report."""
         deadline = time.monotonic() + timeout
-        self._wait(lambda r: r is not None, "the master to answer", deadline, [self.master])
+        self._wait(lambda: self.report() is not None, self._answer_what(), deadline, self._watched_masters())
         self._wait_workers([w for w in self.workers if w.is_alive()], since_ms, deadline)
 
     # ------------------------------------------------------------ faults (for tests)
@@ -498,8 +581,12 @@ class LocalCluster:
         """Send sig to worker i; wait for it to exit when sig terminates (not SIGSTOP)."""
         self._signal(self.workers[i], sig, wait)
 
-    def kill_master(self, sig: int = signal.SIGKILL, wait: bool | None = None) -> None:
-        self._signal(self.master, sig, wait)
+    def kill_master(self, i: int = 0, sig: int = signal.SIGKILL, wait: bool | None = None) -> None:
+        """Send sig to master i.  ``kill_master(signal.SIGSTOP)``, a signal first, is the
+        single-master form (signals are ``signal.Signals``, never a master's index)."""
+        if isinstance(i, signal.Signals):
+            i, sig = 0, i
+        self._signal(self.masters[i], sig, wait)
 
     def _signal(self, p: ProcessRecord, sig: int, wait: bool | None) -> None:
         p.signal(sig)
@@ -515,11 +602,18 @@ class LocalCluster:
         self._wait_workers([new], since, time.monotonic() + timeout)
         return new
 
-    def restart_master(self, timeout: float = START_TIMEOUT_S) -> ProcessRecord:
-        """Stop the master if it runs, start it again on its port and metadata, wait until
-        every running worker has re-registered with it."""
-        since, new = self._respawn(self.master, "master")
-        self.wait_ready(timeout, since_ms=since)
+    def restart_master(self, i: int = 0, timeout: float = START_TIMEOUT_S) -> ProcessRecord:
+        """Stop master i if it runs, start it again on its ports and metadata, and wait:
+        one master, until every running worker has re-registered with it; several, until
+        it has rejoined the group (it answers and knows the leader) and the leader reports
+        every running worker live."""
+        since, new = self._respawn(self.masters[i], "master")
+        if self.n_masters == 1:
+            self.wait_ready(timeout, since_ms=since)
+            return new
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: _joined(self.master_status(i)), f"{new.name} to rejoin the group", deadline, [new])
+        self.wait_ready(max(0.0, deadline - time.monotonic()))
         return new
 
     def _respawn(self, old: ProcessRecord, role: str) -> tuple[int, ProcessRecord]:
@@ -539,9 +633,9 @@ class LocalCluster:
         """
         running = [p for p in self.processes if p.is_alive()]
         _stop_ordered(self.processes, timeout)
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = self._stub = None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
         with contextlib.suppress(FileNotFoundError):
             self.state_path.unlink()
         return running
@@ -553,6 +647,12 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _joined(status: curvine_pb2.MasterStatusReply | None) -> bool:
+    """A master that answers and is part of a working group: the leader, or a follower
+    that knows it."""
+    return status is not None and (status.role == "leader" or bool(status.leader))
 
 
 def _live_hosts(rep: curvine_pb2.ReportReply, since_ms: int) -> set[str]:

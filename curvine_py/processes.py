@@ -48,7 +48,7 @@ def pid_alive(pid: int | None, start_ticks: int | None = None) -> bool:
 class ProcessRecord:
     """One daemon of the cluster: how it was started and where it is."""
     role: str                     # master, worker, fuse
-    name: str                     # master, worker0, worker1, fuse
+    name: str                     # master (master0, master1, .. of several), worker0, worker1, fuse
     index: int
     address: str                  # rpc address (mountpoint for fuse)
     log: str
@@ -56,6 +56,7 @@ class ProcessRecord:
     data_address: str = ""        # workers: the data-channel address
     host: str = ""                # workers: the host identity used for placement
     metrics: str = ""             # ip:port of its Prometheus /metrics ("" = off)
+    raft: str = ""                # masters of a Raft group: ip:raft_port ("" = a single master)
     pid: int = 0
     start_ticks: int | None = None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
