@@ -30,11 +30,22 @@ CLI_RETRY_S = 20.0
 
 
 def host_port(text: str) -> str:
-    """argparse type of an address option (--master, --metrics): host:port with a numeric port."""
+    """argparse type of an address option (--metrics): host:port with a numeric port."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"not a host:port address: {text!r}")
     return text
+
+
+def host_ports(text: str) -> str:
+    """argparse type of --master: one host:port, or several comma-separated (a group of
+    masters, docs/ha.md), each checked."""
+    entries = cfgmod.addresses(text)
+    if not entries:
+        raise argparse.ArgumentTypeError(f"not a host:port address: {text!r}")
+    for entry in entries:
+        host_port(entry)
+    return ",".join(entries)
 
 
 class UsageError(Exception):

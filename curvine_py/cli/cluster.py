@@ -19,6 +19,8 @@ from curvine_py import localcluster as lc
 from curvine_py.cli import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Context
 from curvine_py.cli import output
 from curvine_py.common import config as cfgmod
+from curvine_py.metagroup import MasterGroup
+from curvine_py.results import MasterInfo
 
 DEFAULT_DIR = ".curvine"
 EXIT_NOT_RUNNING = 3  # `status` of a directory with no cluster (the LSB init-script code)
@@ -66,23 +68,45 @@ def layout_defaults(directory: str | Path) -> tuple[int, int | None, int | None]
     return cfg.master.port, cfg.worker.rpc_port, capacity
 
 
-def process_rows(procs: typing.Sequence[lc.ProcessRecord]) -> list[tuple[object, ...]]:
+def recorded_masters(directory: str | Path) -> int | None:
+    """How many masters D/curvine.toml was written for (its client.master list), None
+    without one: the toml is never rewritten, so a cluster keeps its number of masters."""
+    path = Path(directory) / lc.CONFIG_FILE
+    if not path.exists():
+        return None
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, path)
+    return max(1, len(cfgmod.addresses(cfg.client.master)))
+
+
+def process_rows(procs: typing.Sequence[lc.ProcessRecord],
+                 roles: typing.Mapping[str, str] | None = None) -> list[tuple[object, ...]]:
+    """One row per process; roles (a master's address -> leader, follower, ...) is
+    shown beside a live master's state."""
     rows: list[tuple[object, ...]] = []
     for p in procs:
         where = p.address + (f" (data {p.data_address})" if p.data_address else "")
-        rows.append((p.name, where, p.metrics.rpartition(":")[2] or "-", p.pid, "alive" if p.is_alive() else "dead",
-                     _rel(p.log)))
+        state = "alive" if p.is_alive() else "dead"
+        if p.role == "master" and state == "alive" and roles and p.address in roles:
+            state += f", {roles[p.address]}"
+        rows.append((p.name, where, p.metrics.rpartition(":")[2] or "-", p.pid, state, _rel(p.log)))
     return rows
 
 
+def _masters_text(n: int) -> str:
+    return "1 master" if n == 1 else f"{n} masters (Raft)"
+
+
 def print_started(cluster: lc.LocalCluster, foreground: bool) -> None:
-    print(f"started a cluster in {cluster.dir}: 1 master, {cluster.n_workers} worker(s)")
+    print(f"started a cluster in {cluster.dir}: {_masters_text(cluster.n_masters)}, "
+          f"{cluster.n_workers} worker(s)")
     print(output.table(process_rows(cluster.processes),
                        headers=("NAME", "ADDRESS", "METRICS", "PID", "STATE", "LOG"), right={2, 3}))
     cfg = _rel(str(cluster.config_path))
     hint = "" if cfg == ".curvine/curvine.toml" else f"--config {cfg} "   # found from this directory
+    whose = "the master's address" if cluster.n_masters == 1 else "every master's address"
     print(f"use it: cv {hint}fs ls /   (elsewhere: cv --config {cluster.config_path} ..., "
-          "which holds the master's address and the cluster secret)")
+          f"which holds {whose} and the cluster secret)")
     if foreground:
         print("running in the foreground; Ctrl-C stops the cluster")
     else:
@@ -93,6 +117,12 @@ def print_started(cluster: lc.LocalCluster, foreground: bool) -> None:
 def cmd_start(ctx: Context) -> int:
     a = ctx.args
     directory = Path(a.dir)
+    recorded = recorded_masters(directory)
+    masters = a.masters if a.masters is not None else recorded or 1
+    if recorded is not None and masters != recorded:
+        return fail_cluster(lc.ClusterError(
+            f"{directory} was set up for {_masters_text(recorded)} ({directory / lc.CONFIG_FILE}); "
+            f"start it with --masters {recorded}, or use another --dir"))
     master_port, base_port, capacity = layout_defaults(directory)
     if a.master_port is not None:
         master_port, base_port = a.master_port, None
@@ -104,7 +134,7 @@ def cmd_start(ctx: Context) -> int:
         sys.stderr.write("cv: note: mounting is not available yet (curvine_py.fuse.main is not "
                          "installed); starting without a mount\n")
     cluster = lc.LocalCluster(directory, workers=a.workers, master_port=master_port,
-                              capacity=capacity, base_port=base_port, mount=a.mount,
+                              capacity=capacity, masters=masters, base_port=base_port, mount=a.mount,
                               die_with_parent=a.foreground)
     if a.foreground:
         cluster.launcher_pid = os.getpid()
@@ -145,8 +175,8 @@ def run_foreground(cluster: lc.LocalCluster, timeout: float) -> int:
                 fail_cluster(lc.ClusterError(
                     f"{p.name} (pid {p.pid}) exited with code {p.exit_code()}; "
                     f"last lines of {p.log}:", lc.log_tail(p.log)))
-                if p.role == "master":  # nothing works without it: shut the rest down
-                    code = EXIT_FAIL
+                if p.role == "master" and not _majority_alive(cluster):
+                    code = EXIT_FAIL   # nothing works without it (them): shut the rest down
                     raise KeyboardInterrupt
     except lc.ClusterError as e:  # start-up failed and has already stopped what it started
         return fail_cluster(e)
@@ -162,6 +192,12 @@ def run_foreground(cluster: lc.LocalCluster, timeout: float) -> int:
         if started:
             print(f"stopped the cluster in {cluster.dir}", flush=True)
     return code
+
+
+def _majority_alive(cluster: lc.LocalCluster) -> bool:
+    """Whether the masters can still serve: the one is alive, or a majority of several."""
+    alive = sum(1 for m in cluster.masters if m.is_alive())
+    return 2 * alive > len(cluster.masters)
 
 
 def cmd_stop(ctx: Context) -> int:
@@ -187,29 +223,53 @@ def cmd_status(ctx: Context) -> int:
         return fail_cluster(e)
     if state is None:
         if ctx.args.json:
-            output.print_json({"dir": str(directory), "running": False, "processes": []})
+            output.print_json({"dir": str(directory), "running": False, "processes": [], "masters": []})
         else:
             print(f"no cluster is running in {directory}")
         return EXIT_NOT_RUNNING
     procs: list[lc.ProcessRecord] = state["processes"]
     alive = [p.is_alive() for p in procs]
-    master = next((p for p in procs if p.role == "master"), None)
-    rep = (lc.query_report(state["master"], secret=_secret_of(state.get("config")))
-           if master is not None and master.is_alive() else None)
+    masters = [p for p in procs if p.role == "master"]
+    secret = _secret_of(state.get("config"))
+    infos = _master_infos(masters, secret)
+    rep = (lc.query_report(",".join(m.address for m in masters), secret=secret)
+           if any(m.is_alive() for m in masters) else None)
     live = sum(1 for w in rep.workers if w.state.lower() == "live") if rep is not None else None
     if ctx.args.json:
         output.print_json({
             "dir": str(directory), "running": any(alive), "master": state.get("master"),
             "mount": state.get("mount"), "config": state.get("config"), "live_workers": live,
+            "leader": next((i.address for i in infos.values() if i.role == "leader"), None),
+            "masters": [master_json(m, infos.get(m.address)) for m in masters],
             "processes": [{"role": p.role, "name": p.name, "pid": p.pid, "address": p.address,
                            "data_address": p.data_address or None, "host": p.host or None,
+                           "raft_address": p.raft or None,
                            "metrics": p.metrics or None, "log": p.log, "alive": ok} for p, ok in zip(procs, alive)]})
     else:
         print(f"cluster in {directory}: {sum(alive)} of {len(procs)} process(es) alive"
               + (f", master reports {live} live worker(s)" if live is not None else ""))
-        print(output.table(process_rows(procs), headers=("NAME", "ADDRESS", "METRICS", "PID", "STATE", "LOG"),
+        roles = {a: i.role for a, i in infos.items()} if len(masters) > 1 else None
+        print(output.table(process_rows(procs, roles), headers=("NAME", "ADDRESS", "METRICS", "PID", "STATE", "LOG"),
                            right={2, 3}))
     return EXIT_OK if all(alive) else EXIT_FAIL
+
+
+def _master_infos(masters: typing.Sequence[lc.ProcessRecord], secret: str) -> dict[str, MasterInfo]:
+    """Each live master's own status by its address (none asked of a dead one)."""
+    live = [m.address for m in masters if m.is_alive()]
+    if not live:
+        return {}
+    with MasterGroup(live, secret) as group:
+        return {i.address: i for i in group.infos()}
+
+
+def master_json(p: lc.ProcessRecord, info: MasterInfo | None) -> dict[str, typing.Any]:
+    """One master process: where it listens, its pid, and its role as it reports it
+    ("dead" when the process is gone, "unreachable" when it runs but does not answer)."""
+    role = info.role if info is not None else "dead" if not p.is_alive() else "unreachable"
+    return {"name": p.name, "address": p.address, "raft_address": p.raft or None, "pid": p.pid,
+            "alive": p.is_alive(), "role": role, "term": info.term if info else None,
+            "applied_index": info.applied_index if info else None, "log": p.log}
 
 
 def positive_int(text: str) -> int:
@@ -219,6 +279,19 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
+def master_count(text: str) -> int:
+    """--masters: 1, or an odd number for a Raft group (an even one has no majority to
+    spare: 2 masters stop when either dies, as 1 does)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1 or value % 2 == 0:
+        why = ": Raft needs a majority of the masters" if value > 0 else ""
+        raise argparse.ArgumentTypeError(f"must be odd (1, 3 or 5), not {value}{why}")
     return value
 
 
@@ -236,9 +309,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     cmds = cl.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
     dir_help = f"cluster directory (default ./{DEFAULT_DIR})"
 
-    p = cmds.add_parser("start", parents=[common], help="start 1 master and N workers",
-                        description="Start 1 master and N workers (and a mount) on this machine.")
+    p = cmds.add_parser("start", parents=[common], help="start 1 master (or 3 with Raft) and N workers",
+                        description="Start 1 master (or 3, 5 replicating by Raft) and N workers (and a "
+                                    "mount) on this machine.")
     p.add_argument("--dir", default=DEFAULT_DIR, help=dir_help)
+    p.add_argument("--masters", type=master_count, metavar="N",
+                   help="number of masters: 1 (default), or 3 or 5 replicating by Raft (docs/ha.md); "
+                        "default the number DIR was first started with")
     p.add_argument("--workers", type=positive_int, default=lc.DEFAULT_WORKERS,
                    help=f"number of workers (default {lc.DEFAULT_WORKERS})")
     p.add_argument("--mount", metavar="M", help="also mount the filesystem at M")

@@ -16,7 +16,7 @@ import sys
 import typing
 
 from curvine_py.cli import (EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                            CliError, Context, UsageError, host_port)
+                            CliError, Context, UsageError, host_ports)
 from curvine_py.common import config as cfgmod
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.common.version import package_version
@@ -37,9 +37,9 @@ def common_options(suppress: bool) -> CliParser:
     """
     p = CliParser(add_help=False)
     default = argparse.SUPPRESS if suppress else None
-    p.add_argument("--master", metavar="HOST:PORT", type=host_port, default=default,
-                   help="master address (default: $CURVINE_MASTER, then the config, then "
-                        "127.0.0.1:8995)")
+    p.add_argument("--master", metavar="HOST:PORT", type=host_ports, default=default,
+                   help="master address, or every master's comma-separated (default: $CURVINE_MASTER, "
+                        "then the config, then 127.0.0.1:8995)")
     p.add_argument("--config", metavar="FILE", default=default,
                    help="TOML configuration file (default: $CURVINE_CONF, ./curvine.toml, "
                         "/etc/curvine/curvine.toml)")

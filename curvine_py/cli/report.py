@@ -1,8 +1,9 @@
-"""`cv report`: the cluster as the master sees it (workers, ring, pool, replication).
+"""`cv report`: the cluster as the master sees it (workers, ring, pool, replication), and
+each master of a Raft group as it sees itself.
 
 This is the operator's first look after starting or losing a node: which workers are
-live, how full each is, which ring epoch placement uses, and whether any block is
-missing a replica.
+live, how full each is, which ring epoch placement uses, whether any block is missing a
+replica, and, with several masters, which one leads and how far each is behind.
 """
 from __future__ import annotations
 
@@ -13,7 +14,24 @@ from curvine_py.cli import Context
 from curvine_py.cli import output
 
 if typing.TYPE_CHECKING:
-    from curvine_py.results import Report
+    from curvine_py.results import MasterInfo, Report
+
+
+def master_json(m: "MasterInfo") -> dict[str, typing.Any]:
+    """One master as it reports itself; lag is null when it or every leader is unreachable."""
+    return {
+        "address": m.address,
+        "role": m.role,                 # leader, follower, candidate or unreachable
+        "term": m.term,
+        "commit_index": m.commit_index,
+        "applied_index": m.applied_index,
+        "last_log_index": m.last_log_index,
+        "lag": m.lag,                   # the leader's commit index minus this master's applied index
+        "leader": m.leader or None,     # the leader's address as this master knows it
+        "raft_address": m.raft_address or None,
+        "pid": m.pid or None,
+        "ready": m.ready,
+    }
 
 
 def report_json(rep: "Report") -> dict[str, typing.Any]:
@@ -31,6 +49,7 @@ def report_json(rep: "Report") -> dict[str, typing.Any]:
         "evicted_bytes": rep.evicted_bytes,
         "expired_files": rep.expired_files,
         "metrics_port": rep.metrics_port,   # the master's /metrics port (0 = off)
+        "masters": [master_json(m) for m in rep.masters],
         "workers": [{
             "id": w.address.worker_id,
             "host": w.address.host,
@@ -63,6 +82,8 @@ def format_report(rep: "Report") -> str:
         ("evicted:", f"{rep.evicted_files} files ({output.format_size(rep.evicted_bytes)}), "
                      f"{rep.expired_files} expired by TTL"),
     ])
+    if len(rep.masters) > 1:
+        summary += "\n\n" + format_masters(rep.masters)
     if not rep.workers:
         return summary + "\n\nno workers registered"
     rows = [(w.address.worker_id, w.address.host, f"{w.address.ip}:{w.address.rpc_port}",
@@ -73,6 +94,17 @@ def format_report(rep: "Report") -> str:
     workers = output.table(rows, headers=("ID", "HOST", "ADDRESS", "STATE", "CAPACITY", "USED",
                                           "USE%", "BLOCKS", "IO", "HEARTBEAT"), right={0, 4, 5, 6, 7})
     return f"{summary}\n\n{workers}"
+
+
+def format_masters(masters: typing.Sequence["MasterInfo"]) -> str:
+    """One row per master: its role, term, commit and applied index, and lag (the
+    leader's commit index minus its applied index); "-" where it did not answer."""
+    rows: list[tuple[object, ...]] = []
+    for m in masters:
+        known = m.role != "unreachable"
+        numbers = (m.term, m.commit_index, m.applied_index) if known else ("-", "-", "-")
+        rows.append((m.address, m.role, *numbers, "-" if m.lag is None else m.lag))
+    return output.table(rows, headers=("MASTER", "ROLE", "TERM", "COMMIT", "APPLIED", "LAG"), right={2, 3, 4, 5})
 
 
 def cmd_report(ctx: Context) -> int:
