@@ -1,11 +1,14 @@
-"""A cluster across network-namespace hosts (curvine_py/testing/testhosts.py): the master, workers
-and mounts each run inside a Host, bound to its address.
+"""A cluster across network-namespace hosts (curvine_py/testing/testhosts.py): the master (or
+three, five with Raft: ``master_hosts``), workers and mounts each run inside a Host, bound
+to its address.
 
 Used by ``tests/multihost`` and ``bench/compare``; ``python -m curvine_py.testing.hostsctl up
 --cluster DIR`` starts one by hand.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -14,6 +17,8 @@ import time
 import typing
 from pathlib import Path
 
+from curvine_py import clusterports
+from curvine_py.clusterports import PortPlan
 from curvine_py.common import config as cfgmod
 from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.localcluster import (
@@ -30,19 +35,34 @@ if typing.TYPE_CHECKING:
 class _Daemons(LocalCluster):
     """LocalCluster's bookkeeping (records, readiness waits, restarts, ordered stop) with
     each daemon started inside its Host and bound to that host's address.  Every namespace
-    has its own ports, so the documented default ports are used on every host."""
+    has its own ports, so the documented default ports are used on every host: each
+    master listens on its host's 8995 (gRPC), 8996 (frames) and, of several, 8994 (Raft)."""
 
-    def __init__(self, hosts: Hosts, dir: str | Path, master_host: Host, worker_hosts: list[Host],
+    def __init__(self, hosts: Hosts, dir: str | Path, master_hosts: list[Host], worker_hosts: list[Host],
                  secret: str, **kw: typing.Any) -> None:
         self.hosts = hosts
-        self.master_host = master_host
+        self.master_host_list = master_hosts
         self.worker_host_list = worker_hosts
         # The secret is passed in the environment too: it must win over a CURVINE_CLUSTER_SECRET
         # the caller's environment may hold (the test suite sets one).
         super().__init__(dir, workers=len(worker_hosts), master_port=DEFAULT_MASTER_PORT,
-                         bind=master_host.ip, env={"CURVINE_CLUSTER_SECRET": secret}, **kw)
+                         masters=len(master_hosts), bind=master_hosts[0].ip,
+                         env={"CURVINE_CLUSTER_SECRET": secret}, **kw)
         self.secret = secret
         self.mounts: dict[int, tuple[Host, str, tuple[str, ...]]] = {}   # fuse index -> where
+
+    def _plan_ports(self, master_port: int | None, base_port: int | None) -> PortPlan:
+        """Workers as documented for one master; every master on the same ports (each on
+        its own host), Raft on the configured default."""
+        plan = clusterports.documented(1, self.n_workers, master_port or DEFAULT_MASTER_PORT, base_port)
+        raft = cfgmod.MasterConfig().raft_port if self.n_masters > 1 else 0
+        return dataclasses.replace(plan, masters=(dataclasses.replace(plan.masters[0], raft=raft),) * self.n_masters)
+
+    def master_ip(self, i: int) -> str:
+        return self.master_host_list[i].ip
+
+    def master_bind(self, i: int) -> str:
+        return self.master_host_list[i].ip
 
     def worker_host(self, i: int) -> str:
         return self.worker_host_list[i].name
@@ -58,7 +78,7 @@ class _Daemons(LocalCluster):
         """Write D/curvine.toml afresh (addresses differ per run), then LocalCluster's layout."""
         self.dir.mkdir(parents=True, exist_ok=True)
         header = ("# Written by curvine_py.testing.testhosts for a cluster across network-namespace hosts.\n"
-                  f"# Master on {self.master_host.name}; workers on "
+                  f"# Masters on {', '.join(h.name for h in self.master_host_list)}; workers on "
                   f"{', '.join(h.name for h in self.worker_host_list)}.\n\n")
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(header + cfgmod.to_toml(self.effective_config()))
@@ -76,10 +96,7 @@ class _Daemons(LocalCluster):
                                  parent=os.getpid(), module=ROLE_MODULES[role])
         argv = [sys.executable, "-c", boot, "--config", str(self.config_path)]
         if role == "master":
-            return self.master_host.wrap(argv + [
-                "--master-port", str(self.master_port), "--master-bind", self.master_host.ip,
-                "--master-meta-dir", str(self.dir / "master"),
-                "--master-metrics-port", str(self.metrics_port("master")), *self.extra_master_flags])
+            return self.master_host_list[i].wrap(argv + [*self.master_flags(i), *self.extra_master_flags])
         if role == "worker":
             h = self.worker_host_list[i]
             rpc, data = self.worker_ports(i)
@@ -104,7 +121,7 @@ class _Daemons(LocalCluster):
             host, mountpoint, _ = self.mounts[i]
             return ProcessRecord(role, f"fuse{i}", i, mountpoint, str(self.dir / "logs" / f"fuse{i}.log"),
                                  host=host.name)
-        return super()._record(role, i)
+        return dataclasses.replace(super()._record(role, i), host=self.master_host_list[i].name)
 
     def _spawn(self, rec: ProcessRecord, role: str) -> ProcessRecord:
         rec = super()._spawn(rec, role)
@@ -113,18 +130,20 @@ class _Daemons(LocalCluster):
 
 
 class NetCluster:
-    """A curvine cluster whose master, workers and mounts each run inside a Host.
+    """A curvine cluster whose masters, workers and mounts each run inside a Host.
 
-    Attributes not defined here (``processes``, ``workers``, ``master``, ``wait_ready``,
-    ...) are the underlying LocalCluster's.
+    ``master_hosts=(0, 1, 2)`` starts three masters replicating by Raft (docs/ha.md), one
+    per host; workers and clients are given all three addresses.  Attributes not defined
+    here (``processes``, ``workers``, ``masters``, ``wait_ready``, ...) are the underlying
+    LocalCluster's.
     """
 
-    def __init__(self, hosts: Hosts, dir: str | Path, master_host: int = 0,
+    def __init__(self, hosts: Hosts, dir: str | Path, master_hosts: typing.Sequence[int] = (0,),
                  worker_hosts: typing.Sequence[int] = (1, 2), extra_master_flags: typing.Sequence[str] = (),
                  extra_worker_flags: typing.Sequence[str] = (), secret: str | None = None,
                  capacity: int | str | None = None, die_with_parent: bool = True) -> None:
         self.hosts = hosts
-        self._d = _Daemons(hosts, dir, hosts[master_host], [hosts[i] for i in worker_hosts],
+        self._d = _Daemons(hosts, dir, [hosts[i] for i in master_hosts], [hosts[i] for i in worker_hosts],
                            secret or secrets.token_hex(16), capacity=capacity,
                            extra_master_flags=extra_master_flags, extra_worker_flags=extra_worker_flags,
                            die_with_parent=die_with_parent)
@@ -147,6 +166,10 @@ class NetCluster:
     def worker_host(self, i: int) -> Host:
         """The Host worker i runs on."""
         return self._d.worker_host_list[i]
+
+    def master_host(self, i: int = 0) -> Host:
+        """The Host master i runs on."""
+        return self._d.master_host_list[i]
 
     def worker_data_dir(self, i: int) -> Path:
         return self.dir / f"worker{i}" / "data"
@@ -178,18 +201,41 @@ class NetCluster:
         """Start worker i again (same host, ports and data dir); wait until it is live."""
         self._d.restart_worker(i)
 
-    def kill_master(self, sig: int = signal.SIGKILL) -> None:
-        self._d.kill_master(sig)
+    def kill_master(self, i: int = 0, sig: int = signal.SIGKILL) -> None:
+        """Send sig to master i (``kill_master(signal.SIGSTOP)``: the single master)."""
+        self._d.kill_master(i, sig)
 
-    def restart_master(self) -> None:
-        """Start the master again on its metadata; wait until every running worker re-registered."""
-        self._d.restart_master()
+    def restart_master(self, i: int = 0) -> None:
+        """Start master i again on its host and metadata; wait until every running worker
+        re-registered (one master) or until it rejoined the group and the leader reports
+        every running worker live (several)."""
+        self._d.restart_master(i)
+
+    def master_status(self, i: int = 0, timeout: float = 1.0) -> curvine_pb2.MasterStatusReply | None:
+        """Master i's MasterStatus (role, term, indexes), or None when it does not answer."""
+        return self._d.master_status(i, timeout)
+
+    def leader_index(self, timeout: float = 10.0) -> int:
+        """Which master is the ready leader, waiting up to timeout (ClusterError after)."""
+        return self._d.leader_index(timeout)
+
+    @contextlib.contextmanager
+    def partitioned(self, host: Host | int) -> typing.Iterator[Host]:
+        """The host cut off for the with block (``Host.cut``: every packet to or from it
+        dropped silently, a partition rather than a refused connection), restored after
+        it, also when the block fails; ``c.partitioned(c.master_host(i))`` cuts master i."""
+        h = self.hosts[host] if isinstance(host, int) else host
+        h.cut()
+        try:
+            yield h
+        finally:
+            h.restore()
 
     def report(self, timeout: float = 5.0) -> curvine_pb2.ReportReply:
-        """The master's Report; ClusterError when it does not answer within timeout."""
+        """The leader's Report; ClusterError when no master answers it within timeout."""
         rep = self._d.report(timeout=timeout)
         if rep is None:
-            raise ClusterError(f"the master at {self.master_address} did not answer within {timeout} s")
+            raise ClusterError(f"no master of {self.master_address} answered within {timeout} s")
         return rep
 
     # ------------------------------------------------------------ mounts
