@@ -15,6 +15,12 @@ cache answers a repeat) after 0.05 s doubling to 2 s, until ``client.retry_s``; 
 waits are awaited (``Retry.acall``), so the loop serves other requests meanwhile.  The
 master's own answers (an errno, EACCES for a wrong secret) are final, ``CurvineError``.
 
+Three masters (docs/ha.md): a follower's NOT_LEADER reply is handed to the threads'
+client (``MasterClient.route_not_leader``, which never blocks), whose route is then the
+leader's (or the next master's), learned by ``learn_route`` in a thread; the call is
+made again at once, and waits only after a whole round of the group failed
+(``Leader.wait``), as the threads' client does.
+
 A call can also be split (``send``, then ``Pending.reply``): the mount puts a new file's
 first ``AllocateBlocks`` on the wire before it answers the write, and takes the answer
 in the background.  ``send`` is one attempt (``Unreached``); the caller then makes the
@@ -31,7 +37,7 @@ import typing
 import trio
 
 from curvine_py.client import metrics
-from curvine_py.client.metaclient import MASTER_WAIT, MasterClient, attempt_timeout
+from curvine_py.client.metaclient import MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Failed, Retry
@@ -65,10 +71,11 @@ class _AsyncReader(mf.FrameReader):
 
 
 class _Conn:
-    __slots__ = ("raw", "sock", "reader", "next_id")
+    __slots__ = ("raw", "sock", "reader", "next_id", "where")
 
-    def __init__(self, raw: socket.socket) -> None:
+    def __init__(self, raw: socket.socket, where: Route) -> None:
         self.raw = raw                                  # for sends that need no wait
+        self.where = where                              # the route it was made to
         self.sock = trio.socket.from_stdlib_socket(raw)   # the same socket, for trio's waits
         self.reader = _AsyncReader(self.sock)
         self.next_id = 1
@@ -102,7 +109,7 @@ class AsyncMeta:
         # Called before each wait between attempts; what it raises ends the call at once (the
         # mount's watchdog: a request it gave up stops retrying, fuse/ops.py).
         self.before_wait: typing.Callable[[], None] | None = None
-        self._retry = Retry(transient=lambda e: isinstance(e, Unreached), wait=MASTER_WAIT,
+        self._retry = Retry(transient=lambda e: isinstance(e, Unreached), wait=meta.masters.wait,
                             deadline_s=lambda: meta.cfg.retry_s, before_sleep=self._retrying,
                             async_sleep=trio.sleep)
 
@@ -117,7 +124,7 @@ class AsyncMeta:
         try:
             return await self._retry.acall(self._once, m, timeout, payload)
         except Unreached as e:
-            raise CurvineError(e.code, f"master {self._meta.address} unreachable: {e}") from None
+            raise self._meta.unreachable_error(e.code, str(e)) from None
         finally:
             if start:
                 metrics.meta_seconds(method).observe(time.perf_counter() - start)
@@ -173,7 +180,7 @@ class AsyncMeta:
         host, port, secret = where
         raw = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         raw.setblocking(False)
-        conn = _Conn(raw)
+        conn = _Conn(raw, where)
         sock = conn.sock
         try:
             with trio.fail_after(timeout):
@@ -218,6 +225,10 @@ class AsyncMeta:
         except CurvineError as e:
             reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
             raise
+        except mf.NotLeader as e:   # an answer too: the next attempt goes to the leader, at once
+            reusable = True         # (kept only while the route stays this master's)
+            self._meta.route_not_leader(conn.where[0], conn.where[1], e.leader)
+            raise Unreached(f"{m.name} at {conn.where[0]}:{conn.where[1]}: {e}") from None
         except (OSError, mf.Closed, mf.Unavailable) as e:
             raise Unreached(f"{m.name}: {e}") from None
         finally:

@@ -9,7 +9,8 @@ Failures are sorted for the retry loop in ``metaclient.MasterClient``:
 - ``FrameConnectError``: no frame server could be reached at all (refused, not one of
   ours): the caller asks the master for its port again (it may have moved);
 - ``FrameUnreachable``: the call may not have been answered (socket error, timeout,
-  the master's UNAVAILABLE): retried with the same request id;
+  the master's UNAVAILABLE, a follower's NOT_LEADER with the leader it names): retried
+  with the same request id;
 - ``CurvineError``: the master's answer (an errno, or EACCES for a wrong secret).
 """
 from __future__ import annotations
@@ -44,11 +45,14 @@ class FrameConnectError(Exception):
 
 
 class FrameUnreachable(Exception):
-    """The call may not have been answered; retry it (with the same request id)."""
+    """The call may not have been answered; retry it (with the same request id).  leader:
+    not None when a follower answered NOT_LEADER (docs/ha.md): the leader it named, ""
+    when it knew none; the caller then makes the call on another master."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, leader: str | None = None) -> None:
         super().__init__(message)
         self.code = code   # EHOSTDOWN or ETIMEDOUT, raised when the retries run out
+        self.leader = leader
 
 
 class _Broken(Exception):
@@ -90,8 +94,9 @@ class _Conn:
 class FramedClient:
     """Calls MasterService methods over frames to one master address; thread-safe."""
 
-    def __init__(self, host: str, port: int, secret: str) -> None:
+    def __init__(self, host: str, port: int, secret: str, master: str = "") -> None:
         self.host, self.port = host, port
+        self.master = master   # the gRPC address ("host:port") of the master that named this port
         self._secret = secret
         self._local = threading.local()
         self._conns: weakref.WeakSet[_Conn] = weakref.WeakSet()
@@ -201,6 +206,8 @@ class FramedClient:
             self._drop(conn)   # the server closes it after the refusal
         try:
             return mf.reply_of(method, cid, got_id, status, body)
+        except mf.NotLeader as e:   # an answer: the connection stays good, the caller moves on
+            raise FrameUnreachable(errno.EHOSTDOWN, str(e), e.leader) from None
         except mf.Unavailable as e:
             raise FrameUnreachable(errno.EHOSTDOWN, str(e)) from None
         except mf.Closed as e:

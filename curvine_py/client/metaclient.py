@@ -12,6 +12,15 @@ the first call asks it for the frame port (``GetRing``, the client's only gRPC c
 and the port is asked again whenever connecting to it fails (a master restarted on a
 new ephemeral port).  A frame port that does not answer is an unreachable master,
 retried like one; the final error names the port and ``master.frame_port``.
+
+Three masters (docs/ha.md): the address may be a comma-separated list.  Calls go to the
+master last found to be the leader (``common/leader.py``); a follower's NotLeader (on
+frames, or on GetRing's gRPC with ``curvine-leader``) or a master that does not answer
+moves the client to the leader named, else to the next master, at once; the frame route
+learned from the old master is forgotten and the new one's is asked with GetRing.  Only
+after a whole round of the list failed does the client wait (0.05 s doubling to 2 s).
+The request id stays the same through all of it.  With one address nothing of this
+happens: the master is retried exactly as it always was.
 """
 from __future__ import annotations
 
@@ -31,15 +40,17 @@ from curvine_py.client import metrics
 from curvine_py.client.framedclient import FrameConnectError, FramedClient, FrameUnreachable
 from curvine_py.common import metaframes
 from curvine_py.common.config import ClientConfig
-from curvine_py.common.errors import RETRYABLE, CurvineError, from_rpc_error
+from curvine_py.common.errors import RETRYABLE, ConfigError, CurvineError, from_rpc_error, leader_of
+from curvine_py.common.leader import Leader
 from curvine_py.common.retry import Exponential, Failed, Retry
 from curvine_py.common.rpc import channel
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-# A master that did not answer: the same request again after 0.05 s, doubling to 2 s (the
-# threads' client and the mount loop's, client/asyncmeta.py, wait alike).
+# A master (or a whole round of a group's masters) that did not answer: the same request
+# again after 0.05 s, doubling to 2 s (the threads' client and the mount loop's,
+# client/asyncmeta.py, wait alike).
 MASTER_WAIT = Exponential(0.05, 2.0)
 T = TypeVar("T")
 MIN_ATTEMPT_S = 1.0
@@ -57,17 +68,20 @@ READ_ONLY = frozenset({"Lookup", "GetAttr", "ResolvePath", "ReadDir", "Readlink"
 
 
 class _Unreachable(Exception):
-    """This attempt did not reach the master; code is raised when the retries run out."""
+    """This attempt did not reach the master `at` (or it was not the leader); code is
+    raised when the retries run out."""
 
-    def __init__(self, code: int, details: str) -> None:
+    def __init__(self, code: int, details: str, at: str) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.at = at
 
 
 @dataclass(frozen=True)
 class _PortFailure:
     """The frame port that could not be connected to, and why (for the final error)."""
+    master: str
     port: int
     error: str
 
@@ -94,27 +108,35 @@ class MasterClient:
     gRPC multiplexes calls on one channel)."""
 
     def __init__(self, address: str, cfg: ClientConfig, secret: str = "") -> None:
+        """address: the master's gRPC "host:port", or a group's, comma-separated."""
         self.address = address
+        try:
+            self.masters = Leader(address, MASTER_WAIT)   # which master to call: the leader as last found
+        except ValueError:
+            raise ConfigError("client.master is empty: give the master's gRPC address host:port") from None
         self.cfg = cfg
         self.client_id = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self._secret = secret
-        self._channel = channel(address, secret)
-        self._bootstrap = pb_grpc.MasterServiceStub(self._channel)   # GetRing only: learns the frame port
-        self._frames: FramedClient | None = None   # replaced whole, so reads need no lock
+        # GetRing only (learns the frame port): one channel per master, made at its first GetRing
+        self._bootstraps: dict[str, tuple[grpc.Channel, pb_grpc.MasterServiceStub]] = {}
+        self._frames: FramedClient | None = None   # the current master's route; replaced whole, reads need no lock
         self._port_lock = threading.Lock()
         self.identity = Identity.current()
         self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
-        # until client.retry_s (read at each call: the mount lowers it while mounting)
-        self._retry = Retry(transient=_is_unreachable, wait=MASTER_WAIT,
+        # until client.retry_s (read at each call: the mount lowers it while mounting); the
+        # next master of a group at once, MASTER_WAIT after each whole round (Leader.wait)
+        self._retry = Retry(transient=_is_unreachable, wait=self.masters.wait,
                             deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying)
 
     def close(self) -> None:
         frames = self._frames
         if frames is not None:
             frames.close()
-        self._channel.close()
+        bootstraps, self._bootstraps = list(self._bootstraps.values()), {}   # no lock: never wait for a GetRing
+        for chan, _ in bootstraps:
+            chan.close()
 
     def saw_dirs(self, reply: Any) -> Any:
         if self.dirs_listener is not None and reply.dirs:
@@ -145,10 +167,20 @@ class MasterClient:
         try:
             return self._retry.call(self._attempt, method, request, timeout)
         except _Unreachable as e:
-            raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
+            raise self.unreachable_error(e.code, e.details, e.at) from None
+
+    def unreachable_error(self, code: int, details: str, at: str = "") -> CurvineError:
+        """The one-line error of a call no master answered until client.retry_s ran out:
+        it names the master, or every master of the group and the last one tried."""
+        if len(self.masters.addresses) == 1:
+            return CurvineError(code, f"master {self.address} unreachable: {details}")
+        last = f" (last {at}: {details})" if at else f": {details}"
+        return CurvineError(code, f"no master of {self.masters} answered{last}")
 
     def _retrying(self, failed: Failed) -> None:
-        log.info("master %s unreachable; retrying %s", self.address, failed.args[0])
+        error = failed.error
+        at = error.at if isinstance(error, _Unreachable) else self.address
+        log.info("master %s: %s; retrying %s on %s", at, error, failed.args[0], self.masters.current())
 
     def frame_route(self) -> tuple[str, int, str] | None:
         """(host, frame port, secret) once the frame port is known, else None: the mount's
@@ -163,22 +195,30 @@ class MasterClient:
         try:
             frames = self._frames or self._learn_port(timeout)
         except _Unreachable as e:
-            raise CurvineError(e.code, f"master {self.address} unreachable: {e.details}") from None
+            raise self.unreachable_error(e.code, e.details, e.at) from None
         return frames.host, frames.port, self._secret
 
     def route_failed(self, port: int) -> None:
         """The mount's loop could not connect to this frame port: the next call, of either
-        client, asks the master for its port again (it may have moved)."""
-        with self._port_lock:
-            frames = self._frames
-            if frames is None or frames.port != port:
-                return
-            self._frames = None
-        frames.close()
+        client, asks the master for its port again (it may have moved).  Never blocks (the
+        loop calls it)."""
+        frames = self._frames
+        if frames is not None and frames.port == port:
+            self._drop(frames)
+
+    def route_not_leader(self, host: str, port: int, leader: str) -> None:
+        """The mount's loop got NOT_LEADER on the route (host, port), naming leader ("" =
+        unknown): the next route, of either client, is the leader's (or the next
+        master's), asked with GetRing by learn_route in a thread.  Never blocks (the loop
+        calls it)."""
+        frames = self._frames
+        if frames is not None and (frames.host, frames.port) == (host, port):
+            self._switch(frames.master, leader)
 
     # ------------------------------------------------------------------ transport
     def _attempt(self, method: str, request: Any, timeout: float) -> Any:
-        """One try; _Unreachable if the master was not reached."""
+        """One try; _Unreachable if the master was not reached, or was not the leader
+        (the next try then goes to the master self.masters names)."""
         for _ in range(2):   # at most: a stale port, then the port the master names now
             frames = self._frames or self._learn_port(timeout)
             try:
@@ -186,39 +226,71 @@ class MasterClient:
             except FrameConnectError as e:
                 failed = self._forget(frames, e)
             except FrameUnreachable as e:
-                raise _Unreachable(e.code, str(e)) from None
+                self._switch(frames.master, e.leader)
+                raise _Unreachable(e.code, str(e), frames.master) from None
+        self._switch(failed.master, None)
         raise _Unreachable(errno.EHOSTDOWN, f"its metadata port {failed.port} (master.frame_port) does not answer: "
-                                            f"{failed.error}")
+                                            f"{failed.error}", failed.master)
 
     def _learn_port(self, timeout: float) -> FramedClient:
-        """Ask the master for its frame port: the one call made over gRPC (GetRing), since
-        the configured address is the master's gRPC port."""
+        """Ask the current master for its frame port: the one call made over gRPC
+        (GetRing), since the configured addresses are the masters' gRPC ports.  A follower
+        answers UNAVAILABLE naming the leader (curvine-leader), which the next try asks."""
         with self._port_lock:
             if self._frames is not None:
                 return self._frames   # another thread learned it meanwhile
+            at = self.masters.current()
             try:
-                ring = self._bootstrap.GetRing(pb.Empty(), timeout=timeout)
+                ring = self._bootstrap(at).GetRing(pb.Empty(), timeout=timeout)
             except grpc.RpcError as e:
                 if e.code() in RETRYABLE and not _has_errno(e):
+                    self._switch(at, leader_of(e))
                     raise _Unreachable(errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT,
-                                       e.details() or str(e.code())) from None
+                                       e.details() or str(e.code()), at) from None
                 raise from_rpc_error(e) from None
             if ring.frame_port == 0:
-                raise CurvineError(errno.EPROTO, f"master {self.address} serves no framed metadata port, which "
+                raise CurvineError(errno.EPROTO, f"master {at} serves no framed metadata port, which "
                                                  "clients need (master.frame_port = -1 on an older master)")
-            self._frames = FramedClient(_host_of(self.address), ring.frame_port, self._secret)
+            self._frames = FramedClient(_host_of(at), ring.frame_port, self._secret, at)
             return self._frames
+
+    def _bootstrap(self, at: str) -> pb_grpc.MasterServiceStub:
+        """The GetRing stub of master `at`, its channel made on first use (under _port_lock)."""
+        made = self._bootstraps.get(at)
+        if made is None:
+            chan = channel(at, self._secret)
+            made = self._bootstraps[at] = (chan, pb_grpc.MasterServiceStub(chan))
+        return made[1]
+
+    def _switch(self, at: str, leader: str | None) -> None:
+        """A try on master `at` failed: without an answer (leader None), or a follower's
+        NotLeader naming leader ("" = unknown).  The next try goes where self.masters
+        says; if that is another master, the frame route learned from `at` is forgotten
+        (one master: nothing changes, its route is kept for its restart)."""
+        now = self.masters.unreachable(at) if leader is None else self.masters.not_leader(at, leader)
+        if now == at:
+            return
+        log.info("master %s %s; calling %s", at, "does not answer" if leader is None else "is not the leader", now)
+        frames = self._frames
+        if frames is not None and frames.master == at:
+            self._drop(frames)
 
     def _forget(self, frames: FramedClient, e: FrameConnectError) -> "_PortFailure":
         """Connecting to the frame port failed: the next attempt asks the master for its
         port again (a master restarted on a new ephemeral port names the new one)."""
-        with self._port_lock:
-            if self._frames is frames:
-                if frames.verified:
-                    log.info("frame port of master %s: %s; asking the master again", self.address, e)
-                self._frames = None
+        if self._frames is frames and frames.verified:
+            log.info("frame port of master %s: %s; asking the master again", frames.master, e)
+        self._drop(frames)
+        return _PortFailure(frames.master, frames.port, str(e))
+
+    def _drop(self, frames: FramedClient) -> None:
+        """Forget this frame route if it is still the one, and close its connections.  No
+        lock: the mount's loop calls this too and must never wait for a thread's GetRing
+        (which holds _port_lock).  A route is only set while none is known, so the worst
+        a race can do is forget a route just learned, which is then learned again."""
+        if self._frames is frames:
+            self._frames = None
         frames.close()
-        return _PortFailure(frames.port, str(e))
 
     # ------------------------------------------------------------------ requests
     # The conveniences below send these; the VFS's operations (client/vfs.py) send
