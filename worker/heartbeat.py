@@ -10,6 +10,12 @@ following ones have ``full=False`` and add to it), then heartbeats every
 heartbeat.  Changes a failed heartbeat could not deliver are put back and sent with the
 next one.  Nothing here may crash the worker: a master that is down is logged and
 retried.
+
+Several masters (docs/ha.md): every call goes to the leader through ``masterlink.py``
+(the next master at once when one does not answer or names the leader; the backoff only
+after a whole round of the list).  A new leader does not know this worker yet: it
+answers the first heartbeat with ``reregister``, and the worker registers again and
+sends its full block report, as it does for a restarted master.
 """
 from __future__ import annotations
 
@@ -22,11 +28,11 @@ from typing import Callable, Iterable, Sequence
 
 import grpc
 
-from curvine_py.common import rpc
 from curvine_py.common.config import WorkerConfig, host_identity
 from curvine_py.common.retry import Exponential
-from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
+from curvine_py.pb import curvine_pb2
 from curvine_py.worker.blockstore import BlockEntry, BlockStore
+from curvine_py.worker.masterlink import MasterLink
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +40,9 @@ STORAGE_ID_FILE = "storage_id"
 WORKER_ID_FILE = "worker_id"       # last id the master gave; used until it answers again
 REPORT_BATCH = 50_000
 RPC_TIMEOUT_S = 10.0
-# The wait after a failed registration or heartbeat: 0.2 s doubling to 5 s (docs/worker.md).
-# The loop itself is no retry but a steady period: only this backoff comes from common/retry.
+# The wait after a failed registration or heartbeat (after a whole round of failures, with
+# several masters): 0.2 s doubling to 5 s (docs/worker.md).  The loop itself is no retry
+# but a steady period: only this backoff comes from common/retry.
 BACKOFF = Exponential(first_s=0.2, cap_s=5.0)
 
 
@@ -111,17 +118,11 @@ class Heartbeat:
         self.interval_s = 1.0
         self.registered = threading.Event()
         self._stop = threading.Event()
-        # sends the cluster secret on every call; reconnects to a restarted master within a second
-        self._channel = rpc.channel(cfg.master, secret)
-        self._stub = curvine_pb2_grpc.MasterServiceStub(self._channel)
+        # every call to the master, or to the leader of the masters: also the worker's other
+        # calls (UfsMountGet), so one transport to the master(s) per worker process
+        self.link = MasterLink(cfg.master, secret, BACKOFF)
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._last_warning = 0.0
-
-    @property
-    def stub(self) -> curvine_pb2_grpc.MasterServiceStub:
-        """The master stub on this heartbeat's channel, for the worker's other calls to the
-        master (UfsMountGet): one transport to the master per worker process."""
-        return self._stub
 
     def start(self) -> "Heartbeat":
         self._thread.start()
@@ -130,12 +131,12 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=RPC_TIMEOUT_S + 1)
-        self._channel.close()
+        self.link.close()
 
     # ------------------------------------------------------------ loop
 
     def _run(self) -> None:
-        failures = 0   # in a row, since the last call that got through: waits BACKOFF(failures)
+        failures = 0   # in a row, since the last call that got through: waits link.wait(failures)
         while not self._stop.is_set():
             try:
                 if not self.registered.is_set():
@@ -145,11 +146,11 @@ class Heartbeat:
                 failures, wait = 0, self.interval_s
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    self._warn(f"master {self.cfg.master} refused this worker: {e.details()}")
+                    self._warn(f"master {self.link.tried} refused this worker: {e.details()}")
                 else:
-                    self._warn(f"master {self.cfg.master} unavailable: {e.code()} {e.details()}")
+                    self._warn(f"master {self.link.tried} unavailable: {e.code()} {e.details()}")
                 failures += 1
-                wait = BACKOFF(failures)
+                wait = self.link.wait(failures)   # the next master at once, BACKOFF after a round
             except Exception:
                 log.exception("heartbeat failed")
                 failures += 1
@@ -173,12 +174,12 @@ class Heartbeat:
                                           rpc_port=self.rpc_port, data_port=self.data_port,
                                           dirs=data_dirs(self.store), storage_id=self.storage_id,
                                           io_engine=self.io_engine, metrics_port=self.metrics_port)
-        reply = self._stub.RegisterWorker(req, timeout=RPC_TIMEOUT_S)
+        reply = self.link.attempt("RegisterWorker", req, RPC_TIMEOUT_S)
         self.worker_id = reply.worker_id
         if reply.heartbeat_ms:
             self.interval_s = reply.heartbeat_ms / 1000.0
         self.full_report()
-        log.info("registered with master %s as worker %d", self.cfg.master, self.worker_id)
+        log.info("registered with master %s as worker %d", self.link.tried, self.worker_id)
         self.registered.set()
         if self.on_registered is not None:
             self.on_registered(self.worker_id)
@@ -190,7 +191,7 @@ class Heartbeat:
             for i, batch in enumerate(_batches(entries, self.report_batch)):
                 report = curvine_pb2.BlockReport(worker_id=self.worker_id, full=(i == 0),
                                                  added=block_infos(batch))
-                self._stub.ReportBlocks(report, timeout=RPC_TIMEOUT_S * 3)
+                self.link.attempt("ReportBlocks", report, RPC_TIMEOUT_S * 3)
         except BaseException:
             self.store.requeue_changes(entries, [])  # the next attempt re-snapshots anyway
             raise
@@ -206,7 +207,7 @@ class Heartbeat:
         req = curvine_pb2.HeartbeatRequest(worker_id=self.worker_id, dirs=data_dirs(self.store),
                                            report=report)
         try:
-            reply = self._stub.Heartbeat(req, timeout=RPC_TIMEOUT_S)
+            reply = self.link.attempt("Heartbeat", req, RPC_TIMEOUT_S)
         except BaseException:
             self.store.requeue_changes(added, removed)
             raise

@@ -138,7 +138,7 @@ class Worker:
 
     def _start_ufs(self) -> None:
         """The UFS side: the mount cache (looked up on the master over the heartbeat's
-        channel, once that exists) and the fetcher the data server's READs and the
+        link, once that exists) and the fetcher the data server's READs and the
         service's LoadBlocks share."""
         assert self.store is not None and self.data is not None
         self.ufs_mounts = UfsMounts(self._resolve_mount, self.cfg.ufs.timeout_s)
@@ -150,7 +150,7 @@ class Worker:
     def _resolve_mount(self, mount_id: int) -> curvine_pb2.UfsMount:
         if self.heartbeat is None:
             return no_master(mount_id)
-        return master_resolver(self.heartbeat.stub, self.cfg.ufs.timeout_s)(mount_id)
+        return master_resolver(self.heartbeat.link, self.cfg.ufs.timeout_s)(mount_id)
 
     def _ufs_parts(self) -> service.UfsParts:
         assert self.store is not None and self.data is not None and self.ufs_fetcher is not None

@@ -9,15 +9,16 @@ named by anyone).  An id the master does not know is ENOENT, and is asked again 
 time: a failed lookup is not remembered.
 
 The lookup is injectable (``Resolver``): the worker process passes ``master_resolver``
-over the heartbeat's gRPC channel (one transport to the master per process); tests pass
-a function returning the ``UfsMount`` record they want.
+over the heartbeat's link to the master (``masterlink.py``: one transport to the master
+per process, calls go to the leader of several masters); tests pass a function
+returning the ``UfsMount`` record they want.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import threading
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import grpc
 
@@ -34,11 +35,10 @@ class Opener(Protocol):
     def __call__(self, uri: str, options: dict[str, str], timeout_s: float) -> Ufs: ...
 
 
-class _Stub(Protocol):
-    """The part of MasterServiceStub the resolver needs."""
+class _Master(Protocol):
+    """The part of worker/masterlink.py MasterLink the resolver needs."""
 
-    def UfsMountGet(self, request: curvine_pb2.UfsMountIdRequest,  # noqa: N802 (gRPC's name)
-                    timeout: float | None = None) -> curvine_pb2.UfsMount: ...
+    def call(self, method: str, request: Any, timeout: float) -> Any: ...
 
 
 def default_opener(uri: str, options: dict[str, str], timeout_s: float) -> Ufs:
@@ -48,12 +48,15 @@ def default_opener(uri: str, options: dict[str, str], timeout_s: float) -> Ufs:
     return open_ufs(uri, options, timeout_s)
 
 
-def master_resolver(stub: _Stub, timeout_s: float) -> Resolver:
-    """The production lookup: UfsMountGet on the master, bounded by timeout_s; a gRPC
-    failure becomes the CurvineError the master sent (ENOENT for an unknown id)."""
+def master_resolver(master: _Master, timeout_s: float) -> Resolver:
+    """The production lookup: UfsMountGet on the master (the leader of several), each try
+    bounded by timeout_s; a gRPC failure becomes the CurvineError the master sent (ENOENT
+    for an unknown id)."""
     def resolve(mount_id: int) -> curvine_pb2.UfsMount:
         try:
-            return stub.UfsMountGet(curvine_pb2.UfsMountIdRequest(mount_id=mount_id), timeout=timeout_s)
+            reply: curvine_pb2.UfsMount = master.call("UfsMountGet", curvine_pb2.UfsMountIdRequest(mount_id=mount_id),
+                                                      timeout_s)
+            return reply
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
     return resolve
