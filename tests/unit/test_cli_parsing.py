@@ -13,13 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from curvine_py import clusterports
 from curvine_py import localcluster as lc
 from curvine_py.cli import Context, output
 from curvine_py.cli import cluster as clustercmd
 from curvine_py.cli import fs as fscmd
+from curvine_py.cli import report as reportcmd
 from curvine_py.cli.main import build_parser, main
 from curvine_py.common import config as cfgmod
 from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.results import MasterInfo, Report
 
 
 def parse(*argv: str) -> typing.Any:
@@ -37,6 +41,7 @@ def test_every_documented_command_parses() -> None:
         ("fs", "blocks", "/x", "--json"), ("report", "--json"), ("version",), ("config",),
         ("cluster", "start", "--dir", "D", "--workers", "3", "--mount", "M", "--foreground",
          "--capacity", "1GiB", "--master-port", "9000", "--base-port", "9100"),
+        ("cluster", "start", "--masters", "3"),
         ("cluster", "stop", "--dir", "D"), ("cluster", "status", "--dir", "D", "--json"),
     ]
     for argv in cases:
@@ -54,8 +59,15 @@ def test_flags_land_where_commands_read_them() -> None:
     a = parse("fs", "du", "-s", "/a")
     assert a.summary
     a = parse("cluster", "start")
-    assert (a.dir, a.workers, a.foreground, a.master_port, a.base_port, a.capacity, a.mount) == \
-        (".curvine", 2, False, None, None, None, None)
+    assert (a.dir, a.workers, a.foreground, a.master_port, a.base_port, a.capacity, a.mount, a.masters) == \
+        (".curvine", 2, False, None, None, None, None, None)
+    assert parse("cluster", "start", "--masters", "3").masters == 3
+    assert parse("cluster", "start", "--masters", "5").masters == 5
+
+
+def test_master_option_takes_a_list_of_masters() -> None:
+    assert parse("--master", "h:1, g:2,h:1", "fs", "ls").master == "h:1,g:2"
+    assert parse("report", "--master", "10.0.0.1:8995").master == "10.0.0.1:8995"
 
 
 @pytest.mark.parametrize("argv", [
@@ -76,6 +88,8 @@ def test_config_option_on_every_command() -> None:
     [], ["fs"], ["fs", "put", "x"], ["fs", "nope"], ["--master", "nohost", "fs", "ls"],
     ["--master", "h:99999", "version"], ["cluster", "start", "--workers", "0"],
     ["cluster", "start", "--master-port", "x"], ["fs", "ls", "--bogus"],
+    ["cluster", "start", "--masters", "2"], ["cluster", "start", "--masters", "0"],
+    ["cluster", "start", "--masters", "three"], ["--master", "h:1,nohost", "fs", "ls"], ["--master", ",", "fs", "ls"],
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -294,6 +308,39 @@ def test_json_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out) == {"a": [1, "é"]}
 
 
+def _status(role: str, term: int, commit: int, applied: int) -> pb.MasterStatusReply:
+    return pb.MasterStatusReply(role=role, term=term, commit_index=commit, applied_index=applied, ready=True)
+
+
+def test_masters_lag_behind_the_leader_of_the_highest_term() -> None:
+    addrs = ("a:1", "b:1", "c:1", "d:1")
+    infos = MasterInfo.group(addrs, [_status("leader", 3, 10, 10), _status("follower", 3, 9, 7), None,
+                                     _status("leader", 2, 8, 8)])   # an old leader, cut off
+    assert [(m.address, m.role, m.lag) for m in infos] == [
+        ("a:1", "leader", 0), ("b:1", "follower", 3), ("c:1", "unreachable", None), ("d:1", "leader", 2)]
+    assert [m.lag for m in MasterInfo.group(addrs[:2], [None, _status("follower", 1, 5, 5)])] == [None, None]
+
+
+def test_report_shows_the_masters(capsys: pytest.CaptureFixture[str]) -> None:
+    masters = MasterInfo.group(("a:1", "b:1", "c:1"), [_status("follower", 4, 12, 11), _status("leader", 4, 12, 12),
+                                                       None])
+    rep = Report((), 1, 0, 0, 0, 0, 0, "b:1", "0.1.0", 0, 0, 0, 0, masters)
+    text = reportcmd.format_report(rep)
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("MASTER"))
+    assert lines[head].split() == ["MASTER", "ROLE", "TERM", "COMMIT", "APPLIED", "LAG"]
+    assert [line.split() for line in lines[head + 1:head + 4]] == [
+        ["a:1", "follower", "4", "12", "11", "1"], ["b:1", "leader", "4", "12", "12", "0"],
+        ["c:1", "unreachable", "-", "-", "-", "-"]]
+    js = reportcmd.report_json(rep)["masters"]
+    assert [(m["address"], m["role"], m["lag"]) for m in js] == [("a:1", "follower", 1), ("b:1", "leader", 0),
+                                                                 ("c:1", "unreachable", None)]
+    assert js[0]["commit_index"] == 12 and js[0]["applied_index"] == 11 and js[0]["term"] == 4
+    one = Report((), 1, 0, 0, 0, 0, 0, "b:1", "0.1.0", 0, 0, 0, 0, masters[1:2])
+    assert "MASTER" not in reportcmd.format_report(one)   # one master: no table, the summary says it
+    assert [m["role"] for m in reportcmd.report_json(one)["masters"]] == ["leader"]
+
+
 # ---------------------------------------------------------------- local cluster layout
 
 
@@ -343,6 +390,87 @@ def test_prepare_writes_a_loadable_config_once(tmp_path: Path) -> None:
 
 def test_layout_defaults_without_config(tmp_path: Path) -> None:
     assert clustercmd.layout_defaults(tmp_path) == (8995, None, None)
+
+
+def test_three_masters_port_scheme() -> None:
+    """The documented layout (curvine_py/clusterports.py): one contiguous run from P, no
+    port given twice; one master keeps the layout it always had."""
+    plan = clusterports.documented(3, 2, 8995)
+    assert [(m.grpc, m.frame) for m in plan.masters] == [(8995, 8996), (8997, 8998), (8999, 9000)]
+    assert plan.workers == ((9001, 9002), (9003, 9004))
+    assert [m.metrics for m in plan.masters] == [9005, 9006, 9007]
+    assert plan.worker_metrics == (9008, 9009) and plan.mount_metrics == 9010
+    assert [m.raft for m in plan.masters] == [9011, 9012, 9013]
+    assert plan.clash() is None
+    ports = [p for p, _ in plan.labelled()] + [plan.mount_metrics]
+    assert sorted(ports) == list(range(8995, 9014))
+    one = clusterports.documented(1, 2, 8995)
+    assert one.masters == (clusterports.MasterPorts(8995, 8996, 0, 9001),)
+    assert one.workers == ((8997, 8998), (8999, 9000)) and one.worker_metrics == (9002, 9003)
+
+
+def test_a_port_given_twice_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    c = lc.LocalCluster(tmp_path, workers=2, masters=3, master_port=20000, base_port=20002)
+    assert c.ports.clash() == "port 20002: master1 and worker0 rpc"
+    with pytest.raises(lc.ClusterError, match="two daemons would share a port"):
+        c.start()
+    assert c.processes == [] and not (tmp_path / "cluster.json").exists()
+
+
+def test_free_ports_for_three_masters_are_distinct(tmp_path: Path) -> None:
+    c = lc.LocalCluster(tmp_path, workers=2, masters=3)
+    ports = [p for p, _ in c.ports.labelled()] + [c.ports.mount_metrics]
+    assert len(ports) == 3 * 4 + 2 * 3 + 1 == len(set(ports))
+
+
+def test_an_even_number_of_masters_is_refused(tmp_path: Path) -> None:
+    for n in (0, 2, 4):
+        with pytest.raises(lc.ClusterError, match="must be odd"):
+            lc.LocalCluster(tmp_path, masters=n)
+
+
+def test_master_commands_carry_their_place_in_the_group(tmp_path: Path) -> None:
+    c = lc.LocalCluster(tmp_path, workers=2, masters=3, master_port=8995)
+    peers = "127.0.0.1:9011,127.0.0.1:9012,127.0.0.1:9013"
+    for i in range(3):
+        argv = c._command("master", i)
+        flags = dict(zip(argv[3::2], argv[4::2]))
+        assert flags["--master-port"] == str(8995 + 2 * i) and flags["--master-frame-port"] == str(8996 + 2 * i)
+        assert flags["--master-ip"] == "127.0.0.1" and flags["--master-raft-port"] == str(9011 + i)
+        assert flags["--master-raft-peers"] == peers
+        assert flags["--master-meta-dir"] == str(tmp_path.absolute() / f"master{i}")
+        assert flags["--master-metrics-port"] == str(9005 + i)
+    everyone = "127.0.0.1:8995,127.0.0.1:8997,127.0.0.1:8999"
+    assert c.master_address == everyone
+    worker = c._command("worker", 0)
+    assert dict(zip(worker[3::2], worker[4::2]))["--worker-master"] == everyone
+    assert [c._record("master", i).name for i in range(3)] == ["master0", "master1", "master2"]
+    assert c._record("master", 2).raft == "127.0.0.1:9013"
+    single = lc.LocalCluster(tmp_path, workers=2, master_port=8995)
+    argv = single._command("master", 0)
+    assert not any(a.startswith("--master-raft") or a == "--master-ip" for a in argv)
+    assert single._record("master", 0).name == "master" and single._record("master", 0).raft == ""
+
+
+def test_prepare_for_three_masters(tmp_path: Path) -> None:
+    c = lc.LocalCluster(tmp_path, workers=2, masters=3, master_port=8995)
+    c.prepare()
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, c.config_path)
+    assert cfgmod.addresses(cfg.client.master) == cfgmod.addresses(cfg.worker.master) == c.master_addresses
+    assert cfg.master.raft_peers == "127.0.0.1:9011,127.0.0.1:9012,127.0.0.1:9013"
+    assert (cfg.master.port, cfg.master.raft_port, cfg.worker.rpc_port) == (8995, 9011, 9001)
+    assert all((tmp_path / f"master{i}").is_dir() for i in range(3)) and not (tmp_path / "master").exists()
+    assert clustercmd.recorded_masters(tmp_path) == 3
+    assert clustercmd.layout_defaults(tmp_path) == (8995, 9001, None)
+    assert clustercmd.recorded_masters(tmp_path / "elsewhere") is None
+
+
+def test_a_directory_keeps_its_number_of_masters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lc.LocalCluster(tmp_path, workers=1, master_port=8995).prepare()
+    assert main(["cluster", "start", "--dir", str(tmp_path), "--masters", "3"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set up for 1 master" in err and "--masters 1" in err
 
 
 def test_port_checks(tmp_path: Path) -> None:
