@@ -602,12 +602,16 @@ class LocalCluster:
         self._wait_workers([new], since, time.monotonic() + timeout)
         return new
 
-    def restart_master(self, i: int = 0, timeout: float = START_TIMEOUT_S) -> ProcessRecord:
+    def restart_master(self, i: int = 0, timeout: float = START_TIMEOUT_S, wait: bool = True) -> ProcessRecord:
         """Stop master i if it runs, start it again on its ports and metadata, and wait:
         one master, until every running worker has re-registered with it; several, until
         it has rejoined the group (it answers and knows the leader) and the leader reports
-        every running worker live."""
+        every running worker live.  wait=False only starts it: restarting a group that
+        lost its majority is every master started first, then ``wait_ready`` (none of
+        them can rejoin a group until enough of them run)."""
         since, new = self._respawn(self.masters[i], "master")
+        if not wait:
+            return new
         if self.n_masters == 1:
             self.wait_ready(timeout, since_ms=since)
             return new

@@ -205,11 +205,12 @@ class NetCluster:
         """Send sig to master i (``kill_master(signal.SIGSTOP)``: the single master)."""
         self._d.kill_master(i, sig)
 
-    def restart_master(self, i: int = 0) -> None:
+    def restart_master(self, i: int = 0, wait: bool = True) -> None:
         """Start master i again on its host and metadata; wait until every running worker
         re-registered (one master) or until it rejoined the group and the leader reports
-        every running worker live (several)."""
-        self._d.restart_master(i)
+        every running worker live (several).  wait=False only starts it (all masters of
+        a group that lost its majority: start each, then ``wait_ready``)."""
+        self._d.restart_master(i, wait=wait)
 
     def master_status(self, i: int = 0, timeout: float = 1.0) -> curvine_pb2.MasterStatusReply | None:
         """Master i's MasterStatus (role, term, indexes), or None when it does not answer."""

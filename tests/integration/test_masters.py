@@ -104,6 +104,24 @@ def test_killing_the_leader_leaves_a_new_one_within_10_s(trio_cluster: LocalClus
     assert masters[old]["role"] != "unreachable" and masters[old]["lag"] == 0
 
 
+def test_a_group_killed_whole_comes_back_with_its_namespace(trio_cluster: LocalCluster) -> None:
+    """Every master SIGKILLed: each is started without waiting (none can rejoin a group
+    alone), then a leader is elected from their journals and the workers register again."""
+    from curvine_py.sdk import Client
+    c = trio_cluster
+    with Client(master=c.master_address, config=client_config(c)) as client:
+        client.put_bytes("/kept", b"acknowledged before all died")
+    for i in range(3):
+        c.kill_master(i, signal.SIGKILL)
+    assert all(c.master_status(i, timeout=0.2) is None for i in range(3))
+    pids = [c.restart_master(i, wait=False).pid for i in range(3)]
+    c.wait_ready()
+    c.leader_index()
+    assert [m.pid for m in c.masters] == pids and all(m.is_alive() for m in c.masters)
+    with Client(master=c.master_address, config=client_config(c)) as client:
+        assert client.get_bytes("/kept") == b"acknowledged before all died"
+
+
 def test_cv_cluster_start_masters_3(tmp_path: Path) -> None:
     """The documented ports from P: masters P..P+5, workers P+6..P+9, metrics P+10..P+15,
     Raft P+16..P+18 (curvine_py/clusterports.py)."""
