@@ -39,6 +39,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "random_reads.py": ("--size", "64MiB", "--reads", "20", "--json"),
     "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--libs", "opendal,boto3", "--json"),
     "ufs_bench.py": ("--quick", "--json"),
+    "ha_bench.py": ("--small", "--json"),
 }
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py"}   # under the system temp dir, removed after
 MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
@@ -150,6 +151,13 @@ def check_figures(script: str, out: str) -> None:
     elif script == "ufs_bench.py":
         positive(json.loads(out), "peer_x1_MBps", "cold_MBps", "warm_disk_MBps", "load_MBps", "kv_pool_GBps",
                  "kv_back_GBps")
+    elif script == "ha_bench.py":
+        res = json.loads(out)
+        ops = ("create", "stat", "rename", "unlink")
+        via = ("sdk", "mount") if mount_unavailable() is None else ("sdk",)
+        positive(res, *(f"{v}_{op}_per_s_{n}" for v in via for op in ops for n in ("1_master", "3_masters")))
+        positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
+        assert res["failover_kills"] == 2, res
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
