@@ -19,12 +19,18 @@ What this module adds around it:
   applied too -- and a leader that hears no majority for 0.65 x the election timeout
   steps down before any other master can be elected, so reads on the leader are never
   stale.
-- **Two fixes** of PySyncObj's behaviour, each measured (docs/ha.md): a late success
-  reply no longer moves the leader's next index for a follower backwards (it made
-  followers truncate and re-append entries they had acknowledged: 7 "truncating
-  already-applied log entries" warnings in 2,000 ops, none after, and 1.8x the ops/s);
-  and a journal or snapshot left unreadable by a crash is moved aside at start, so the
-  master rejoins and catches up instead of refusing to start.
+- **Three changes** of PySyncObj's behaviour, each measured (docs/ha.md):
+  - a late success reply no longer moves the leader's next index for a follower back
+    (it made followers truncate and re-append entries they had acknowledged: 7
+    "truncating already-applied log entries" warnings in 2,000 ops, none after, and
+    1.8x the ops/s);
+  - records are sent in batches, not one message per record: every record queued when
+    Raft's thread wakes is appended, then sent to each follower in one message (its
+    "batch" mode instead waits up to 0.1 s for a timer, its other mode sends each record
+    alone).  Measured with PySyncObj alone, 3 processes here: 1 caller 1,182 -> 1,543
+    ops/s, 4 callers 2,010 -> 4,466, 16 callers 3,057 -> 8,463;
+  - a journal or snapshot left unreadable by a crash is moved aside at start, so the
+    master rejoins and catches up instead of refusing to start.
 - The Raft port's messages are pickles: PySyncObj encrypts them with the cluster
   secret (``password``), so a group needs ``[cluster] secret``.
 """
@@ -41,6 +47,7 @@ import time
 from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.syncobj import SyncObjException
 
 from curvine_py.common.config import MasterConfig, addresses
@@ -64,12 +71,30 @@ _NOT_LEADING = {FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.
 
 
 class _Node(SyncObj):
-    """PySyncObj's node: one replicated method and the next-index fix (module docstring)."""
+    """PySyncObj's node: one replicated method, batched sends and the next-index fix
+    (module docstring).  Run with appendEntriesUseBatch: records are appended as Raft's
+    thread finds them, and sent here, not by PySyncObj's timer."""
 
     def __init__(self, me: str, peers: list[str], conf: SyncObjConf,
                  apply_entry: Callable[[int, str], Any]) -> None:
         self._apply_entry = apply_entry
         super().__init__(me, peers, conf)
+        self._wake = PipeNotifier(self._poller)
+
+    def submit(self, text: str, callback: Callable[[Any, int], None]) -> None:
+        """Queue one record for the log and wake Raft's thread to send it now."""
+        self.apply(text, callback=callback)
+        try:
+            self._wake.notify()
+        except BlockingIOError:
+            pass   # the pipe is full of wake-ups already: the thread has plenty to wake it
+
+    def _checkCommandsToApply(self) -> None:
+        """PySyncObj appends the queued records; then one message per follower carries them."""
+        last = self.last_log_index()
+        SyncObj._checkCommandsToApply(self)
+        if self._isLeader() and self.last_log_index() != last:
+            self._SyncObj__sendAppendEntries()
 
     @replicated
     def apply(self, text: str) -> Any:
@@ -169,7 +194,7 @@ class RaftGroup:
         snapshots = Snapshots(db_path, journal)
         t = cfg.election_timeout_s
         conf = SyncObjConf(
-            password=secret, appendEntriesUseBatch=False, commandsWaitLeader=False,
+            password=secret, appendEntriesUseBatch=True, commandsWaitLeader=False,
             raftMinTimeout=t, raftMaxTimeout=2 * t, appendEntriesPeriod=min(0.1, t / 4),
             leaderFallbackTimeout=STEP_DOWN * t, connectionTimeout=max(3.5, 2 * t), connectionRetryTime=0.5,
             journalFile=journal_path, fullDumpFile=snapshot_path, serializer=snapshots.save,
@@ -219,7 +244,7 @@ class RaftGroup:
             self._announcing = term
         rec = LeaderAnnounce(term=term, raft_id=self.me, address=self.address, frame_port=self._frame_port(),
                              now_ns=time.time_ns())
-        self.node.apply(rec.to_json(), callback=lambda result, error: self._announced(term, error))
+        self.node.submit(rec.to_json(), lambda result, error: self._announced(term, error))
 
     def _announced(self, term: int, error: int) -> None:
         with self._lock:
@@ -259,7 +284,7 @@ class RaftGroup:
             box[0], box[1] = result, error
             done.set()
 
-        self.node.apply(rec.to_json(), callback=finished)
+        self.node.submit(rec.to_json(), finished)
         if not done.wait(COMMIT_WAIT_S):
             raise Unavailable(f"{rec.op} not committed within {COMMIT_WAIT_S:g} s (no majority?)")
         result, error = box

@@ -36,8 +36,10 @@ _STATUS_OF: dict[int, grpc.StatusCode] = {
     errno.ENOTEMPTY: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
-# Status codes that mean "the call may not have reached the server: retry it".
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Status codes that mean "the call may not have reached the server: retry it".  CANCELLED
+# is what a call in flight gets from a master stopping (SIGTERM: its gRPC server's grace
+# ran out), as in a rolling restart of a group of masters.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 
 class CurvineError(OSError):

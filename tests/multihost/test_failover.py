@@ -83,18 +83,19 @@ class Client:
         if kind == "create":
             data = f"client {self.k} op {i}".encode()
             expect = errno.EEXIST if a in self.model else 0
-            got = self._do(lambda: self._create(a, data))
+            got = self._do(lambda: self._create(a, data), f"create {a}")
             if got == expect == 0:
                 self.model[a] = data
         elif kind == "rename":
             # no replace: a name onto itself is EEXIST too (renameat2's RENAME_NOREPLACE)
             expect = errno.ENOENT if a not in self.model else errno.EEXIST if b in self.model else 0
-            got = self._do(lambda: self.c.rename(f"{self.dir}/{a}", f"{self.dir}/{b}", replace=False))
+            got = self._do(lambda: self.c.rename(f"{self.dir}/{a}", f"{self.dir}/{b}", replace=False),
+                           f"rename {a} {b}")
             if got == expect == 0:
                 self.model[b] = self.model.pop(a)
         else:
             expect = 0 if a in self.model else errno.ENOENT
-            got = self._do(lambda: self.c.remove(f"{self.dir}/{a}"))
+            got = self._do(lambda: self.c.remove(f"{self.dir}/{a}"), f"unlink {a}")
             if got == expect == 0:
                 del self.model[a]
         if got is not None and got != expect:
@@ -105,19 +106,20 @@ class Client:
         with self.c.open(f"{self.dir}/{name}", "xb") as f:
             f.write(data)
 
-    def _do(self, op: typing.Callable[[], None]) -> int | None:
+    def _do(self, op: typing.Callable[[], None], what: str) -> int | None:
         """The op's errno (0: done); None when it failed for a reason of the cluster's."""
         t0 = time.monotonic()
+        error: OSError | None = None
         try:
             op()
-            code = 0
         except OSError as e:
-            code = e.errno or -1
+            error = e
         self.stalls.append(time.monotonic() - t0)
+        code = 0 if error is None else error.errno or -1
         if code in (0, errno.EEXIST, errno.ENOENT):
             self.acked += 1
             return code
-        self.failed.append(OSError(code, f"client {self.k}: {os.strerror(code) if code > 0 else code}"))
+        self.failed.append(OSError(code, f"client {self.k} {what} at {time.strftime('%H:%M:%S')}: {error}"))
         return None
 
     def verify(self) -> int:
@@ -311,8 +313,8 @@ def test_all_masters_killed_together_lose_nothing(group: NetCluster, tmp_path: P
         for i in range(len(MASTERS)):
             c.kill_master(i, signal.SIGKILL)
         t0 = time.monotonic()
-        for i in range(len(MASTERS)):   # all at once: restart_master waits for a group it rejoins
-            c._respawn(c.masters[i], "master")
+        for i in range(len(MASTERS)):   # all at once: a lone master has no group to rejoin
+            c.restart_master(i, wait=False)
         c.leader_index(timeout=30)
         c.wait_ready()
         back = time.monotonic() - t0
