@@ -195,10 +195,11 @@ def target_of(ctx: Context) -> str:
         return _mount_metrics(a.mountpoint)
     if getattr(a, "master", None) is None:
         raise CliError("name what to watch: a MOUNTPOINT, --master, or --metrics HOST:PORT")
-    rep = ctx.client.report()
+    rep = ctx.client.report()   # the leader's, in a group of masters: its metrics are the ones that move
+    leader = next((m.address for m in rep.masters if m.role == "leader"), ctx.config.client.master.split(",")[0])
     if not rep.metrics_port:
-        raise CliError(f"master {ctx.config.client.master}: its metrics are off (master.metrics_port = 0)")
-    return f"{ctx.config.client.master.rpartition(':')[0]}:{rep.metrics_port}"
+        raise CliError(f"master {leader}: its metrics are off (master.metrics_port = 0)")
+    return f"{leader.strip().rpartition(':')[0]}:{rep.metrics_port}"
 
 
 def _mount_metrics(path: str) -> str:
