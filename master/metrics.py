@@ -58,16 +58,20 @@ class MasterCollector(Collector):
 
     def collect(self) -> typing.Iterator[GaugeMetricFamily]:
         svc = self.service
+        yield from _raft_gauges(svc.group.status())
         try:
             files, blocks = svc.ns.counts()
             dirs = svc.ns.dir_count()
-            under = svc.under_replicated()
+            # workers, replicas and capacity are the leader's soft state: a follower has none
+            under = svc.under_replicated() if svc.group.ready() else None
         except Exception:   # a scrape must never fail the master; the next one tries again
             log.exception("metrics: reading the namespace failed")
             return
         yield _gauge("curvine_master_files", "Inodes in the namespace that are not directories", files - dirs)
         yield _gauge("curvine_master_dirs", "Directories in the namespace (the root included)", dirs)
         yield _gauge("curvine_master_blocks", "Committed blocks", blocks)
+        if under is None:
+            return
         yield _gauge("curvine_master_under_replicated_blocks",
                      "Committed blocks with fewer live replicas than their file asks for", under)
         workers = list(svc.registry.workers.values())
@@ -78,6 +82,17 @@ class MasterCollector(Collector):
         yield from _tier_gauges(w for w in workers if w.live)
         pending = self.service.ns.conn.execute("SELECT count(*) FROM ufs_files WHERE state = 'pending'").fetchone()[0]
         yield _gauge("curvine_master_ufs_pending_uploads", "UFS files waiting for their write-back upload", pending)
+
+
+def _raft_gauges(st: typing.Any) -> typing.Iterator[GaugeMetricFamily]:
+    """This master's place in its group (docs/ha.md); a single master is its own leader."""
+    yield _gauge("curvine_master_leader", "1 on the master that serves calls (the ready leader), else 0",
+                 1 if st.role == "leader" and st.ready else 0)
+    yield _gauge("curvine_master_raft_term", "The Raft term this master is in (0: a single master)", st.term)
+    yield _gauge("curvine_master_raft_commit_index", "The last log index this master knows committed",
+                 st.commit_index)
+    yield _gauge("curvine_master_raft_applied_index", "The last log index this master applied to its store",
+                 st.applied_index)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
