@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Three masters vs one (docs/ha.md): metadata ops/s through the SDK and through the
-mount, and the failover time of a killed leader, in one run on this machine.
+mount, the LMCache write and read through the mount, and the failover time of a killed
+leader, in one run on this machine.
 
-    .venv/bin/python bench/ha_bench.py [--meta-files 2000] [--meta-clients 4] [--kills 10] [--small] [--json]
+    .venv/bin/python bench/ha_bench.py [--meta-files 2000] [--meta-clients 4] [--kv-files 16] [--kills 10]
+                                       [--small] [--json]
 
 Each cluster (1 master, then 3) has two workers and a mount, on loopback with free ports.
 Metadata: bench/sdk_bench.py's clients (each its own process and directory: create,
 stat, rename, unlink) and cv bench's meta workload through the mount (one thread, the
-same four ops).  Failover: a client creates a directory every 20 ms; the leader gets a
+same four ops).  KV: cv bench's kvcache workload through the mount (14 MiB chunks:
+x.tmp, header, payload, close, rename; then a stat and a whole read of each).  Failover: a client creates a directory every 20 ms; the leader gets a
 SIGKILL; the time from the kill to the first create that succeeds after it is one
 sample; the killed master is restarted and rejoins before the next kill.  Every figure
 of the three masters is printed beside the single master's, with their ratio.
@@ -28,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sdk_bench import meta_bench  # noqa: E402  (a sibling script, not a package)
 
-from curvine_py.benchmarks import Plan, meta_ops  # noqa: E402
+from curvine_py.benchmarks import Plan, kv_read, kv_write, meta_ops  # noqa: E402
 from curvine_py.cli import output  # noqa: E402
 from curvine_py.common import config as cfgmod  # noqa: E402
 from curvine_py.localcluster import LocalCluster, fuse_available  # noqa: E402
@@ -51,6 +54,13 @@ def metadata(cluster: LocalCluster, mount: Path | None, clients: int, files: int
     if mount is not None:
         out.update({f"mount_{k}": v for k, v in meta_ops(mount, Plan(workloads=["meta"], meta_files=files)).items()})
     return out
+
+
+def kvcache(mount: Path, files: int) -> dict[str, float]:
+    """GB/s and per-chunk p50 of the LMCache write and read through the mount."""
+    plan = Plan(workloads=["kvcache"], files=files)
+    figures = {**kv_write(mount, plan), **kv_read(mount, plan)}
+    return {f"kv_{k}": figures[k] for k in ("write_GBps", "write_p50_ms", "read_GBps", "read_p50_ms")}
 
 
 class Prober:
@@ -120,6 +130,8 @@ def run_one(masters: int, root: Path, args: argparse.Namespace) -> dict[str, flo
     try:
         cluster.start()
         out = metadata(cluster, mount, args.meta_clients, args.meta_files)
+        if mount is not None and args.kv_files:
+            out.update(kvcache(mount, args.kv_files))
         if masters > 1:
             out.update(failover(cluster, args.kills))
         return out
@@ -132,15 +144,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--meta-files", type=int, default=2000, help="files per metadata client, and through the mount")
     ap.add_argument("--meta-clients", type=int, default=4)
+    ap.add_argument("--kv-files", type=int, default=16, help="14 MiB KV chunks written and read through the mount")
     ap.add_argument("--kills", type=int, default=10, help="leader kills for the failover figures")
-    ap.add_argument("--small", action="store_true", help="a quick run: 50 files, 2 clients, 2 kills")
+    ap.add_argument("--small", action="store_true", help="a quick run: 50 files, 2 clients, 2 KV chunks, 2 kills")
     ap.add_argument("--dir", help="where the clusters live (default: a temp dir under the current dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.small:
-        args.meta_files, args.meta_clients, args.kills = 50, 2, 2
-    if args.meta_files < 1 or args.meta_clients < 1 or args.kills < 1:
-        ap.error("--meta-files, --meta-clients and --kills must be positive")
+        args.meta_files, args.meta_clients, args.kv_files, args.kills = 50, 2, 2, 2
+    if args.meta_files < 1 or args.meta_clients < 1 or args.kills < 1 or args.kv_files < 0:
+        ap.error("--meta-files, --meta-clients and --kills must be positive, --kv-files not negative")
     root = Path(args.dir or ".").absolute()
     one = run_one(1, root, args)
     three = run_one(3, root, args)

@@ -156,6 +156,8 @@ def check_figures(script: str, out: str) -> None:
         ops = ("create", "stat", "rename", "unlink")
         via = ("sdk", "mount") if mount_unavailable() is None else ("sdk",)
         positive(res, *(f"{v}_{op}_per_s_{n}" for v in via for op in ops for n in ("1_master", "3_masters")))
+        if mount_unavailable() is None:
+            positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")))
         positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
         assert res["failover_kills"] == 2, res
     elif script == "worker_bench.py":
