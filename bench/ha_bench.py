@@ -10,10 +10,11 @@ Each cluster (1 master, then 3) has two workers and a mount, on loopback with fr
 Metadata: bench/sdk_bench.py's clients (each its own process and directory: create,
 stat, rename, unlink) and cv bench's meta workload through the mount (one thread, the
 same four ops).  KV: cv bench's kvcache workload through the mount (14 MiB chunks:
-x.tmp, header, payload, close, rename; then a stat and a whole read of each).  Failover: a client creates a directory every 20 ms; the leader gets a
-SIGKILL; the time from the kill to the first create that succeeds after it is one
-sample; the killed master is restarted and rejoins before the next kill.  Every figure
-of the three masters is printed beside the single master's, with their ratio.
+x.tmp, header, payload, close, rename; then a stat and a whole read of each).
+Failover: a client creates a directory every 20 ms; the leader gets a SIGKILL; the time
+from the kill to the first create that succeeds after it is one sample; the killed
+master is restarted and rejoins before the next kill.  Every figure of the three
+masters is printed beside the single master's, with their ratio.
 """
 from __future__ import annotations
 
