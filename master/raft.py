@@ -131,6 +131,7 @@ class Snapshots:
         for stale in (path, path + "-wal", path + "-shm", path + "-journal"):
             if os.path.exists(stale):
                 os.unlink(stale)
+        start = time.perf_counter()
         src, dst = sqlite3.connect(self.db_path), sqlite3.connect(path)
         try:
             src.backup(dst)
@@ -142,7 +143,8 @@ class Snapshots:
         finally:
             dst.close()
             src.close()
-        log.info("raft snapshot at log index %d (%d bytes)", _applied_in(path), os.path.getsize(path))
+        log.info("raft snapshot at log index %d (%d bytes) in %.2f s", _applied_in(path), os.path.getsize(path),
+                 time.perf_counter() - start)
 
     def load(self, path: str) -> Any:
         """PySyncObj's data from the snapshot at path; the store becomes the snapshot's when
@@ -153,12 +155,13 @@ class Snapshots:
             data = pickle.loads(snap.execute("SELECT data FROM raft_snapshot").fetchone()[0])
             index = _applied_in(path)
             if index > self.journal.raft_applied:
-                log.info("installing the raft snapshot at log index %d (the store was at %d)", index,
-                         self.journal.raft_applied)
+                start, was = time.perf_counter(), self.journal.raft_applied
                 snap.backup(self.journal.conn)
                 self.journal.conn.execute("PRAGMA journal_mode=WAL")
                 self.journal.conn.execute("DROP TABLE IF EXISTS raft_snapshot")
                 self.journal.raft_applied = self.journal.stored_index()
+                log.info("installed the raft snapshot at log index %d in %.2f s (the store was at %d)", index,
+                         time.perf_counter() - start, was)
         finally:
             snap.close()
         return data
