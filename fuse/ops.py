@@ -79,6 +79,8 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:   # CurvineError included
             code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+            if code == errno.EBADF:   # the kernel sends only descriptors we opened: a bug of ours, say where
+                log.warning("%s answered EBADF: %s", op, e, exc_info=not isinstance(e, CurvineError))
             raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("%s failed", op)

@@ -166,14 +166,18 @@ class Load:
             name = f"model@1@0@{i:08x}@bf16.data"
             data = i.to_bytes(8, "little") + os.urandom(CHUNK - 8)
             t0 = time.monotonic()
+            step = "create"
             try:
                 tmp = self.kv_dir / (name + ".tmp")
                 with open(tmp, "wb") as f:
+                    step = "write"
                     f.write(data[:28])
                     f.write(data[28:])
+                    step = "close"
+                step = "rename"
                 os.rename(tmp, self.kv_dir / name)
             except OSError as e:
-                self.kv_failed.append(e)
+                self.kv_failed.append(OSError(e.errno, f"KV chunk {i} {step} at {time.strftime('%H:%M:%S')}: {e}"))
                 return
             self.kv_stalls.append(time.monotonic() - t0)
             self.chunks[name] = data
