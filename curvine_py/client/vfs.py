@@ -39,7 +39,7 @@ from curvine_py.client.core import ClientCore
 from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
-from curvine_py.client.writer import FileWriter
+from curvine_py.client.writer import FileWriter, Phase
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
@@ -647,12 +647,16 @@ class VFS:
         h = self.handle(fh)
         st = h.state
         w = st.writer
-        if w is None or w.closed or not h.writes:
+        if w is None or not h.writes:
+            return
+        if w.phase is Phase.CLOSING:   # another descriptor's close commits it (a forked child's): wait
+            yield Blocking(w.wait_closing)
+        if w.closed:
             return
         with self._lock:
             last = st.writers == 1
         if not last:
-            if (yield Blocking(w.flush)) is not None:
+            if (yield Blocking(w.flush, False, True)) is not None:
                 st.version += 1
         elif not w.close_soft_nowait():   # (created here, never written: nothing to tell the master)
             st.version += 1
@@ -671,14 +675,15 @@ class VFS:
                 # Not close(): a failed commit (master restarting) must keep the data for the
                 # next flush or the release, not drop it; close(2) reports the error meanwhile.
                 # A forked child closing an inherited descriptor lands here too: the lease goes,
-                # and the parent's next write takes it again (_writer_for).
-                yield Blocking(w.flush, True)
+                # and the parent's next write takes it again (_writer_for).  So can a close that
+                # found another descriptor's close already under way: flush waits for that one.
+                yield Blocking(w.flush, True, True)
         self._seen_generation.pop(h.ino, None)
 
     def fsync(self, fh: int) -> Op[None]:
         h = self.handle(fh)
         w = h.state.writer
-        if w is not None and not w.closed and h.writes and (yield Blocking(w.flush)) is not None:
+        if w is not None and not w.closed and h.writes and (yield Blocking(w.flush, False, True)) is not None:
             h.state.version += 1
 
     def release(self, fh: int) -> Op[None]:

@@ -106,6 +106,7 @@ class FileWriter:
         self.changed = False         # written or truncated since the last commit
         self.mtime_ns = 0            # time of the last change, the file's mtime at commit
         self._state_lock = threading.Lock()
+        self._phase_moved = threading.Condition(self._state_lock)   # wait_closing's wake-up
         self.phase = Phase.OPEN
         # A new file's soft lease (OpenReply.soft_lease) binds nobody until this writer's
         # first AllocateBlocks, sent before the first byte or size change (_harden): soft
@@ -133,6 +134,18 @@ class FileWriter:
             if phase is not None and phase is not self.phase:
                 assert phase in _PHASE_MOVES[self.phase], f"inode {self.ino}: {self.phase.name} -> {phase.name}"
                 self.phase = phase
+                self._phase_moved.notify_all()
+
+    def wait_closing(self) -> None:
+        """Wait until a close the mount's loop is committing (CLOSING) has its answer.  The
+        kernel sends a FLUSH for every close of every copy of a descriptor: a forked child
+        closing what it inherited can close the writer while the parent's own close is
+        on its way, and the second close must return only once the first one's commit is
+        done (close-to-open), never fail.  Bounded by the commit's own retries."""
+        limit = self.core.cfg.client.retry_s + 30
+        with self._phase_moved:
+            if not self._phase_moved.wait_for(lambda: self.phase is not Phase.CLOSING, limit):
+                raise CurvineError(errno.ETIMEDOUT, f"inode {self.ino}: another close's commit did not end")
 
     @property
     def size(self) -> int:
@@ -310,32 +323,44 @@ class FileWriter:
             return total
 
     # ------------------------------------------------------------------ flush / close
-    def flush(self, release: bool = False) -> pb.Attr | None:
+    def flush(self, release: bool = False, closed_ok: bool = False) -> pb.Attr | None:
         """Ship every dirty block, wait for all, and commit size and blocks to the master.
 
         Nothing changed since the last commit: no commit (mtime stays), unless the
-        lease is to be released.
+        lease is to be released.  A close of another descriptor under way (CLOSING) is
+        waited for first; a writer closed already is EBADF, or nothing to do (None) with
+        closed_ok: the mount's flushes, where another descriptor's close did the work.
         """
-        with self._lock:
-            if self.closed:
-                raise CurvineError(errno.EBADF, "file already closed")
-            self._settle_harden()
-            if not self.changed and not release:
-                return None
-            if release and self._quiet():
-                self._finish()
-                return None
-            while self.dirty:   # (making room for one may ship others first: _room)
-                self._ship_dirty(next(iter(self.dirty)))
-            infos = self.uncommitted + self._wait_all()
-            self._check()
-            try:
-                attr = self.core.meta.call("Commit", self._commit_request(infos, release)).attr
-            except BaseException:
-                self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
-                raise
-            self._committed(release)
-            return attr
+        while True:
+            self.wait_closing()
+            with self._lock:   # (close_request_nowait needs this lock to begin a CLOSING)
+                if self.phase is Phase.CLOSING:
+                    continue
+                if self.closed:
+                    if closed_ok:
+                        return None
+                    raise CurvineError(errno.EBADF, "file already closed")
+                return self._flush_locked(release)
+
+    def _flush_locked(self, release: bool) -> pb.Attr | None:
+        """flush's work, under self._lock, on an open writer."""
+        self._settle_harden()
+        if not self.changed and not release:
+            return None
+        if release and self._quiet():
+            self._finish()
+            return None
+        while self.dirty:   # (making room for one may ship others first: _room)
+            self._ship_dirty(next(iter(self.dirty)))
+        infos = self.uncommitted + self._wait_all()
+        self._check()
+        try:
+            attr = self.core.meta.call("Commit", self._commit_request(infos, release)).attr
+        except BaseException:
+            self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
+            raise
+        self._committed(release)
+        return attr
 
     def _commit_request(self, infos: list[pb.BlockInfo], release: bool) -> pb.CommitRequest:
         """The size and new blocks written since the last commit (mtime only if changed)."""
@@ -458,8 +483,10 @@ class FileWriter:
                 self._committed(release=True)
 
     def close(self) -> pb.Attr | None:
+        """flush(release=True); a writer closed already (by another descriptor's close) is
+        closed: nothing to do."""
         try:
-            return self.flush(release=True)
+            return self.flush(release=True, closed_ok=True)
         except BaseException:
             self.abort()
             raise
