@@ -5,12 +5,14 @@ layouts of the reader (a worker's host, and a host with no worker).  Timings are
 asserted; what is asserted is that every system produced every figure (so every read was
 verified byte for byte by `cv bench`), warm and cold, and that nothing is left mounted or
 running afterwards.  The FUSE request size is whatever the kernel allows
-(`fs.fuse.max_pages_limit`: 1 MiB at 256 pages, 4 MiB at 1024); it is a host-wide
-setting, left as it is.  Skipped, with the reason, when not root or when MooseFS
-cannot be installed.
+(`fs.fuse.max_pages_limit`: 1 MiB at 256 pages, 4 MiB at 1024), left as it is, except
+in the test of the remote layout with 4 MiB requests, which raises that host-wide
+setting to 1024 pages for its run and restores it after.  Skipped, with the reason,
+when not root or when MooseFS cannot be installed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +26,9 @@ from curvine_py.testing import moosefs
 from curvine_py.testing.testhosts import unavailable_reason
 
 COMPARE = Path(__file__).resolve().parents[2] / "bench" / "compare"
+MAX_PAGES = Path("/proc/sys/fs/fuse/max_pages_limit")   # Linux 6.13+
+# deploy/build-pyfuse3.sh's stamp: its libfuse asks the kernel for up to 1024 pages (4 MiB)
+LIBFUSE_1024 = Path(sys.prefix) / "opt" / "libfuse" / ".max-pages-1024"
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]
 
 
@@ -116,4 +121,45 @@ def test_the_fuse_limit_column(compare_ready: None, tmp_path: Path) -> None:
     for temp in ("warm", "cold"):
         assert result["kvcache"]["read"][temp]["read_GBps"] > 0 and result["seq"]["read"][temp]["read_GBps"] > 0
     assert all(result["meta"][f"{op}_per_s"] > 0 for op in ("create", "stat", "rename", "unlink"))
+    assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
+
+
+@contextlib.contextmanager
+def fuse_max_pages(pages: int) -> typing.Iterator[None]:
+    """fs.fuse.max_pages_limit set to pages for the with block (mounts made inside it get
+    requests of up to that many pages), the old value restored after, also on failure."""
+    old = MAX_PAGES.read_text()
+    MAX_PAGES.write_text(f"{pages}\n")
+    try:
+        yield
+    finally:
+        MAX_PAGES.write_text(old)
+
+
+def test_remote_layout_with_4_mib_fuse_requests(compare_ready: None, tmp_path: Path) -> None:
+    """The remote layout (the reader on host 3, no worker: every byte over the network)
+    with the kernel allowing 4 MiB FUSE requests: ours with its defaults (page-cache reads,
+    whose read-ahead sends up to 4 MiB per request) and with the KV settings (16 MiB
+    blocks, direct-I/O reads: a 4 MiB read(2) of the sequential file is one request, and a
+    KV chunk's rest after its first 4 KiB is requests of 4 MiB that start inside a block);
+    every byte read verified by `cv bench`, serially and from 8 threads, warm and cold."""
+    if not MAX_PAGES.exists():
+        pytest.skip("this kernel has no fs.fuse.max_pages_limit (Linux < 6.13): FUSE requests stay at 1 MiB")
+    if not LIBFUSE_1024.exists():
+        pytest.skip("libfuse was not built by deploy/build-pyfuse3.sh with 1024 pages: requests stay at 1 MiB")
+    before = MAX_PAGES.read_text()
+    with fuse_max_pages(1024):
+        r = subprocess.run([sys.executable, str(COMPARE), "--small", "--json", "--layout", "remote",
+                            "--systems", "curvine,curvine-kv", "--dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=170)
+    assert MAX_PAGES.read_text() == before
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["errors"] == [] and set(out["remote"]) == {"curvine", "curvine-kv"}
+    for system, result in out["remote"].items():
+        concurrent = result["concurrent"]["kvcache"]["read"]
+        for temp in ("warm", "cold"):
+            assert result["kvcache"]["read"][temp]["read_GBps"] > 0, (system, temp)
+            assert result["seq"]["read"][temp]["read_GBps"] > 0, (system, temp)
+            assert concurrent[temp]["read_threads"] == 8 and concurrent[temp]["read_GBps"] > 0, (system, temp)
     assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []

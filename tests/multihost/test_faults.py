@@ -202,6 +202,64 @@ def test_worker_killed_mid_write_then_returns_then_a_replica_rots(
                "reader got good bytes; bad copy replaced from the good one"))
 
 
+def test_worker_killed_mid_read_by_a_reader_with_no_replica(
+        net_cluster_factory: typing.Callable[..., NetCluster], tmp_path: Path) -> None:
+    """Workers on hosts 1 and 2 hold every block; the reader's mount is on host 3, which
+    runs no worker, so every byte comes over the network.  One worker is SIGKILLed while a
+    64 MiB file is being read through that mount (the reader paused after a quarter of it,
+    the mount's read-ahead fetches running): the read goes on from the other replica
+    (blocks in flight on the dead worker's connections included, when the kill finds some)
+    and returns every byte; the mount's log shows reads that failed over."""
+    c = net_cluster_factory(worker_hosts=(1, 2), extra_master_flags=FLAGS)
+    writer = c.mount(1, tmp_path / "w")
+    data = payload(7, 64 * MiB + 12345)
+    write_file(writer / "big", data)
+    reader = c.mount(3, tmp_path / "r")
+    got = bytearray(len(data))
+    done = 0
+    quarter, killed = threading.Event(), threading.Event()
+    outcome: dict[str, typing.Any] = {}
+
+    def read() -> None:
+        nonlocal done
+        try:
+            with open(reader / "big", "rb", buffering=0) as f:
+                view = memoryview(got)
+                while done < len(got):
+                    n = f.readinto(view[done:done + MiB])
+                    if not n:
+                        break
+                    done += n
+                    if done >= len(got) // 4 and not quarter.is_set():
+                        quarter.set()     # the mount's read-ahead fetches run on meanwhile
+                        killed.wait(30)
+        except OSError as e:
+            outcome["error"] = e
+        finally:
+            quarter.set()
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=read)
+    t.start()
+    assert quarter.wait(60)
+    killed_at_mib = done / MiB
+    c.kill_worker(1)
+    killed.set()
+    t.join(60)
+    took = time.monotonic() - t0
+    assert not t.is_alive(), "the read hung after a worker died"
+    assert "error" not in outcome, f"the read failed: {outcome.get('error')}"
+    assert done == len(data) and not differs(bytes(got), data), differs(bytes(got), data)
+    log = next(p.log for p in c.processes if p.role == "fuse" and p.address == str(reader))
+    failed_over = Path(log).read_text().count("trying the next replica")
+    assert failed_over, "no block was read from the other replica: the kill came after the last fetch"
+    c.unmount(reader)
+    record(Row("worker SIGKILL during a 64 MiB read, reader with no replica", len(data), len(data), took,
+               f"killed after {killed_at_mib:.0f} MiB read, {failed_over} block reads failed over; "
+               "recovered = the whole read"))
+    assert took < 30
+
+
 # ---------------------------------------------------------------- the master
 
 # The workload runs in its own process: the test process spawns the new master, and a fork
