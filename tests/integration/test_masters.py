@@ -8,6 +8,7 @@ The single master's path is tests/integration/test_localcluster.py's.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import typing
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.localcluster import LocalCluster, read_state
+from curvine_py.sdk import Client
 from tests.conftest import client_config
 from tests.integration.test_cli import free_port_run, ok, run_cv
 
@@ -79,7 +81,6 @@ def test_three_masters_elect_one_leader_and_report_it(trio_cluster: LocalCluster
 
 
 def test_killing_the_leader_leaves_a_new_one_within_10_s(trio_cluster: LocalCluster) -> None:
-    from curvine_py.sdk import Client
     c = trio_cluster
     with Client(master=c.master_address, config=client_config(c)) as client:
         client.put_bytes("/before", b"acknowledged before the failover")
@@ -107,7 +108,6 @@ def test_killing_the_leader_leaves_a_new_one_within_10_s(trio_cluster: LocalClus
 def test_a_group_killed_whole_comes_back_with_its_namespace(trio_cluster: LocalCluster) -> None:
     """Every master SIGKILLed: each is started without waiting (none can rejoin a group
     alone), then a leader is elected from their journals and the workers register again."""
-    from curvine_py.sdk import Client
     c = trio_cluster
     with Client(master=c.master_address, config=client_config(c)) as client:
         client.put_bytes("/kept", b"acknowledged before all died")
@@ -147,3 +147,31 @@ def test_cv_cluster_start_masters_3(tmp_path: Path) -> None:
         stopped = run_cv("cluster", "stop", "--dir", str(d))
     assert "stopped" in ok(stopped)
     assert not (d / "cluster.json").exists()
+
+
+def test_the_next_leader_uploads_what_the_killed_one_queued_and_reads_through(
+        cluster_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A UFS mount in write-back mode: the upload queue is replicated state (docs/ha.md), so
+    a file closed on a leader that dies before uploading it is uploaded by the next one,
+    and the next one reads an object of the UFS through as the first did."""
+    monkeypatch.setenv("CURVINE_UFS_UPLOAD_DELAY_S", "3")
+    nas = tmp_path / "nas"
+    nas.mkdir()
+    old, body = os.urandom((4 << 20) + 3), os.urandom((8 << 20) + 5)
+    (nas / "old.bin").write_bytes(old)
+    c = cluster_factory(masters=3)
+    with Client(master=c.master_address, config=client_config(c)) as client:
+        client.ufs.mount(f"file://{nas}", "/wb", write_mode="back")
+        client.put_bytes("/wb/kv.tmp", body)
+        client.rename("/wb/kv.tmp", "/wb/kv.data")          # the LMCache pattern, at pool speed
+        assert client.ufs.stat("/wb/kv.data").state == "pending upload"
+    c.kill_master(c.leader_index(), signal.SIGKILL)
+    c.leader_index(timeout=NEW_LEADER_S)
+    with Client(master=c.master_address, config=client_config(c)) as client:
+        deadline = time.monotonic() + 30
+        while not ((nas / "kv.data").exists() and (nas / "kv.data").read_bytes() == body):
+            assert time.monotonic() < deadline, "the queued upload was not done by the next leader"
+            time.sleep(0.2)
+        assert not (nas / "kv.tmp").exists()
+        assert client.get_bytes("/wb/old.bin") == old
+        assert client.ufs.stat("/wb/kv.data").state == "persisted"
