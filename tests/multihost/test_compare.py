@@ -67,6 +67,16 @@ def test_compare_small_reports_every_figure_for_every_system(compare_ready: None
     assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
 
 
+def assert_remote_reads(system: str, result: dict[str, typing.Any]) -> None:
+    """One system's remote reader read the KV chunks and the sequential file, warm and
+    cold, serially and from 8 threads at once (cv bench verified every byte)."""
+    concurrent = result["concurrent"]["kvcache"]["read"]
+    for temp in ("warm", "cold"):
+        assert result["kvcache"]["read"][temp]["read_GBps"] > 0, (system, temp)
+        assert result["seq"]["read"][temp]["read_GBps"] > 0, (system, temp)
+        assert concurrent[temp]["read_threads"] == 8 and concurrent[temp]["read_GBps"] > 0, (system, temp)
+
+
 def assert_remote_layout(out: dict[str, typing.Any], rows: dict[tuple[str, str], dict[str, str]]) -> None:
     """The default `--layout both`: the reader on host 3 (no worker) read every KV chunk
     and the sequential file, warm and cold, serially and (`--readers 8`) from 8 threads
@@ -74,11 +84,7 @@ def assert_remote_layout(out: dict[str, typing.Any], rows: dict[tuple[str, str],
     the run), the ratio against MooseFS in the same layout."""
     assert set(out["remote"]) == {"curvine", "moosefs"} and out["readers"] == 8
     for system, result in out["remote"].items():
-        concurrent = result["concurrent"]["kvcache"]["read"]
-        for temp in ("warm", "cold"):
-            assert result["kvcache"]["read"][temp]["read_GBps"] > 0, (system, temp)
-            assert result["seq"]["read"][temp]["read_GBps"] > 0, (system, temp)
-            assert concurrent[temp]["read_threads"] == 8 and concurrent[temp]["read_GBps"] > 0, (system, temp)
+        assert_remote_reads(system, result)
         assert "meta" not in result     # the same writer and master as the local layout's
     for workload, metric in (("kvcache (remote reader)", "read GB/s (warm)"),
                              ("seq (remote reader)", "read GB/s (cold)"),
@@ -157,9 +163,5 @@ def test_remote_layout_with_4_mib_fuse_requests(compare_ready: None, tmp_path: P
     out = json.loads(r.stdout)
     assert out["errors"] == [] and set(out["remote"]) == {"curvine", "curvine-kv"}
     for system, result in out["remote"].items():
-        concurrent = result["concurrent"]["kvcache"]["read"]
-        for temp in ("warm", "cold"):
-            assert result["kvcache"]["read"][temp]["read_GBps"] > 0, (system, temp)
-            assert result["seq"]["read"][temp]["read_GBps"] > 0, (system, temp)
-            assert concurrent[temp]["read_threads"] == 8 and concurrent[temp]["read_GBps"] > 0, (system, temp)
+        assert_remote_reads(system, result)
     assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
