@@ -24,10 +24,12 @@ from typing import Generator, Iterator
 
 import xxhash
 
-from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta
+from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta  # noqa: F401 (CHUNK: re-exported by blockstore)
 from curvine_py.common.buffers import ALIGN, aligned
 from curvine_py.common.errors import CurvineError
 from curvine_py.worker import metrics
+
+READ_STEP = 1 << 20   # what a block reader reads, verifies and sends at a time: whole chunks
 
 if typing.TYPE_CHECKING:
     from curvine_py.common.buffers import BufferPool
@@ -45,7 +47,9 @@ class BlockEntry(typing.Protocol):
     length: int
     checksum: int
     chunk_size: int
-    chunk_sums: tuple[int, ...]
+
+    @property
+    def chunk_sums(self) -> typing.Sequence[int]: ...
 
 
 class BlockStore(typing.Protocol):
@@ -263,7 +267,8 @@ class BlockWriter:
         self._closed = True
         return self.store.install(self, meta, meta_staging)
 
-    def commit_written(self, length: int, checksum: int, chunk_sums: list[int], sync: bool = False) -> BlockEntry:
+    def commit_written(self, length: int, checksum: int, chunk_sums: list[int], chunk_size: int,
+                       sync: bool = False) -> BlockEntry:
         """Commit bytes a short-circuit client wrote into this staging file through a
         passed descriptor (worker/localwrite.py).  Its checksums are taken as given: a
         client holding the block's write token could send any bytes over TCP as well, and
@@ -273,14 +278,14 @@ class BlockWriter:
         try:
             if self._closed or self.length:
                 raise CurvineError(errno.EINVAL, f"block {self.block_id}: bytes were appended here as well")
-            if len(chunk_sums) != -(-length // CHUNK):
+            if not 0 < chunk_size <= self.store.read_pool.size or len(chunk_sums) != -(-length // chunk_size):
                 raise CurvineError(errno.EBADMSG, f"block {self.block_id}: {len(chunk_sums)} chunk "
-                                                  f"checksums for {length} bytes")
+                                                  f"checksums of {chunk_size} bytes for {length} bytes")
             if length > self.reserved:
                 self.store.grow_reservation(self.dir, length - self.reserved)
                 self.reserved = length
             self.length = length
-            meta = BlockMeta(length, checksum, tuple(chunk_sums))
+            meta = BlockMeta(length, checksum, tuple(chunk_sums), chunk_size)
             meta_staging = self.path + ".meta"
             self._write_meta(meta_staging, meta)
             self._finish_data(sync, cut=True)
@@ -291,7 +296,7 @@ class BlockWriter:
         return self.store.install(self, meta, meta_staging)
 
     def _meta(self) -> BlockMeta:
-        return BlockMeta(self.length, self.checksum, tuple(self._hasher.chunk_sums()))
+        return BlockMeta(self.length, self.checksum, tuple(self._hasher.chunk_sums()), self._hasher.chunk_size)
 
     def _finish_data(self, sync: bool, cut: bool = False) -> None:
         """Wait for the writes, write a kept tail, cut the file to the block's length
@@ -360,7 +365,7 @@ def _done(n: int) -> Future[int]:
 
 class BlockReader:
     """Iterates verified pieces of a block range; each piece is a view into a pooled
-    buffer, valid until the next iteration.  The next chunk is read while the caller
+    buffer, valid until the next iteration.  The next step is read while the caller
     consumes the current one."""
 
     def __init__(self, store: BlockStore, entry: BlockEntry, fd: int, offset: int, length: int,
@@ -400,22 +405,20 @@ class BlockReader:
     def _pieces(self) -> Generator[memoryview, None, None]:
         if self.length == 0:
             return
-        cs = self.entry.chunk_size
-        first, last = self.offset // cs, (self.offset + self.length - 1) // cs
+        steps = self._steps()
         bufs = self.store.acquire_read_buffers()
         views = [memoryview(b) for b in bufs]
-        inflight: _ChunkRead | None = None
+        inflight: _StepRead | None = None
         try:
-            inflight = self._start(first, views[0])
-            for i in range(first, last + 1):
+            inflight = _StepRead(self, views[0], *steps[0])
+            end = self.offset + self.length
+            for k, (at, n) in enumerate(steps):
                 cur = inflight
                 assert cur is not None
                 got = cur.finish()
-                inflight = self._start(i + 1, views[(i - first + 1) % 2]) if i < last else None
-                self._verify(i, cur.view[:got])
-                lo = max(self.offset, i * cs) - i * cs
-                hi = min(self.offset + self.length, (i + 1) * cs) - i * cs
-                yield cur.view[lo:hi]
+                inflight = _StepRead(self, views[(k + 1) % 2], *steps[k + 1]) if k + 1 < len(steps) else None
+                self._verify(at, n, cur.view[:got])
+                yield cur.view[max(self.offset, at) - at:min(end, at + n) - at]
         finally:
             if inflight is not None:
                 inflight.finish(quiet=True)
@@ -424,28 +427,37 @@ class BlockReader:
             for b in bufs:
                 self.store.read_pool.release(b)
 
-    def _start(self, chunk: int, buf: memoryview) -> "_ChunkRead":
-        cs = self.entry.chunk_size
-        n = min(cs, self.entry.length - chunk * cs)
-        return _ChunkRead(self, buf, n, chunk * cs)
+    def _steps(self) -> list[tuple[int, int]]:
+        """(offset, length) of each read step: the whole chunks the range touches (a
+        chunk is verified whole, so a 128 KiB read of 256 KiB chunks reads one or two
+        of them, never more), in steps of as many chunks as a pooled buffer holds."""
+        cs, length = self.entry.chunk_size, self.entry.length
+        if cs > self.store.read_pool.size:
+            raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id}: chunk size {cs} "
+                                              f"exceeds the read buffer ({self.store.read_pool.size})")
+        span = self.store.read_pool.size // cs * cs
+        start = self.offset // cs * cs
+        stop = min(length, -(-(self.offset + self.length) // cs) * cs)
+        return [(at, min(span, stop - at)) for at in range(start, stop, span)]
 
-    def _verify(self, chunk: int, data: memoryview) -> None:
+    def _verify(self, at: int, want: int, data: memoryview) -> None:
+        """Check every chunk of a step read at `at` (a multiple of the chunk size)."""
         cs = self.entry.chunk_size
-        want = min(cs, self.entry.length - chunk * cs)
         if len(data) != want:   # a short read of a regular file: it was truncated
-            self.store.mark_corrupt(self.entry, f"chunk {chunk} short: {len(data)} of {want}")
+            self.store.mark_corrupt(self.entry, f"bytes at {at} short: {len(data)} of {want}")
             raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} is truncated")
-        if xxhash.xxh3_64_intdigest(data) != self.entry.chunk_sums[chunk]:
-            metrics.CHECKSUM_FAILURES.labels("read").inc()
-            self.store.mark_corrupt(self.entry, f"chunk {chunk} checksum mismatch")
-            raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} chunk {chunk} is corrupt")
+        for pos in range(0, want, cs):
+            chunk = (at + pos) // cs
+            if xxhash.xxh3_64_intdigest(data[pos:pos + cs]) != self.entry.chunk_sums[chunk]:
+                metrics.CHECKSUM_FAILURES.labels("read").inc()
+                self.store.mark_corrupt(self.entry, f"chunk {chunk} checksum mismatch")
+                raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} chunk {chunk} is corrupt")
 
 
+class _StepRead:
+    """One read step (whole chunks) being read; finish() completes short reads synchronously.
 
-class _ChunkRead:
-    """One chunk being read; finish() completes short reads synchronously.
-
-    With ``read_io = "pread"`` (the default) a chunk is read at once with ``preadv``
+    With ``read_io = "pread"`` (the default) a step is read at once with ``preadv``
     in the serving thread (the GIL is released during the copy): measured on 2 cores a
     block fetch of cached chunks ran 15-20% faster than through the shared io_uring,
     whose submit and completion hand-offs cost more than the copy (docs/performance.md).
@@ -455,7 +467,7 @@ class _ChunkRead:
     thread pool, worker.io_engine)."""
     __slots__ = ("reader", "view", "offset", "future")
 
-    def __init__(self, reader: BlockReader, buf: memoryview, n: int, offset: int) -> None:
+    def __init__(self, reader: BlockReader, buf: memoryview, offset: int, n: int) -> None:
         self.reader, self.view, self.offset = reader, buf[:n], offset
         io = reader.store.io
         if reader.store.read_io != "pread":

@@ -21,6 +21,7 @@ Writers and readers of one block file live in blockfile.py.
 """
 from __future__ import annotations
 
+from array import array
 import errno
 import fcntl
 import itertools
@@ -38,13 +39,13 @@ from curvine_py.common.blockmeta import block_file
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
-from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, BlockMeta, BlockReader, BlockWriter,
+from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, READ_STEP, BlockMeta, BlockReader, BlockWriter,
                                          PendingWrite, io_error, remove_tree, supports_direct,
                                          unlink)
 from curvine_py.worker.memtier import MemoryReader, MemoryTier
 from curvine_py.worker.ioengine import IoEngine
 
-__all__ = ["CHUNK", "DEFAULT_BLOCK", "MAX_FREE_FILES", "TIERS", "TIER_INDEX", "BlockEntry", "BlockMeta",
+__all__ = ["CHUNK", "DEFAULT_BLOCK", "READ_STEP", "MAX_FREE_FILES", "TIERS", "TIER_INDEX", "BlockEntry", "BlockMeta",
            "BlockReader", "BlockStore", "BlockWriter", "DataDir", "PendingWrite", "parse_dir_spec"]
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ class BlockEntry:
         self.dir = ddir
         self.length = meta.length
         self.checksum = meta.checksum
-        self.chunk_sums = meta.chunk_sums
+        # 8 bytes a sum: ~64 MB of RAM per TB held at 128 KiB chunks (a tuple of ints: ~340 MB)
+        self.chunk_sums = array("Q", meta.chunk_sums)
         self.chunk_size = meta.chunk_size
         self.readers = 0          # open BlockReaders: their file must not be recycled
         # Written through the page cache (reads try it first); a block written with
@@ -186,7 +188,7 @@ class BlockStore:
         self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
         self.reuse_files = reuse_files
         self.max_free_files = max_free_files
-        self.read_pool = BufferPool(CHUNK, max_buffers=read_buffers)
+        self.read_pool = BufferPool(READ_STEP, max_buffers=read_buffers)
         self._read_pool_lock = threading.Lock()   # readers take both buffers at once
         self._lock = threading.RLock()
         self._index: dict[int, BlockEntry] = {}
@@ -365,7 +367,7 @@ class BlockStore:
             if kept is None:
                 entry.readers += 1
         if kept is not None:
-            return MemoryReader(self.memory, kept, offset, n, entry.checksum, CHUNK)
+            return MemoryReader(self.memory, kept, offset, n, entry.checksum, READ_STEP)
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:

@@ -33,6 +33,7 @@ import socket
 from typing import Callable
 
 from curvine_py.common import frames
+from curvine_py.common.blockmeta import LEGACY_CHUNK
 from curvine_py.common.buffers import ALIGN
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.listener import ConnectionServer
@@ -106,7 +107,8 @@ class LocalWriteServer(ConnectionServer):
             writer.abort()
             raise
         try:
-            entry = writer.commit_written(h.length, h.checksum, list(h.chunk_sums))
+            entry = writer.commit_written(h.length, h.checksum, list(h.chunk_sums),
+                                          h.chunk_size or LEGACY_CHUNK)
         except CurvineError as e:
             log.warning("local write of block %d failed: %s", bid, e)
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "commit failed")

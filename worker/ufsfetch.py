@@ -41,7 +41,7 @@ from curvine_py.common.security import WRITE, BlockTokens
 from curvine_py.pb import curvine_pb2, data_pb2
 from curvine_py.ufs.base import UfsError
 from curvine_py.worker import metrics
-from curvine_py.worker.blockstore import CHUNK, BlockStore, BlockWriter
+from curvine_py.worker.blockstore import READ_STEP, BlockStore, BlockWriter
 from curvine_py.worker.replication import Downstream
 from curvine_py.worker.ufsmounts import UfsMounts
 
@@ -51,7 +51,7 @@ MiB = 1 << 20
 FETCH_THREADS = 16              # block fetches (and their stores) running at once
 MIN_BUFFER = 4 * MiB            # the smallest block buffer size class
 BUFFER_BUDGET = 256 * MiB       # per size class: 64 x 4 MiB, 4 x 64 MiB, 2 of anything larger
-PIECE = CHUNK                   # the store's appends and the forward's frames: 1 MiB each
+PIECE = READ_STEP               # the store's appends and the forward's frames: 1 MiB each
 MAX_BLOCK = 1 << 30             # a READ naming a longer UFS block is refused (EINVAL), not allocated
 
 

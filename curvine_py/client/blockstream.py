@@ -173,7 +173,7 @@ class BlockStream:
         acked: list[int] = []
         if self._file is not None and self._sums is not None:
             f, self._file = self._file, None
-            acked += f.commit(bid, length, checksum, self._sums.chunk_sums())
+            acked += f.commit(bid, length, checksum, self._sums)
         if self._sock is not None and self._head is not None:
             acked += self.io.commit_reply(self._sock, self._head, bid)
         return acked

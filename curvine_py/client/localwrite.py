@@ -68,13 +68,15 @@ class LocalFile:
             raise first if isinstance(first, CurvineError) else CurvineError(
                 getattr(first, "errno", None) or errno.EIO, f"short-circuit write: {first}")
 
-    def commit(self, block_id: int, length: int, checksum: int, chunk_sums: list[int]) -> list[int]:
-        """Install the block at length bytes; returns the worker ids that hold it."""
+    def commit(self, block_id: int, length: int, checksum: int, sums: BlockHasher) -> list[int]:
+        """Install the block at length bytes, with the chunk checksums `sums` took as the
+        bytes were written; returns the worker ids that hold it."""
         try:
             self._settle()
             self._close_fd()
             frames.send_frame(self.sock, data_pb2.DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=length,
-                                                             checksum=checksum, chunk_sums=chunk_sums))
+                                                             checksum=checksum, chunk_sums=sums.chunk_sums(),
+                                                             chunk_size=sums.chunk_size))
             reply = frames.check_reply(frames.recv_header(self.sock), f"short-circuit write of block {block_id}")
         except BaseException:
             self.abort()
@@ -177,7 +179,7 @@ class LocalWrites:
             sums.update(data)
             acked = io.write_block(remote, block.block_id, data, block.token, block.tier,
                                    checksum=sums.checksum)[0] if remote else []
-            return f.commit(block.block_id, len(data), sums.checksum, sums.chunk_sums()) + acked, sums.checksum
+            return f.commit(block.block_id, len(data), sums.checksum, sums) + acked, sums.checksum
         except BaseException:
             f.abort()
             raise

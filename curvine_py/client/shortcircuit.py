@@ -47,6 +47,7 @@ MAX_CACHED_BLOCKS = 4096
 CHECK_WAIT_S = 5.0             # an open waits this long for a check ahead of the same block
 Hasher = Callable[[int, BlockMeta], list[int]]   # (open block file, its meta) -> chunk sums
 PIECE = 256 << 10               # read + hash step: fits the L2 cache
+ANNOUNCE = 1 << 20              # `advance` hears of verified bytes at MiB boundaries (and the end)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class ShortCircuit:
              advance: Callable[[int], object] | None = None) -> int | None:
         """Fill `into` with block bytes from `offset` (len(into) <= block length - offset) out
         of the local file; returns len(into), or None when the network must be used.
-        `advance` hears how many bytes of `into` are in and verified, chunk by chunk, so a
+        `advance` hears how many bytes of `into` are in and verified, MiB by MiB, so a
         reader of the block's head need not wait for its tail (as over the network)."""
         key = (addr.worker_id, block.block_id)
         try:
@@ -309,7 +310,8 @@ class ShortCircuit:
         """Chunks the range covers whole are read straight into `into` and verified there; a
         partly covered chunk at either end is read whole into a per-thread scratch buffer
         and verified there (a chunk is verified whole).  Raises on any mismatch; `advance`
-        hears of each chunk once its bytes are verified in `into`."""
+        hears of the verified bytes in `into` at each MiB boundary and at the end (not at
+        every 128 KiB chunk: each call may wake a waiting reader)."""
         meta, cs, length = local.meta, local.meta.chunk_size, local.meta.length
         end = offset + len(into)
         if end > length:
@@ -324,7 +326,7 @@ class ShortCircuit:
                     _read_chunk(fd, meta, c, into[lo - offset:hi - offset])
                 else:
                     self._partial(fd, meta, c, max(offset, lo), min(end, hi), offset, into)
-                if advance is not None:
+                if advance is not None and (hi % ANNOUNCE == 0 or hi >= end):
                     advance(min(end, hi) - offset)
         finally:
             os.close(fd)

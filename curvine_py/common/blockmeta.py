@@ -2,7 +2,9 @@
 and the short-circuit client that verifies local block files with it.
 
 The byte layout is in docs/worker.md ("Meta file format"): a fixed head, one xxh3_64
-per 1 MiB chunk, and an xxh3_64 of everything before it (the file checks itself).
+per chunk (the head records the chunk size: CHUNK for files written now, 1 MiB for
+files written before session 20, both read), and an xxh3_64 of everything before it
+(the file checks itself).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 import xxhash
 
 MiB = 1 << 20
-CHUNK = MiB                       # checksum granularity of block files
+CHUNK = 128 << 10                 # checksum granularity of block files written now
+LEGACY_CHUNK = MiB                # what sidecars and WRITE_COMMITs carrying no chunk size mean
 
 META_MAGIC = b"CVBM"
 META_VERSION = 1
@@ -50,10 +53,11 @@ def file_chunk_sums(fd: int, length: int, chunk: int = CHUNK) -> list[int]:
 
 class BlockHasher:
     """The checksums a block's meta file holds, computed as its bytes stream by in order:
-    the xxh3_64 of the whole block and of every CHUNK.  The worker's writer and the
+    the xxh3_64 of the whole block and of every chunk.  The worker's writer and the
     short-circuit writing client (client/localwrite.py) both use it."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: int = CHUNK) -> None:
+        self.chunk_size = chunk
         self._whole = xxhash.xxh3_64()
         self._chunk = xxhash.xxh3_64()
         self._fill = 0
@@ -63,11 +67,11 @@ class BlockHasher:
         self._whole.update(view)
         pos = 0
         while pos < len(view):
-            take = min(CHUNK - self._fill, len(view) - pos)
+            take = min(self.chunk_size - self._fill, len(view) - pos)
             self._chunk.update(view[pos:pos + take])
             self._fill += take
             pos += take
-            if self._fill == CHUNK:
+            if self._fill == self.chunk_size:
                 self._sums.append(self._chunk.intdigest())
                 self._chunk.reset()
                 self._fill = 0

@@ -54,9 +54,11 @@ def test_parse_dir_spec():
 
 
 def test_meta_roundtrip_and_self_check():
-    meta = BlockMeta(3 * MiB + 5, 1234, (1, 2, 3, 4))
+    meta = BlockMeta(3 * MiB + 5, 1234, (1, 2, 3, 4), chunk_size=MiB)   # a sidecar written before session 20
     raw = meta.encode()
     assert BlockMeta.decode(raw) == meta
+    now = BlockMeta(MiB + 5, 1234, tuple(range(9)))                         # 128 KiB chunks
+    assert now.chunk_size == CHUNK == 128 << 10 and BlockMeta.decode(now.encode()) == now
     for broken in (raw[:-1], raw[:10], b"XXXX" + raw[4:], raw[:20] + bytes([raw[20] ^ 1]) + raw[21:]):
         with pytest.raises(ValueError):
             BlockMeta.decode(broken)
@@ -406,6 +408,23 @@ def test_direct_writes_skip_the_page_cache_and_read_back(engine, tmp_path, size,
             assert store.read_range(7, off, n) == want
     if size >= 4096 and read_io == "pread":
         assert not cached(entry.path)       # misses are read O_DIRECT, not into the cache
+
+
+def test_a_small_read_reads_only_the_chunks_it_touches(engine, tmp_path):
+    """A small read costs the chunks under it (one or two), not a read step's MiB; a
+    whole-block read goes by read steps of whole chunks, the last one short."""
+    store = make(engine, f"[SSD]{tmp_path}/d")
+    data = os.urandom(4 * MiB + 5)
+    put(store, 9, data)
+    steps = {}
+    for off, n in ((5 * CHUNK + 10, CHUNK // 2), (CHUNK - 4096, CHUNK // 2), (0, None), (4 * MiB, 5)):
+        with store.open_reader(9, off, n) as r:
+            steps[off] = r._steps()
+            assert b"".join(bytes(p) for p in r) == data[off:None if n is None else off + n]
+    assert steps[5 * CHUNK + 10] == [(5 * CHUNK, CHUNK)]
+    assert steps[CHUNK - 4096] == [(0, 2 * CHUNK)]
+    assert steps[0] == [(i * MiB, MiB) for i in range(4)] + [(4 * MiB, 5)]
+    assert steps[4 * MiB] == [(4 * MiB, 5)]
 
 
 def test_direct_write_falls_back_to_buffered_on_unaligned_pieces(engine, tmp_path):

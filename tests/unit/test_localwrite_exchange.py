@@ -78,10 +78,11 @@ def test_a_block_written_through_the_passed_descriptor_is_installed_with_its_sum
     f.write(view, MiB, len(data))                 # padded to the O_DIRECT unit, cut at commit
     h = BlockHasher()
     h.update(view[:len(data)])
-    assert f.commit(41, len(data), h.checksum, h.chunk_sums()) == [WORKER_ID]
+    assert f.commit(41, len(data), h.checksum, h) == [WORKER_ID]
     entry = store.get(41)
     assert entry is not None and entry.length == len(data) and entry.checksum == xxhash.xxh3_64_intdigest(data)
-    assert len(entry.chunk_sums) == 3 and entry.chunk_sums[0] == xxhash.xxh3_64_intdigest(data[:CHUNK])
+    assert len(entry.chunk_sums) == -(-len(data) // CHUNK)
+    assert entry.chunk_sums[0] == xxhash.xxh3_64_intdigest(data[:CHUNK])
     with store.open_reader(41) as r:             # the worker's own verifying reader
         assert b"".join(bytes(p) for p in r) == data
     assert os.path.getsize(store.dirs[0].block_path(41)) == len(data)
@@ -92,7 +93,7 @@ def test_a_block_written_through_the_passed_descriptor_is_installed_with_its_sum
     f2.write(view, 0, 100)
     h2 = BlockHasher()
     h2.update(view[:100])
-    f2.commit(42, 100, h2.checksum, h2.chunk_sums())
+    f2.commit(42, 100, h2.checksum, h2)
     assert store.get(42) is not None and lw.stats()["blocks"] == 2 and server.blocks == 2
     lw.close()
     view.release()
@@ -112,6 +113,28 @@ def test_a_bad_token_is_refused_and_leaves_nothing(served) -> None:
     buf.close()
 
 
+def test_a_commit_with_1_MiB_chunk_sums_installs_a_block_read_by_1_MiB_chunks(served) -> None:
+    """A client from before session 20 hashes 1 MiB chunks and sends no chunk size: the
+    sidecar records 1 MiB and the worker's reader verifies by it, any range."""
+    store, _, addr = served
+    data = os.urandom(3 * MiB + 777)
+    buf, view = block_buffer(data)
+    lw = LocalWrites("here")
+    f = lw.open(addr, 45, 4 * MiB, token(45), "", view)
+    assert f is not None
+    f.write(view, 0, len(data))
+    h = BlockHasher(MiB)
+    h.update(view[:len(data)])
+    f.commit(45, len(data), h.checksum, h)
+    entry = store.get(45)
+    assert entry is not None and entry.chunk_size == MiB and len(entry.chunk_sums) == 4
+    for off, n in ((0, None), (MiB - 3, 10), (5, 128 << 10), (3 * MiB, 777)):
+        assert store.read_range(45, off, n) == data[off:None if n is None else off + n]
+    lw.close()
+    view.release()
+    buf.close()
+
+
 def test_wrong_chunk_sums_fail_the_commit_and_install_nothing(served) -> None:
     store, _, addr = served
     data = os.urandom(3 * MiB)
@@ -121,7 +144,9 @@ def test_wrong_chunk_sums_fail_the_commit_and_install_nothing(served) -> None:
     assert f is not None
     f.write(view, 0, len(data))
     with pytest.raises(CurvineError) as e:
-        f.commit(44, len(data), xxhash.xxh3_64_intdigest(data), [1, 2])   # 2 sums for 3 chunks
+        half = BlockHasher()
+        half.update(view[:len(data) // 2])
+        f.commit(44, len(data), xxhash.xxh3_64_intdigest(data), half)   # sums for half the chunks
     assert e.value.errno == errno.EBADMSG
     assert store.get(44) is None
     wait_for_empty_staging(store)
@@ -186,7 +211,7 @@ def test_an_idle_connection_to_a_restarted_worker_is_replaced(served) -> None:
         f.write(view, 0, MiB)
         h = BlockHasher()
         h.update(view[:MiB])
-        f.commit(block_id, MiB, h.checksum, h.chunk_sums())
+        f.commit(block_id, MiB, h.checksum, h)
 
     write(48)                                       # leaves an idle connection behind
     server.close()
