@@ -4,7 +4,10 @@
   (28-byte header, then the payload in one write), closed, renamed to ``<name>.data``; read
   back (by a fresh process, possibly through another mount) as one stat, then open, read
   4 KiB, read the rest in one call, close.
-- seq: one big file written and read in 4 MiB requests.
+- seq: one big file written and read in 4 MiB requests; before its sequential read, the
+  reader makes ``random_reads`` 128 KiB ``pread`` calls at random aligned offsets of it
+  (fio's random read; Parquet footers, safetensors headers), the same offsets on every
+  filesystem of a run.
 - meta: create, stat, rename, unlink of many empty files, each phase timed alone.
 
 Every byte read is verified, never a sample: the content of a file is a seeded random
@@ -36,6 +39,7 @@ MiB = 1 << 20
 HEADER_SIZE = 28                 # LMCache's fs:// header
 FIRST_READ = 4096                # LMCache reads 4 KiB, then the rest
 SEQ_REQUEST = 4 * MiB
+RANDOM_IO = 128 << 10            # seq: the random reads' size (and alignment)
 PROMPT_FILES = 8                 # BRIEF.md's 1,925-token prompt (0.103 GB): 256-token chunks
 MANIFEST = "cv-bench.json"
 KV_DIR = "kvcache"
@@ -61,6 +65,7 @@ class Plan:
     seed: int = 0
     writers: int = 1          # kvcache: threads writing chunks at once (LMCache's put pool)
     readers: int = 1          # kvcache: threads reading chunks at once (its retrieve)
+    random_reads: int = 300   # seq: RANDOM_IO preads of the file before its sequential read
     timeout_s: float = 600.0  # kvcache with writers/readers > 1: a phase past this is a hang
 
     def save(self, directory: Path) -> None:
@@ -396,6 +401,41 @@ def seq_read(directory: Path, plan: Plan) -> dict[str, float]:
     return {"read_GBps": gbps(plan.seq_size, seconds), "read_s": seconds}
 
 
+def seq_random_read(directory: Path, plan: Plan) -> dict[str, float]:
+    """plan.random_reads preads of RANDOM_IO bytes at random aligned offsets of the seq
+    file, one at a time, each checked; then the file's pages in this reader are dropped
+    (POSIX_FADV_DONTNEED), so the sequential read after it finds none of them cached."""
+    slots = plan.seq_size // RANDOM_IO
+    if not plan.random_reads or not slots:
+        return {}
+    rng = random.Random(plan.seed ^ 2)
+    offsets = [rng.randrange(slots) * RANDOM_IO for _ in range(plan.random_reads)]
+    tail = Pattern(plan.seed ^ 1, SEQ_REQUEST).view[:SEQ_REQUEST - 8]
+    path = directory / SEQ_FILE
+    times = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off in offsets:
+            t = time.perf_counter()
+            got = os.pread(fd, RANDOM_IO, off)
+            times.append(time.perf_counter() - t)
+            want = _seq_range(off, tail)
+            check(path, memoryview(got), xxhash.xxh3_64_intdigest(want), lambda: want, off)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return {"random_per_s": len(times) / sum(times), "random_p50_ms": percentile_ms(times, 0.5),
+            "random_p99_ms": percentile_ms(times, 0.99)}
+
+
+def _seq_range(off: int, tail: memoryview) -> bytes:
+    """The RANDOM_IO bytes of the seq file at off (aligned: within one request)."""
+    r = off % SEQ_REQUEST
+    if r == 0:
+        return _seq_prefix(off // SEQ_REQUEST) + bytes(tail[:RANDOM_IO - 8])
+    return bytes(tail[r - 8:r - 8 + RANDOM_IO])
+
+
 def _seq_digest(k: int, n: int, tail: memoryview) -> int:
     h = xxhash.xxh3_64(_seq_prefix(k))
     h.update(tail[:n - 8])
@@ -503,7 +543,8 @@ def run_staged(items: typing.Sequence[typing.Sequence[typing.Callable[[], None]]
 
 
 def new_plan(workloads: typing.Sequence[str], files: int, file_size: int, seq_size: int,
-             meta_files: int, writers: int = 1, readers: int = 1, timeout_s: float = 600.0) -> Plan:
+             meta_files: int, writers: int = 1, readers: int = 1, timeout_s: float = 600.0,
+             random_reads: int = 300) -> Plan:
     if file_size <= HEADER_SIZE:
         raise ValueError(f"--file-size must exceed the {HEADER_SIZE}-byte header")
     if seq_size <= 0 or seq_size % 4096:
@@ -514,9 +555,11 @@ def new_plan(workloads: typing.Sequence[str], files: int, file_size: int, seq_si
         raise ValueError("--writers and --readers must be positive")
     if timeout_s <= 0:
         raise ValueError("--timeout must be positive")
+    if random_reads < 0:
+        raise ValueError("--random-reads must not be negative")
     return Plan(workloads=list(workloads), files=files, file_size=file_size, seq_size=seq_size,
                 meta_files=meta_files, seed=int.from_bytes(os.urandom(8), "little"),
-                writers=writers, readers=readers, timeout_s=timeout_s)
+                writers=writers, readers=readers, timeout_s=timeout_s, random_reads=random_reads)
 
 
 def write_phase(directory: Path, plan: Plan) -> dict[str, dict[str, float]]:
@@ -541,7 +584,7 @@ def read_phase(directory: Path, only: typing.Collection[str] = WORKLOADS
     if "kvcache" in plan.workloads and "kvcache" in only:
         out["kvcache"] = kv_read(directory, plan)
     if "seq" in plan.workloads and "seq" in only:
-        out["seq"] = seq_read(directory, plan)
+        out["seq"] = {**seq_random_read(directory, plan), **seq_read(directory, plan)}
     return out
 
 

@@ -39,6 +39,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("kvcache", "1,925-token prompt read ms", "prompt_ms", "read"),
     ("seq", "write GB/s", "write_GBps", "write"),
     ("seq", "read GB/s", "read_GBps", "read"),
+    ("seq", "random 128 KiB reads/s", "random_per_s", "read"),
+    ("seq", "random 128 KiB read p50 ms", "random_p50_ms", "read"),
+    ("seq", "random 128 KiB read p99 ms", "random_p99_ms", "read"),
     ("meta", "create/s", "create_per_s", "write"),
     ("meta", "stat/s", "stat_per_s", "write"),
     ("meta", "rename/s", "rename_per_s", "write"),
@@ -70,7 +73,7 @@ def figures(result: Result) -> list[tuple[str, str, float]]:
 
 
 def format_value(metric: str, value: float) -> str:
-    if metric.endswith("/s") and "GB" not in metric:
+    if metric.split(" (", 1)[0].endswith("/s") and "GB" not in metric:
         return f"{value:,.0f}"
     if " ms" in metric:
         return f"{value:.1f}"
@@ -177,7 +180,7 @@ def make_plan(a: argparse.Namespace) -> bm.Plan:
     workloads = workload_list(a.workloads)
     try:
         return bm.new_plan(workloads, a.files, parse_size(a.file_size), parse_size(a.seq_size),
-                           a.meta_files, a.writers, a.readers, a.timeout)
+                           a.meta_files, a.writers, a.readers, a.timeout, a.random_reads)
     except (ValueError, ConfigError) as e:
         raise UsageError(str(e)) from None
 
@@ -206,6 +209,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="kvcache with --writers/--readers: seconds a phase may take before it counts "
                         "as a hang and the bench fails (default 600)")
     p.add_argument("--seq-size", default="1GiB", help="seq: file size, 4 MiB requests (default 1GiB)")
+    p.add_argument("--random-reads", type=int, default=300,
+                   help="seq: 128 KiB reads at random aligned offsets of the file, one at a time and "
+                        "each verified, before its sequential read (default 300; 0: none)")
     p.add_argument("--meta-files", type=int, default=5000, help="meta: number of files (default 5000)")
     p.add_argument("--reader-dir", metavar="DIR",
                    help="read through this directory instead (DIR seen through another mount)")

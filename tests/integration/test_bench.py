@@ -33,6 +33,7 @@ def test_all_workloads_report_figures_and_clean_up(tmp_path: Path) -> None:
     assert kv["write_GBps"] > 0 and kv["read"]["warm"]["read_GBps"] > 0
     assert kv["read"]["warm"]["prompt_files"] == 3      # fewer files than a prompt: all of them
     assert out["seq"]["write_GBps"] > 0 and out["seq"]["read"]["warm"]["read_GBps"] > 0
+    assert out["seq"]["read"]["warm"]["random_per_s"] > 0
     assert set(out["meta"]) == {"create_per_s", "stat_per_s", "rename_per_s", "unlink_per_s"}
     assert list(tmp_path.iterdir()) == []
 
@@ -81,7 +82,7 @@ def test_a_wrong_byte_fails_loudly(tmp_path: Path, offset: int) -> None:
 
 
 def test_a_wrong_size_and_a_wrong_seq_request_fail(tmp_path: Path) -> None:
-    w = cv(str(tmp_path), *SMALL, "--workloads", "kvcache,seq", "--phase", "write")
+    w = cv(str(tmp_path), *SMALL, "--workloads", "kvcache,seq", "--phase", "write", "--random-reads", "0")
     assert w.returncode == 0, w.stderr
     seq = tmp_path / bm.SEQ_FILE
     with open(seq, "r+b") as f:     # swap two 4 MiB requests: each is intact, the order is not
@@ -113,6 +114,7 @@ def test_read_errors_of_the_fresh_reader_reach_the_writer(tmp_path: Path) -> Non
     (("--file-size", "20"), "must exceed the 28-byte header"),
     (("--seq-size", "12345"), "multiple of 4 KiB"),
     (("--file-size", "lots"), "not a size"),
+    (("--random-reads", "-1"), "must not be negative"),
 ])
 def test_usage_errors(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     r = cv(str(tmp_path), *args)

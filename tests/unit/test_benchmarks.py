@@ -1,6 +1,7 @@
 """The pieces of `cv bench` that decide whether a read is right, and how figures are shown."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,28 @@ def test_figures_rows_and_formats() -> None:
                     ("kvcache", "1,925-token prompt read ms (8 files) (cold)", 90.0),
                     ("meta", "create/s", 1234.4)]
     assert [format_value(m, v) for _, m, v in rows] == ["1.250", "2.000", "1.000", "55.5", "90.0", "1,234"]
+    seq = figures({"seq": {"read": {"cold": {"read_GBps": 1.5, "random_per_s": 901.7, "random_p50_ms": 0.81}}}})
+    assert [(m, format_value(m, v)) for _, m, v in seq] == [
+        ("read GB/s (cold)", "1.500"), ("random 128 KiB reads/s (cold)", "902"),
+        ("random 128 KiB read p50 ms (cold)", "0.8")]
+
+
+def test_random_reads_check_every_byte_and_leave_the_sequential_read_uncached(tmp_path: Path) -> None:
+    plan = bm.new_plan(["seq"], 1, 1 << 20, 8 << 20, 1, random_reads=50)
+    bm.seq_write(tmp_path, plan)
+    figs = bm.seq_random_read(tmp_path, plan)
+    assert figs["random_per_s"] > 0 and 0 < figs["random_p50_ms"] <= figs["random_p99_ms"]
+    assert bm.seq_random_read(tmp_path, dataclasses.replace(plan, random_reads=0)) == {}
+    seq = tmp_path / bm.SEQ_FILE
+    with open(seq, "r+b") as f:      # one byte changed in every 128 KiB: the first random read fails
+        for off in range(1000, plan.seq_size, bm.RANDOM_IO):
+            f.seek(off)
+            old = f.read(1)
+            f.seek(off)
+            f.write(bytes([old[0] ^ 0x10]))
+    with pytest.raises(bm.WrongData, match=r"wrong bytes at offset \d+") as e:
+        bm.seq_random_read(tmp_path, plan)
+    assert int(str(e.value).split("offset ")[1].split()[0]) % bm.RANDOM_IO == 1000
 
 
 def test_lmcache_pools_on_a_local_directory_open_every_chunk_first(tmp_path: Path) -> None:
