@@ -159,8 +159,8 @@ def test_evictions_by_reason_in_a_small_pool(cluster_factory: typing.Callable[..
 def test_a_small_random_read_fetches_its_range_not_its_block(mounted: tuple[LocalCluster, Client]) -> None:
     """128 KiB read far into a 40 MiB file (ten 4 MiB blocks; one past the read-ahead window
     is not prefetched whole at open): the bytes fetched from
-    workers or block files are that range (whatever the kernel's read-ahead adds, under a
-    1 MiB checksum chunk), not the 4 MiB block around it; and they are the right bytes."""
+    workers or block files are that range (whatever the kernel's read-ahead adds, under
+    1 MiB), not the 4 MiB block around it; and they are the right bytes."""
     c, client = mounted
     data = os.urandom(40 * MiB)
     client.put_bytes("/random.bin", data)
@@ -176,6 +176,28 @@ def test_a_small_random_read_fetches_its_range_not_its_block(mounted: tuple[Loca
     fetched = sum(delta(before, after, "curvine_client_read_bytes_total", source=s)
                   for s in ("short_circuit", "remote"))
     assert 128 * 1024 <= fetched <= MiB, fetched
+
+
+@needs_mount
+def test_a_file_read_at_random_fetches_ranges_near_its_first_reads_too(mounted: tuple[LocalCluster, Client]) -> None:
+    """After two small reads far apart, small reads inside the read-ahead window (24 MiB
+    around the furthest read here) are random ones too: their ranges are fetched, not
+    their 4 MiB blocks and the four after them."""
+    c, client = mounted
+    data = os.urandom(40 * MiB)
+    client.put_bytes("/scattered.bin", data)
+    subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+    before = scrape(endpoint(c, "fuse"))
+    fd = os.open(Path(c.mount or "") / "scattered.bin", os.O_RDONLY)
+    try:
+        for off in (30 * MiB + 256 * 1024, 36 * MiB + 256 * 1024, 2 * MiB + 256 * 1024, 10 * MiB + 640 * 1024):
+            assert os.pread(fd, 128 * 1024, off) == data[off:off + 128 * 1024]
+    finally:
+        os.close(fd)
+    after = scrape(endpoint(c, "fuse"))
+    fetched = sum(delta(before, after, "curvine_client_read_bytes_total", source=s)
+                  for s in ("short_circuit", "remote"))
+    assert 4 * 128 * 1024 <= fetched <= 2 * MiB, fetched
 
 
 def test_a_client_off_the_workers_hosts_writes_through_a_chain(mounted: tuple[LocalCluster, Client]) -> None:
