@@ -403,8 +403,8 @@ class FileReader:
         """Is this a small read far from where the file is being read (a Parquet footer, a
         safetensors header, a random ``pread``)?  Then only its range is fetched, straight
         into the caller's buffer, not its whole block into the cache: a 128 KiB read of a
-        4 MiB block moved 32x its bytes (and the worker read and hashed only the 1 MiB
-        chunks it covers anyway).  "Far": outside the read-ahead window around the furthest
+        4 MiB block moved 32x its bytes (and the worker reads and hashes only the 128 KiB
+        chunks it covers).  "Far": outside the read-ahead window around the furthest
         read so far, on either side (the kernel's own read-ahead sends requests that far
         ahead and out of order).  A small read that starts where the previous random one
         ended is a sequential reader starting there: it re-anchors the window.  Once
