@@ -12,6 +12,7 @@ import time
 import pytest
 import xxhash
 
+from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.worker.blockstore import (CHUNK, TIER_INDEX, BlockMeta, BlockStore,
                                           parse_dir_spec, unshared)
@@ -166,6 +167,30 @@ def test_index_reload_and_staging_cleanup(engine, tmp_path):
         assert (e.length, e.checksum) == (len(data), xxhash.xxh3_64_intdigest(data))
         assert again.read_range(i) == data
     assert again.dir_usage()[0][3] == sum(map(len, blobs.values()))
+
+
+def test_blocks_with_1_MiB_chunk_sidecars_reload_and_read_by_them(engine, tmp_path):
+    """A data dir written before session 20 (1 MiB checksum chunks) is read by a worker of
+    now: each block verified by the chunk size its sidecar records; a bad byte still found."""
+    spec = f"[SSD:1GiB]{tmp_path}/d"
+    store = make(engine, spec)
+    data = os.urandom(3 * MiB + 4321)
+    entry = put(store, 5, data)
+    legacy = BlockHasher(MiB)
+    legacy.update(memoryview(data))
+    with open(entry.path + ".meta", "wb") as f:
+        f.write(BlockMeta(len(data), legacy.checksum, tuple(legacy.chunk_sums()), MiB).encode())
+    again = make(engine, spec)
+    e = again.get(5)
+    assert e is not None and e.chunk_size == MiB and len(e.chunk_sums) == 4
+    for off, n in ((0, None), (MiB - 10, 20), (2 * MiB + 5, 128 << 10), (3 * MiB, 4321)):
+        assert again.read_range(5, off, n) == data[off:None if n is None else off + n]
+    with open(e.path, "r+b") as f:
+        f.seek(2 * MiB + 7)
+        f.write(bytes([data[2 * MiB + 7] ^ 1]))
+    with pytest.raises(CurvineError) as err:
+        again.read_range(5, 2 * MiB + 500_000, 10)   # in the bad byte's 1 MiB chunk, past its 128 KiB one
+    assert err.value.errno == errno.EBADMSG
 
 
 def test_scan_drops_uncommitted_and_broken_blocks(engine, tmp_path):
