@@ -155,26 +155,29 @@ def test_evictions_by_reason_in_a_small_pool(cluster_factory: typing.Callable[..
     assert worker.total("curvine_worker_io_engine") == 1
 
 
-@needs_mount
-def test_a_small_random_read_fetches_its_range_not_its_block(mounted: tuple[LocalCluster, Client]) -> None:
-    """128 KiB read far into a 40 MiB file (ten 4 MiB blocks; one past the read-ahead window
-    is not prefetched whole at open): the bytes fetched from
-    workers or block files are that range (whatever the kernel's read-ahead adds, under
-    1 MiB), not the 4 MiB block around it; and they are the right bytes."""
-    c, client = mounted
+def fetched_by_small_reads(c: LocalCluster, client: Client, name: str, offsets: tuple[int, ...]) -> float:
+    """Bytes the mount fetched (from workers or block files) for 128 KiB preads at offsets
+    of a new 40 MiB file (ten 4 MiB blocks) read cold, each checked."""
     data = os.urandom(40 * MiB)
-    client.put_bytes("/random.bin", data)
+    client.put_bytes(f"/{name}", data)
     subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
     before = scrape(endpoint(c, "fuse"))
-    fd = os.open(Path(c.mount or "") / "random.bin", os.O_RDONLY)
+    fd = os.open(Path(c.mount or "") / name, os.O_RDONLY)
     try:
-        off = 33 * MiB + 256 * 1024
-        assert os.pread(fd, 128 * 1024, off) == data[off:off + 128 * 1024]
+        for off in offsets:
+            assert os.pread(fd, 128 * 1024, off) == data[off:off + 128 * 1024]
     finally:
         os.close(fd)
     after = scrape(endpoint(c, "fuse"))
-    fetched = sum(delta(before, after, "curvine_client_read_bytes_total", source=s)
-                  for s in ("short_circuit", "remote"))
+    return sum(delta(before, after, "curvine_client_read_bytes_total", source=s) for s in ("short_circuit", "remote"))
+
+
+@needs_mount
+def test_a_small_random_read_fetches_its_range_not_its_block(mounted: tuple[LocalCluster, Client]) -> None:
+    """128 KiB read far into a 40 MiB file (one past the read-ahead window is not
+    prefetched whole at open): the bytes fetched are that range (whatever the kernel's
+    read-ahead adds, under 1 MiB), not the 4 MiB block around it."""
+    fetched = fetched_by_small_reads(*mounted, "random.bin", (33 * MiB + 256 * 1024,))
     assert 128 * 1024 <= fetched <= MiB, fetched
 
 
@@ -183,20 +186,8 @@ def test_a_file_read_at_random_fetches_ranges_near_its_first_reads_too(mounted: 
     """After two small reads far apart, small reads inside the read-ahead window (24 MiB
     around the furthest read here) are random ones too: their ranges are fetched, not
     their 4 MiB blocks and the four after them."""
-    c, client = mounted
-    data = os.urandom(40 * MiB)
-    client.put_bytes("/scattered.bin", data)
-    subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
-    before = scrape(endpoint(c, "fuse"))
-    fd = os.open(Path(c.mount or "") / "scattered.bin", os.O_RDONLY)
-    try:
-        for off in (30 * MiB + 256 * 1024, 36 * MiB + 256 * 1024, 2 * MiB + 256 * 1024, 10 * MiB + 640 * 1024):
-            assert os.pread(fd, 128 * 1024, off) == data[off:off + 128 * 1024]
-    finally:
-        os.close(fd)
-    after = scrape(endpoint(c, "fuse"))
-    fetched = sum(delta(before, after, "curvine_client_read_bytes_total", source=s)
-                  for s in ("short_circuit", "remote"))
+    offsets = (30 * MiB + 256 * 1024, 36 * MiB + 256 * 1024, 2 * MiB + 256 * 1024, 10 * MiB + 640 * 1024)
+    fetched = fetched_by_small_reads(*mounted, "scattered.bin", offsets)
     assert 4 * 128 * 1024 <= fetched <= 2 * MiB, fetched
 
 
