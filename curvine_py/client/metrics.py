@@ -31,6 +31,10 @@ READ_BYTES = Counter("curvine_client_read_bytes",
                      "reach the client)", ["source"])
 READAHEAD_BLOCKS = Counter("curvine_client_readahead_blocks", "Blocks fetched ahead of a sequential reader")
 READAHEAD_HITS = Counter("curvine_client_readahead_hits", "Blocks fetched ahead that a later read then used")
+LOOKUP_FETCHES = Counter("curvine_client_lookup_fetches",
+                         "Blocks fetched when their file was looked up (fuse.fetch_ahead)")
+LOOKUP_FETCH_HITS = Counter("curvine_client_lookup_fetch_hits",
+                            "Blocks fetched at a lookup that the open after it used (fuse.fetch_ahead)")
 SOURCES = ("passthrough", "memory", "short_circuit", "remote")
 for _source in SOURCES:
     READS.labels(_source)

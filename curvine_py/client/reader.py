@@ -43,7 +43,7 @@ def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int,
 
 
 def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview,
-                progress: _Cached | None = None) -> int:
+                progress: CachedBlock | None = None) -> int:
     """Read block bytes [offset, offset+len(into)) from the first replica that answers.
 
     When no replica answers, the block's locations are asked again from the master a few
@@ -74,7 +74,7 @@ class _Fetch:
 
 
 def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into: memoryview,
-                   progress: _Cached | None) -> int | None:
+                   progress: CachedBlock | None) -> int | None:
     """One attempt of fetch_block; after a failed one, the block is located again first.
     None: the file no longer holds the block."""
     if state.last is not None:
@@ -114,7 +114,7 @@ def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo |
 
 
 def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memoryview,
-                progress: _Cached | None = None) -> int:
+                progress: CachedBlock | None = None) -> int:
     """One round over the block's replicas (ClientCore.paths.replica_order), each by the
     first way that serves it (BlockPaths.readers: its local file, else the network)."""
     want = min(len(into), max(0, block.length - offset))
@@ -141,7 +141,7 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     raise CurvineError(errno.EIO, f"block {block.block_id} unreadable: {detail}")
 
 
-def _note_use(entry: _Cached) -> None:
+def _note_use(entry: CachedBlock) -> None:
     """A read uses entry (the reader's lock held): the first use of a block fetched ahead
     is a read-ahead hit."""
     if entry.ahead:
@@ -150,12 +150,21 @@ def _note_use(entry: _Cached) -> None:
             metrics.READAHEAD_HITS.inc()
 
 
+def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap) -> CachedBlock:
+    """A fetch of the whole block into the pooled buffer raw, on the core's executor."""
+    view = memoryview(raw)
+    entry = CachedBlock(raw, view)
+    entry.future = core.executor.submit(fetch_block, core, ino, block, 0, view[:block.length], entry)
+    entry.future.add_done_callback(entry.fetched)
+    return entry
+
+
 def no_unpin() -> None:
     """The unpin of a view that pins nothing (a copy, or no bytes)."""
     return None
 
 
-class _Cached:
+class CachedBlock:
     """A whole block fetched into a pooled buffer; `users` pins it while it is copied from.
 
     `got` counts the bytes from the block's start already in the buffer while the fetch
@@ -226,7 +235,7 @@ class FileReader:
         self.blocks = {b.offset // self.bs: b for b in reply.blocks}
         self.pool = core.buffer_pool(self.bs)
         self.read_ahead = core.cfg.client.read_ahead_blocks
-        self._cache: OrderedDict[int, _Cached] = OrderedDict()
+        self._cache: OrderedDict[int, CachedBlock] = OrderedDict()
         self._max_end = 0
         self._random_end = -1            # where the latest small random read ended (see _random)
         self._scattered = 0              # small random reads since a read last went on from one
@@ -248,6 +257,15 @@ class FileReader:
                 for idx in sorted(self.blocks):
                     if idx not in self._cache and not self._start_fetch_nowait(idx):
                         return
+
+    def adopt(self, idx: int, entry: CachedBlock) -> bool:
+        """Take block idx as already fetched (or being fetched) into entry, a buffer of this
+        reader's pool (client/fetchahead.py: fetched when the file was looked up)."""
+        with self._lock:
+            if self._closed or idx in self._cache or idx not in self.blocks:
+                return False
+            self._cache[idx] = entry
+            return True
 
     def reclaim(self) -> bool:
         """The pool ran dry (common/buffers.py): drop the least recently used fetched block
@@ -438,7 +456,7 @@ class FileReader:
                     if nxt in self.blocks and nxt not in self._cache and not self._start_fetch_nowait(nxt):
                         return
 
-    def _acquire(self, idx: int, offset: int) -> _Cached:
+    def _acquire(self, idx: int, offset: int) -> CachedBlock:
         """The cache entry of block idx, pinned, its fetch started if need be.  A buffer
         for it may have to be waited for: never with the lock held (the mount's loop takes
         it, and so does the pool's reclaim of this reader's idle blocks)."""
@@ -460,7 +478,7 @@ class FileReader:
                     return entry
             raw = self.pool.acquire()
 
-    def _unpin(self, entry: _Cached) -> None:
+    def _unpin(self, entry: CachedBlock) -> None:
         with self._lock:
             entry.users -= 1
             retire = entry.users == 0 and entry not in self._cache.values()
@@ -482,14 +500,9 @@ class FileReader:
             metrics.READAHEAD_BLOCKS.inc()
         return True
 
-    def _start_fetch(self, idx: int, raw: mmap.mmap) -> _Cached:
+    def _start_fetch(self, idx: int, raw: mmap.mmap) -> CachedBlock:
         """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
-        block = self.blocks[idx]
-        view = memoryview(raw)
-        entry = _Cached(raw, view)
-        entry.future = self.core.executor.submit(fetch_block, self.core, self.attr.ino, block, 0,
-                                                 view[:block.length], entry)
-        entry.future.add_done_callback(entry.fetched)
+        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw)
         self._cache[idx] = entry
         # Room for the read-ahead window beyond the kernel's own read-ahead in flight: a
         # buffered mount has up to 12 requests of 1 MiB (3 blocks) pending at once; with
@@ -503,7 +516,7 @@ class FileReader:
                 self._retire(victim)
         return entry
 
-    def _retire(self, entry: _Cached) -> None:
+    def _retire(self, entry: CachedBlock) -> None:
         """Give a dropped entry's buffer back once its fetch is over and nobody copies from
         it.  Never waits: a fetch still running retires it when it ends (waiting for it on
         an I/O thread could wait for a fetch queued behind that very thread)."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
+from curvine_py.client.fetchahead import FetchAhead
 from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
@@ -139,6 +140,7 @@ class VFS:
         self._direct_reads = core.cfg.fuse.direct_io_reads
         self._direct_creates = core.cfg.fuse.direct_io_creates
         self.local = LocalFiles(core, core.cfg.fuse.verify_ahead)   # files the kernel may read itself
+        self.ahead = FetchAhead(core) if core.cfg.fuse.fetch_ahead else None   # blocks fetched at lookups
         core.meta.dirs_listener = self._learn_dirs
 
     def _root_of(self, path: str) -> int:
@@ -236,9 +238,11 @@ class VFS:
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         request = self.meta.lookup_request(self._in(parent), name, ident)
-        request.one_block = self.local.wanted
+        request.one_block = self.local.wanted or self.ahead is not None
         reply = yield "Lookup", request
         self.local.after_lookup(reply.attr, reply.blocks)
+        if self.ahead is not None:
+            self.ahead.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
     def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
@@ -448,6 +452,8 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
+                if self.ahead is not None:
+                    self.ahead.hand_over(h.reader)
                 h.local_block = self.local.block_of(reply.attr, reply.blocks, flags)
                 if h.local_block is None and prefetch:
                     # In the background: it may wait for a free buffer, and the mount's
@@ -730,6 +736,8 @@ class VFS:
             except Exception as e:  # best effort at shutdown
                 log.error("release of handle %d at unmount: %s", fh, e)
         self.local.close()
+        if self.ahead is not None:
+            self.ahead.close()
 
 
 def _truncate_and_flush(w: FileWriter, size: int) -> None:

@@ -115,6 +115,7 @@ class FuseConfig:
     max_read_ahead: int = 16 * MiB
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
+    fetch_ahead: bool = False  # a lookup of a one-block file with no replica here fetches it (client/fetchahead.py)
     request_timeout_s: float = 60.0  # unanswered this long: EIO, logged with the state (fuse/watchdog.py); 0 = never
     metrics_port: int = 9002      # the mount's /metrics; taken: an ephemeral port (docs/metrics.md); 0 = off
     metrics_bind: str = "0.0.0.0"  # the address that /metrics listens on
