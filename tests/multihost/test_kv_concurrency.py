@@ -12,8 +12,11 @@ which the mounts used to hang (shared/findings/lmcache-concurrency).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import threading
+import time
 import typing
 from pathlib import Path
 
@@ -97,4 +100,64 @@ def test_32_writers_read_back_exactly_while_block_files_are_recycled(net_cluster
         shutil.rmtree(d)   # the blocks freed here are recycled by the next round
     for r in readers.values():
         c.unmount(r)
+    c.unmount(w)
+
+
+def test_eight_readers_without_a_replica_overlap_and_a_stat_answers_meanwhile(net_cluster: NetCluster,
+                                                                               tmp_path: Path) -> None:
+    """Issue 26: eight whole-file reads at once on a mount whose host holds no replica do
+    not queue behind one another (the last reader has its first 4 KiB before half the
+    reads' time is over; one after another, 7/8 of it), and lookups of new names keep
+    being answered meanwhile (none takes half the reads' time)."""
+    c = net_cluster
+    w = c.mount(1, tmp_path / "w", "--client-block-size", str(16 * MiB))
+    files = {f"c{i}.data": os.urandom(96 * MiB) for i in range(8)}
+    for name, data in files.items():
+        (w / name).write_bytes(data)
+    for i in range(400):
+        (w / f"probe{i}").touch()
+    r = c.mount(3, tmp_path / "r", "--fuse-direct-io-reads", "true")
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    stats: list[float] = []
+    reading = threading.Event()
+    start = threading.Barrier(len(files) + 1)
+
+    def read(name: str) -> None:
+        start.wait()
+        with open(r / name, "rb", buffering=0) as f:
+            head = f.read(4096)
+            first[name] = time.perf_counter()
+            rest = f.read()
+        done[name] = time.perf_counter()
+        assert head + rest == files[name], name
+
+    def probe() -> None:
+        for i in range(400):
+            if not reading.is_set():
+                return
+            t = time.perf_counter()
+            os.stat(r / f"probe{i}")   # a name this mount never looked up: a LOOKUP each time
+            stats.append(time.perf_counter() - t)
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in files]
+    for t in threads:
+        t.start()
+    reading.set()
+    prober = threading.Thread(target=probe)
+    prober.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(timeout=120)
+    reading.clear()
+    prober.join(timeout=30)
+    assert len(done) == len(files), f"{len(files) - len(done)} reads did not finish"
+    span = max(done.values()) - t0
+    assert max(first.values()) - t0 < span / 2, \
+        f"the last reader's first 4 KiB came at {max(first.values()) - t0:.3f} s of {span:.3f} s"
+    assert len(stats) >= 3 and max(stats) < span / 2, \
+        f"{len(stats)} lookups during {span:.3f} s of reads, the slowest {max(stats, default=0):.3f} s"
+    c.unmount(r)
     c.unmount(w)
