@@ -233,7 +233,8 @@ class MasterService:
         reply = pb.AttrReply(attr=to_attr(row))
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
-            reply.blocks.extend(self._block_info(b, a.block_size, None) for b in self.ns.blocks(a.ino))
+            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R) else None
+            reply.blocks.extend(self._block_info(b, a.block_size, mode) for b in self.ns.blocks(a.ino))
         return reply
 
     @handler

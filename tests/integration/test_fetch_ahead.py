@@ -44,10 +44,12 @@ def held(vfs: VFS) -> dict[int, typing.Any]:
 
 
 def fetched(vfs: VFS, timeout: float = 10.0) -> None:
-    """Wait until every held block's fetch is over."""
+    """Wait until every held block's fetch (one at a time, in lookup order) is over."""
     deadline = time.monotonic() + timeout
-    while not all(a.entry.future.done() for a in held(vfs).values()) and time.monotonic() < deadline:
+    while not all(a.entry is not None and a.entry.future.done() for a in held(vfs).values()) \
+            and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert all(a.entry is not None and a.entry.future.done() for a in held(vfs).values())
 
 
 def read_whole(vfs: VFS, ino: int, size: int) -> tuple[bytes, typing.Any]:
@@ -66,6 +68,7 @@ def test_the_open_after_a_lookup_reads_the_block_fetched_then(far_vfs: VFS, clie
     attr = lookup(far_vfs, f"{remote_dir}/chunk")
     fetched(far_vfs)
     (ahead,) = held(far_vfs).values()
+    assert ahead.block.token and ahead.entry.future.exception() is None   # the lookup's block carries a read token
     got, cache = read_whole(far_vfs, attr.ino, ONE_BLOCK)
     assert got == data
     assert cache.get(0) is ahead.entry          # the open took the lookup's fetch, not a new one
