@@ -35,9 +35,11 @@ SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
     # 4 MiB blocks, 4 buffers: 3-block chunks, 8 writers, 24 files open at once
     "defaults": (("--client-buffer-pool-bytes", str(16 * MiB)),
                  ("--client-buffer-pool-bytes", str(16 * MiB)), 10 * MiB),
-    # docs/config.md's KV settings: one 16 MiB block per chunk, direct-I/O reads; 2 buffers
+    # docs/config.md's KV settings: one 16 MiB block per chunk, direct-I/O reads, blocks
+    # fetched from their lookups; 2 buffers
     "kv": (("--client-block-size", str(16 * MiB), "--client-buffer-pool-bytes", str(32 * MiB)),
-           ("--fuse-direct-io-reads", "true", "--client-buffer-pool-bytes", str(32 * MiB)), 14 * MiB),
+           ("--fuse-direct-io-reads", "true", "--fuse-fetch-ahead", "true",
+            "--client-buffer-pool-bytes", str(32 * MiB)), 14 * MiB),
 }
 
 
