@@ -77,6 +77,14 @@ def test_lookup_returns_the_block_of_one_block_files_only(client: "Client", remo
     assert (b.block_id, b.offset, b.length, b.checksum, list(b.workers)) == \
         (want.block_id, 0, ONE_BLOCK, want.checksum, list(want.workers))
     assert blocks("one", one_block=False) == []
+    assert b.token   # a read token (fuse.fetch_ahead fetches the block with it)...
+    client.chmod(f"{remote_dir}/one", 0o600)
+    request = meta.lookup_request(parent, "one")
+    request.one_block = True
+    request.caller.uid = request.caller.gid = 4242
+    del request.caller.groups[:]
+    (other,) = meta.call("Lookup", request).blocks
+    assert other.block_id == b.block_id and other.token == ""   # ...only for a caller who may read the file
     assert blocks("two") == []
     assert blocks("empty") == []
     client.mkdir(f"{remote_dir}/d")
