@@ -24,7 +24,7 @@ from typing import Generator, Iterator
 
 import xxhash
 
-from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta  # noqa: F401 (CHUNK: re-exported by blockstore)
+from curvine_py.common.blockmeta import BlockHasher, BlockMeta
 from curvine_py.common.buffers import ALIGN, aligned
 from curvine_py.common.errors import CurvineError
 from curvine_py.worker import metrics
@@ -429,8 +429,9 @@ class BlockReader:
 
     def _steps(self) -> list[tuple[int, int]]:
         """(offset, length) of each read step: the whole chunks the range touches (a
-        chunk is verified whole, so a 128 KiB read of 256 KiB chunks reads one or two
-        of them, never more), in steps of as many chunks as a pooled buffer holds."""
+        chunk is verified whole, so a read within one chunk, or across a boundary, reads
+        one or two of them, never more), in steps of as many chunks as a pooled buffer
+        holds."""
         cs, length = self.entry.chunk_size, self.entry.length
         if cs > self.store.read_pool.size:
             raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id}: chunk size {cs} "

@@ -35,11 +35,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, cast
 
-from curvine_py.common.blockmeta import block_file
+from curvine_py.common.blockmeta import CHUNK, block_file
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
-from curvine_py.worker.blockfile import (CHUNK, DEFAULT_BLOCK, READ_STEP, BlockMeta, BlockReader, BlockWriter,
+from curvine_py.worker.blockfile import (DEFAULT_BLOCK, READ_STEP, BlockMeta, BlockReader, BlockWriter,
                                          PendingWrite, io_error, remove_tree, supports_direct,
                                          unlink)
 from curvine_py.worker.memtier import MemoryReader, MemoryTier
