@@ -60,7 +60,6 @@ class FetchAhead:
         self._held: OrderedDict[int, _Ahead] = OrderedDict()
         self._running = 0
         self._closed = False
-        self._pools: set[int] = set()   # ids of the pools this is a holder of
 
     def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
         """Queue the looked-up file's block if it qualifies (never waits: this runs on the
@@ -82,9 +81,7 @@ class FetchAhead:
             if stale is False:
                 return
             self._held[block.block_id] = _Ahead(attr.ino, block, pool, now, None)
-            if id(pool) not in self._pools:
-                self._pools.add(id(pool))
-                pool.hold(self, cheap=True)
+        pool.hold(self, cheap=True)   # (a weak set: holding again is nothing)
         if stale is not None:
             _retire(stale)
         self._pump()
