@@ -63,7 +63,7 @@ from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.metagroup import MasterGroup
 from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
-    port_in_use, terminate, wait_dead,
+    port_in_use, terminate, wait_dead, wait_stopped,
 )
 from curvine_py.pb import curvine_pb2
 
@@ -590,6 +590,8 @@ class LocalCluster:
 
     def _signal(self, p: ProcessRecord, sig: int, wait: bool | None) -> None:
         p.signal(sig)
+        if sig == signal.SIGSTOP and not wait_stopped(p, STOP_TIMEOUT_S):
+            raise ClusterError(f"{p.name} (pid {p.pid}) did not stop after SIGSTOP")
         if wait if wait is not None else sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
             if wait_dead([p], STOP_TIMEOUT_S):
                 raise ClusterError(f"{p.name} (pid {p.pid}) did not exit after signal {sig}")

@@ -98,6 +98,24 @@ def wait_dead(procs: typing.Iterable[ProcessRecord], timeout: float) -> list[Pro
     return pending
 
 
+def wait_stopped(p: ProcessRecord, timeout: float) -> bool:
+    """Wait up to timeout until every thread of p is stopped (a SIGSTOP takes effect as
+    each thread next runs: a call sent right after the signal could still be answered by
+    one); False if some thread still runs, or p's threads cannot be read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            states = [Path(f"/proc/{p.pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{p.pid}/task")]
+        except (OSError, IndexError):
+            states = []   # a thread came or went between the listing and the read: look again
+        if states and all(s in ("T", "t") for s in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def terminate(procs: typing.Sequence[ProcessRecord], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM procs, wait up to timeout, then SIGKILL whatever remains."""
     for p in procs:
