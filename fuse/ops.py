@@ -137,7 +137,7 @@ class CurvineOps(pyfuse3.Operations):
     def init(self) -> None:
         """The kernel's INIT was answered: passthrough is known to work or not now."""
         if self.enable_passthrough:
-            self.passthrough = passthrough.start(self.vfs, self._run_local_file)
+            self.passthrough = passthrough.start(self.vfs, self._run_backing_file)
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
 
     # ------------------------------------------------------------------ helpers
@@ -157,8 +157,8 @@ class CurvineOps(pyfuse3.Operations):
             return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         return await hop(req, self._limiter, fn, *args, discard=discard)
 
-    async def _run_local_file(self, fn: Callable[..., int | None], *args: Any) -> int | None:
-        """The passthrough's hops (VFS.local_file): an abandoned one's descriptor is closed."""
+    async def _run_backing_file(self, fn: Callable[..., int | None], *args: Any) -> int | None:
+        """The passthrough's hops (VFS.backing_file): an abandoned one's descriptor is closed."""
         return await self._run(fn, *args, discard=_close_fd)
 
     def _hop_limits(self) -> str:

@@ -1,4 +1,4 @@
-"""FUSE passthrough: the kernel reads a file's local block file by itself.
+"""FUSE passthrough: the kernel reads a file's local block file (or staged copy) by itself.
 
 A read through the mount costs a round trip per 1 MiB request (the kernel, pyfuse3, the
 event loop, a copy of the reply), which bounds a KV chunk's read well below the disk's
@@ -7,9 +7,11 @@ speed.  Since Linux 6.9 a FUSE server may answer an open with a *backing file*
 to the backing file and never reach us.  A file that is one block with a replica on
 this host (a KV chunk written with blocks at least its size) is the block's file byte
 for byte, so its open is answered with that file, verified first
-(``VFS.local_file``, ``ShortCircuit.open_verified``).  The worker never overwrites a
+(``VFS.backing_file``, ``ShortCircuit.open_verified``).  The worker never overwrites a
 block file somebody has open (``worker/blockstore.unshared``), so the bytes the kernel
-reads stay those that were verified.
+reads stay those that were verified.  A file with no replica here is answered the same
+way with a copy of its block fetched into memory first (``fuse.stage_remote``,
+client/staging.py), made at start when that is on.
 
 The kernel's rules (fs/fuse/iomode.c) this module keeps:
 
@@ -40,6 +42,7 @@ from typing import Any, Awaitable, Callable
 import pyfuse3
 import trio
 
+from curvine_py.client import staging
 from curvine_py.client.vfs import VFS, Opened, opens_for_writing
 
 log = logging.getLogger(__name__)
@@ -91,7 +94,10 @@ class Passthrough:
         """Give fi the inode's backing file when it has or can have one."""
         have = self._by_ino.get(ino)
         if have is None:
-            if not (self.enabled and opened.local and self.vfs.open_handles(ino) == 1):
+            if not opened.backed:
+                return
+            if not (self.enabled and self.vfs.open_handles(ino) == 1):
+                self.vfs.read_normally(opened.fh)   # (a staged block's memory goes back)
                 return
             have = await self._register(ino, opened.fh)
             if have is None:
@@ -103,7 +109,7 @@ class Passthrough:
         fi.keep_cache = False
 
     async def _register(self, ino: int, fh: int) -> Backing | None:
-        fd = await self.run(self.vfs.local_file, fh)
+        fd = await self.run(self.vfs.backing_file, fh)
         if fd is None:
             return None
         try:
@@ -142,4 +148,6 @@ def start(vfs: VFS, run: Run) -> Passthrough | None:
         return None
     vfs.local.enabled = True
     vfs.core.executor.submit(vfs.local.warm)
+    if vfs.core.cfg.fuse.stage_remote:
+        vfs.stage = staging.start(vfs.core)
     return Passthrough(vfs, pyfuse3.session_fd_number(), run)

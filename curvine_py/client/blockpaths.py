@@ -20,7 +20,7 @@ built from the configuration once) says which this client has:
   client/blockstream.py) alike.
 * the kernel's own reads of a local block file (FUSE passthrough): ``local_replica``
   names the replica whose file ``ShortCircuit.open_verified`` hands over (client/vfs.py
-  ``VFS.local_file``).
+  ``VFS.backing_file``).
 
 The implementations live beside the transport each uses, so a block's bytes cross no
 more modules than before: this module only names and chooses.

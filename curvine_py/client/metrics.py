@@ -24,8 +24,8 @@ META_RPC_SECONDS = histogram("curvine_client_meta_rpc_duration_seconds",
                              ["method"])
 READS = Counter("curvine_client_reads",
                 "Reads by where their bytes came from: passthrough (file opens the kernel serves from a "
-                "local block file), memory (mount reads answered from fetched blocks), short_circuit and "
-                "remote (block ranges read from a local block file or from a worker)", ["source"])
+                "local block file or a staged copy), memory (mount reads answered from fetched blocks), "
+                "short_circuit and remote (block ranges read from a local block file or from a worker)", ["source"])
 READ_BYTES = Counter("curvine_client_read_bytes",
                      "Bytes read, by source (memory, short_circuit, remote; passthrough bytes never "
                      "reach the client)", ["source"])
@@ -35,6 +35,10 @@ LOOKUP_FETCHES = Counter("curvine_client_lookup_fetches",
                          "Blocks fetched when their file was looked up (fuse.fetch_ahead)")
 LOOKUP_FETCH_HITS = Counter("curvine_client_lookup_fetch_hits",
                             "Blocks fetched at a lookup that the open after it used (fuse.fetch_ahead)")
+STAGED_BLOCKS = Counter("curvine_client_staged_blocks",
+                        "Remote one-block files fetched whole into memory for the kernel to read (fuse.stage_remote)")
+STAGE_HITS = Counter("curvine_client_stage_hits",
+                     "Opens that found their block staged already (by a lookup, or an earlier open)")
 SOURCES = ("passthrough", "memory", "short_circuit", "remote")
 for _source in SOURCES:
     READS.labels(_source)
@@ -71,6 +75,10 @@ class ClientCollector(Collector):
         yield GaugeMetricFamily("curvine_client_open_files", "Open file handles", value=len(handles))
         yield GaugeMetricFamily("curvine_client_dirty_bytes",
                                 "Bytes written and not yet shipped to workers", value=dirty_bytes(self.vfs))
+        stage = getattr(self.vfs, "stage", None)
+        yield GaugeMetricFamily("curvine_client_staged_bytes", "Bytes of remote blocks staged in memory for the "
+                                "kernel (fuse.stage_remote; at most fuse.stage_bytes)",
+                                value=stage.staged_bytes if stage is not None else 0)
 
 
 def dirty_bytes(vfs: typing.Any) -> int:

@@ -37,6 +37,7 @@ from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.fetchahead import FetchAhead
+from curvine_py.client.staging import Staged, StagedBlocks
 from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
@@ -106,7 +107,8 @@ class Handle:
     ident: Identity | None = None   # who opened it (a retaken lease is asked for as them)
     reader: FileReader | None = None
     version: int = 0          # InodeState.version the reader was loaded at
-    local_block: pb.BlockInfo | None = None   # the file's one block, with a replica here (local_file)
+    local_block: pb.BlockInfo | None = None   # the file's one block, with a replica here (backing_file)
+    staged: Staged | None = None   # the file's one block, staged in memory for the kernel (client/staging.py)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Opened:
     attr: pb.Attr
     keep_cache: bool
     direct: bool = False      # this handle's reads and writes bypass the kernel page cache
-    local: bool = False       # the file is one block with a replica on this host: see local_file
+    backed: bool = False      # the kernel may read the file from a backing file: see backing_file
     writes: bool = False      # a writing handle: its close(2) commits (FLUSH); no other needs one
 
 
@@ -141,6 +143,7 @@ class VFS:
         self._direct_creates = core.cfg.fuse.direct_io_creates
         self.local = LocalFiles(core, core.cfg.fuse.verify_ahead)   # files the kernel may read itself
         self.ahead = FetchAhead(core) if core.cfg.fuse.fetch_ahead else None   # blocks fetched at lookups
+        self.stage: StagedBlocks | None = None   # set by a mount that stages remote blocks (fuse/passthrough.py)
         core.meta.dirs_listener = self._learn_dirs
 
     def _root_of(self, path: str) -> int:
@@ -241,7 +244,9 @@ class VFS:
         request.one_block = self.local.wanted or self.ahead is not None
         reply = yield "Lookup", request
         self.local.after_lookup(reply.attr, reply.blocks)
-        if self.ahead is not None:
+        if self.stage is not None and self.stage.ahead:   # (fetch_ahead: the kernel reads what is staged)
+            self.stage.after_lookup(reply.attr, reply.blocks)
+        elif self.ahead is not None:
             self.ahead.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
@@ -455,7 +460,8 @@ class VFS:
                 if self.ahead is not None:
                     self.ahead.hand_over(h.reader)
                 h.local_block = self.local.block_of(reply.attr, reply.blocks, flags)
-                if h.local_block is None and prefetch:
+                h.staged = self._stage(ino, reply, flags) if h.local_block is None and prefetch else None
+                if h.local_block is None and h.staged is None and prefetch:
                     # In the background: it may wait for a free buffer, and the mount's
                     # awaited open runs this on its event loop.
                     self.core.executor.submit(h.reader.prefetch_small)
@@ -468,14 +474,27 @@ class VFS:
             # this handle, so the kernel need not cache them (direct I/O skips filling new
             # page-cache pages, the costliest step of a read through the mount).
             direct = self._direct_reads and h.reader is not None and reply.attr.complete
-        return Opened(h.fh, self.overlay(reply.attr), keep, direct, h.local_block is not None, writer_handle)
+        backed = h.local_block is not None or h.staged is not None
+        return Opened(h.fh, self.overlay(reply.attr), keep, direct, backed, writer_handle)
 
-    def local_file(self, fh: int) -> int | None:
-        """For a handle opened with Opened.local: a read-only descriptor of the local
-        replica's block file, whole and verified (ShortCircuit.open_verified), for the
-        kernel to read by itself; None when that fails, and then the handle reads as any
-        other (its blocks are fetched now)."""
+    def _stage(self, ino: int, reply: pb.OpenReply, flags: int) -> Staged | None:
+        """The open's use of its block staged for the kernel, if the file qualifies and fits."""
+        stage = self.stage
+        block = stage.block_of(reply.attr, reply.blocks, flags) if stage is not None else None
+        return stage.acquire(ino, block) if stage is not None and block is not None else None
+
+    def backing_file(self, fh: int) -> int | None:
+        """For a handle opened with Opened.backed: a read-only descriptor of the file the
+        kernel reads by itself, whole: the local replica's block file, verified
+        (ShortCircuit.open_verified), or the block staged in memory (StagedBlocks.file_of,
+        fetched now if it is not yet).  None when that fails, and then the handle reads as
+        any other (its blocks are fetched now)."""
         h = self.handle(fh)
+        if h.staged is not None and self.stage is not None:
+            fd = self.stage.file_of(h.staged)
+            if fd is None:
+                self.read_normally(fh)
+            return fd
         block = h.local_block
         if block is None or h.reader is None:
             return None
@@ -489,7 +508,10 @@ class VFS:
     def read_normally(self, fh: int) -> None:
         """The handle's file is not read by the kernel after all: fetch its blocks now."""
         h = self.handle(fh)
-        if h.local_block is not None and h.reader is not None:
+        staged, h.staged = h.staged, None
+        if staged is not None and self.stage is not None:
+            self.stage.release(staged)
+        if (h.local_block is not None or staged is not None) and h.reader is not None:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
 
@@ -707,6 +729,8 @@ class VFS:
                 st.writers -= 1
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
+        if h.staged is not None and self.stage is not None:
+            self.stage.release(h.staged)
         if h.reader is not None:
             if h.reader.idle():
                 h.reader.close()
@@ -738,6 +762,8 @@ class VFS:
         self.local.close()
         if self.ahead is not None:
             self.ahead.close()
+        if self.stage is not None:
+            self.stage.close()
 
 
 def _truncate_and_flush(w: FileWriter, size: int) -> None:

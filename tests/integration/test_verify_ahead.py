@@ -109,8 +109,8 @@ def test_a_lookup_checks_the_local_block_file_before_the_open(local_client: "Cli
         sc._chunk_sums = no_hashing               # type: ignore[method-assign]
         opened = vfs.run(vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity))
         try:
-            assert opened.local
-            fd = vfs.local_file(opened.fh)
+            assert opened.backed
+            fd = vfs.backing_file(opened.fh)
             assert fd is not None
             try:
                 assert os.pread(fd, ONE_BLOCK + 1, 0) == data
@@ -140,7 +140,7 @@ def test_a_corrupt_copy_is_not_verified_ahead(shared_cluster: "LocalCluster", lo
         assert sc.stats()["ahead"] == before
         opened = vfs.run(vfs.open(attr.ino, os.O_RDONLY, vfs.meta.identity))
         try:
-            assert vfs.local_file(opened.fh) is None   # not handed to the kernel: read the usual way
+            assert vfs.backing_file(opened.fh) is None   # not handed to the kernel: read the usual way
             assert vfs.read(opened.fh, 0, ONE_BLOCK + 1) == data
         finally:
             vfs.run(vfs.release(opened.fh))

@@ -36,9 +36,9 @@ SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
     "defaults": (("--client-buffer-pool-bytes", str(16 * MiB)),
                  ("--client-buffer-pool-bytes", str(16 * MiB)), 10 * MiB),
     # docs/config.md's KV settings: one 16 MiB block per chunk, direct-I/O reads, blocks
-    # fetched from their lookups; 2 buffers
+    # fetched from their lookups and staged for the kernel; 2 buffers
     "kv": (("--client-block-size", str(16 * MiB), "--client-buffer-pool-bytes", str(32 * MiB)),
-           ("--fuse-direct-io-reads", "true", "--fuse-fetch-ahead", "true",
+           ("--fuse-direct-io-reads", "true", "--fuse-fetch-ahead", "true", "--fuse-stage-remote", "true",
             "--client-buffer-pool-bytes", str(32 * MiB)), 14 * MiB),
 }
 
