@@ -28,9 +28,15 @@ pages with the last reference).  Its bytes are the worker's verified ones
 Memory is bounded by ``fuse.stage_bytes``.  A staged block stays after its last close,
 least recently used first out, so a chunk read again on this host (a prefix reused by
 another request) comes from memory; a block that does not fit is read through the
-mount as before.  Lookups stage as FetchAhead fetches (client/fetchahead.py): one at a
-time in lookup order, at most AHEAD_LIMIT waiting for their opens, the oldest making room
-after STALE_S.
+mount as before.  Lookups stage much as FetchAhead fetches (client/fetchahead.py): in lookup
+order, IN_FLIGHT at a time, at most AHEAD_LIMIT waiting for their opens, the oldest making room
+after STALE_S.  Unlike FetchAhead, a lookup that finds no room is remembered (LATER_LIMIT,
+for LATER_S): each open of a staged block lets the next one in, so a reader going through
+32 chunks it looked up first (LMCache's retrieve) has the next ones fetched while it reads.
+Two fetches at once, where FetchAhead runs one: a staged read costs the mount no CPU, so
+the reader waits for the fetches alone (one 14 MiB fetch over the test hosts' veth took
+9-12 ms while the reader read in ~2, and waited), and two from alternate workers were
+faster in 3 alternated runs of bench/compare (docs/performance-log.md "Session 21").
 """
 from __future__ import annotations
 
@@ -47,12 +53,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.fetchahead import IN_FLIGHT, LIMIT as AHEAD_LIMIT, STALE_S
+from curvine_py.client.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+IN_FLIGHT = 2      # lookups' fetches at once: from alternate workers (replica_order rotates by block id)
+LATER_LIMIT = 64   # lookups remembered for when staged ones are opened (a prompt of 64 chunks)
+LATER_S = 10.0     # a lookup remembered longer than this is forgotten (no open followed it)
 
 # The new mount API's system calls: one number on every architecture (they came after the
 # tables were unified, Linux 5.2), so no per-architecture table is needed.
@@ -116,6 +126,7 @@ class StagedBlocks:
         self.ahead = ahead            # fuse.fetch_ahead: lookups stage their block
         self._lock = threading.Lock()
         self._table: OrderedDict[int, Staged] = OrderedDict()
+        self._later: OrderedDict[int, tuple[int, pb.BlockInfo, float]] = OrderedDict()   # lookups with no room yet
         self._bytes = 0
         self._queue = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="stage-ahead")
         self._closed = False
@@ -137,20 +148,35 @@ class StagedBlocks:
         return block if self.core.paths.local_replica(block) is None else None
 
     def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
-        """Stage a looked-up file's block in the background (never waits: this runs on
-        the mount's event loop)."""
+        """Stage a looked-up file's block in the background, or remember it for when an
+        open takes one of the AHEAD_LIMIT staged before it (never waits: this runs on the
+        mount's event loop)."""
         block = self.block_of(attr, blocks)
         if block is None:
             return
-        now = time.monotonic()
         with self._lock:
-            if block.block_id in self._table or not self._ahead_room(now):
+            if block.block_id in self._table:
                 return
-            s = self._add(attr.ino, block)
-            if s is None:
-                return
-            s.looked_up = now
-        self._queue.submit(self._fetch_queued, s)
+            self._later[block.block_id] = (attr.ino, block, time.monotonic())
+            while len(self._later) > LATER_LIMIT:
+                self._later.popitem(last=False)
+        self._stage_looked_up()
+
+    def _stage_looked_up(self) -> None:
+        """Queue the fetches of remembered lookups, oldest first, while there is room for them."""
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                if not self._later or not self._ahead_room(now):
+                    return
+                _bid, (ino, block, at) = self._later.popitem(last=False)
+                if now - at > LATER_S or block.block_id in self._table:
+                    continue
+                s = self._add(ino, block)
+                if s is None:
+                    return
+                s.looked_up = at
+            self._queue.submit(self._fetch_queued, s)
 
     def _ahead_room(self, now: float) -> bool:
         """(lock held) Fewer than AHEAD_LIMIT looked-up blocks wait for their opens, or the
@@ -180,7 +206,10 @@ class StagedBlocks:
                 metrics.STAGE_HITS.inc()
             self._table.move_to_end(block.block_id)
             s.users += 1
-            s.looked_up = 0.0
+            opened_ahead, s.looked_up = bool(s.looked_up), 0.0
+            self._later.pop(block.block_id, None)
+        if opened_ahead:
+            self._stage_looked_up()   # its place goes to the next file looked up
         return s
 
     def _add(self, ino: int, block: pb.BlockInfo) -> Staged | None:

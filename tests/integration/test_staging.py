@@ -17,6 +17,7 @@ import pytest
 
 from curvine_py.cli.stats import scrape
 from curvine_py.client import staging
+from curvine_py.client.staging import AHEAD_LIMIT
 from curvine_py.client.vfs import VFS
 from curvine_py.localcluster import LocalCluster, fuse_available
 from curvine_py.sdk import Client
@@ -98,6 +99,30 @@ def test_a_lookup_stages_the_block_before_the_open(stage_vfs: VFS, client: Clien
     (entry,) = stage_of(stage_vfs)._table.values()
     entry.done.result(timeout=10)                              # fetched by the lookup's queue
     assert backing_bytes(stage_vfs, attr.ino) == data
+
+
+def test_lookups_beyond_the_limit_are_staged_as_earlier_ones_are_opened(shared_cluster: LocalCluster,
+                                                                         client: Client, remote_dir: str) -> None:
+    """LMCache looks up every chunk of a prompt first: AHEAD_LIMIT of them are staged, the
+    rest remembered, and each open of a staged one lets the next looked-up one in."""
+    owner, vfs = make_vfs(shared_cluster, 64 * MiB)
+    try:
+        files = [os.urandom(MiB + i) for i in range(AHEAD_LIMIT + 2)]
+        inos = []
+        for i, data in enumerate(files):
+            client.put_bytes(f"{remote_dir}/c{i}", data)
+            inos.append(lookup(vfs, f"{remote_dir}/c{i}").ino)
+        stage = stage_of(vfs)
+        assert sorted(e.ino for e in stage._table.values()) == sorted(inos[:AHEAD_LIMIT])
+        assert len(stage._later) == 2
+        for i, data in enumerate(files):
+            assert backing_bytes(vfs, inos[i]) == data
+            if i == 0:      # the first open let the ninth lookup in
+                assert inos[AHEAD_LIMIT] in {e.ino for e in stage._table.values()}
+        assert not stage._later
+    finally:
+        vfs.close()
+        owner.close()
 
 
 def test_a_rewritten_file_is_staged_anew(stage_vfs: VFS, client: Client, remote_dir: str) -> None:
