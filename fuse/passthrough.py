@@ -118,6 +118,7 @@ class Passthrough:
             self.enabled = False
             log.warning("FUSE passthrough turned off: the kernel refused a backing file (%s)", e)
             self.vfs.read_normally(fh)
+            self.vfs.stop_staging()   # nothing staged could be handed to the kernel now
             return None
         finally:
             os.close(fd)      # the kernel holds the file now

@@ -70,6 +70,8 @@ class FetchAhead:
         if block.offset or block.length != attr.size or not block.length \
                 or self.core.paths.local_replica(block) is not None:
             return
+        if self.core.cfg.cluster.secret and not block.token:
+            return   # the caller may not read the file (no read token): its open will fail
         pool = self.core.buffer_pool(attr.block_size or self.core.cfg.master.block_size)
         if block.length > pool.size:
             return

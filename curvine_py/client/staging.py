@@ -152,8 +152,8 @@ class StagedBlocks:
         open takes one of the AHEAD_LIMIT staged before it (never waits: this runs on the
         mount's event loop)."""
         block = self.block_of(attr, blocks)
-        if block is None:
-            return
+        if block is None or (self.core.cfg.cluster.secret and not block.token):
+            return   # (no read token: the caller may not read the file, its open will fail)
         with self._lock:
             if block.block_id in self._table:
                 return

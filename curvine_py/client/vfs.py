@@ -515,6 +515,13 @@ class VFS:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
 
+    def stop_staging(self) -> None:
+        """The kernel takes no backing files after all: stage nothing more (handles holding
+        a staged block read normally; client/staging.py)."""
+        stage, self.stage = self.stage, None
+        if stage is not None:
+            stage.close()
+
     def open_handles(self, ino: int) -> int:
         """How many handles of ino are open here."""
         with self._lock:

@@ -20,6 +20,7 @@ from curvine_py.client import staging
 from curvine_py.client.staging import AHEAD_LIMIT
 from curvine_py.client.vfs import VFS
 from curvine_py.localcluster import LocalCluster, fuse_available
+from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk import Client
 from tests.conftest import FAST_MASTER_FLAGS, client_config
 from tests.integration.test_verify_ahead import lookup
@@ -123,6 +124,25 @@ def test_lookups_beyond_the_limit_are_staged_as_earlier_ones_are_opened(shared_c
     finally:
         vfs.close()
         owner.close()
+
+
+def test_a_lookup_without_a_read_token_stages_nothing(stage_vfs: VFS, client: Client, remote_dir: str) -> None:
+    """A caller who may not read the file gets its block without a token (the master's
+    Lookup): its open will fail, so nothing is fetched for it."""
+    client.put_bytes(f"{remote_dir}/chunk", os.urandom(SIZE))
+    meta = stage_vfs.meta
+    request = meta.lookup_request(client.stat(remote_dir).ino, "chunk")
+    request.one_block = True
+    reply = meta.call("Lookup", request)
+    assert stage_vfs.core.cfg.cluster.secret and reply.blocks[0].token
+    tokenless = pb.BlockInfo()
+    tokenless.CopyFrom(reply.blocks[0])
+    tokenless.token = ""
+    stage = stage_of(stage_vfs)
+    stage.after_lookup(reply.attr, [tokenless])
+    assert not stage._table and not stage._later
+    stage.after_lookup(reply.attr, list(reply.blocks))     # the same lookup with a token is staged
+    assert [e.ino for e in stage._table.values()] == [reply.attr.ino]
 
 
 def test_a_rewritten_file_is_staged_anew(stage_vfs: VFS, client: Client, remote_dir: str) -> None:
