@@ -203,6 +203,27 @@ def test_a_block_larger_than_the_budget_reads_through_the_mount(shared_cluster: 
         small.close()
 
 
+def test_a_copy_that_cannot_be_made_leaves_the_file_read_through_the_mount(stage_vfs: VFS, client: Client,
+                                                                            remote_dir: str) -> None:
+    """A staging tmpfs too full for the block (ENOSPC when its space is reserved, never a
+    SIGBUS through the mapping): the open's backing file is None, the handle reads the
+    usual way, byte-exact, and nothing stays staged."""
+    stage = stage_of(stage_vfs)
+    os.close(stage.dirfd)
+    stage.dirfd = staging.huge_tmpfs(1 * MiB)
+    data = os.urandom(SIZE)
+    client.put_bytes(f"{remote_dir}/chunk", data)
+    ino = lookup(stage_vfs, f"{remote_dir}/chunk").ino
+    opened = stage_vfs.run(stage_vfs.open(ino, os.O_RDONLY, stage_vfs.meta.identity))
+    try:
+        assert opened.backed
+        assert stage_vfs.backing_file(opened.fh) is None
+        assert stage_vfs.read(opened.fh, 0, SIZE + 1) == data
+    finally:
+        stage_vfs.run(stage_vfs.release(opened.fh))
+    assert stage.staged_bytes == 0 and not stage._table
+
+
 def test_a_mapping_of_a_dropped_copy_keeps_its_bytes(stage_vfs: VFS, client: Client, remote_dir: str) -> None:
     """A reader's mmap of a passthrough file maps the staged file itself: a copy is never
     rewritten, so the mapping outlives the copy's place in the table unchanged."""
