@@ -132,6 +132,7 @@ MOUNT: list[Column] = [
     ("passthru/s", lambda a, b: rate(a, b, "curvine_client_reads_total", source="passthrough"), "n"),
     ("open", lambda a, b: b.total("curvine_client_open_files"), "n"),
     ("dirty", lambda a, b: b.total("curvine_client_dirty_bytes"), "size"),
+    ("staged", lambda a, b: b.total("curvine_client_staged_bytes"), "size"),
 ]
 MASTER: list[Column] = [
     ("rpc/s", lambda a, b: rate(a, b, "curvine_master_rpc_duration_seconds_count"), "n"),

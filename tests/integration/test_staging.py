@@ -7,8 +7,10 @@ what does not fit reads through the mount), and a mapping of a dropped copy keep
 bytes."""
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import subprocess
 import time
 import typing
 from pathlib import Path
@@ -22,7 +24,7 @@ from curvine_py.client.vfs import VFS
 from curvine_py.localcluster import LocalCluster, fuse_available
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk import Client
-from tests.conftest import FAST_MASTER_FLAGS, client_config
+from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
 from tests.integration.test_verify_ahead import lookup
 from tests.pyfuse3_features import needs_passthrough
 
@@ -287,5 +289,9 @@ def test_a_mount_with_no_replica_here_has_the_kernel_read_staged_copies(tmp_path
         assert after.total("curvine_client_read_bytes_total", source="memory") \
             == before.total("curvine_client_read_bytes_total", source="memory")   # no read reached the mount
         assert 0 < after.total("curvine_client_staged_bytes") <= 256 * MiB
+        out = subprocess.run([CV, "stats", "--metrics", fuse, "--json", "--interval", "0.2"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["staged"] == sum(len(d) for d in files.values())   # all four, kept
     finally:
         c.stop()
