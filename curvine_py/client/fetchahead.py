@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from curvine_py.client import metrics
+from curvine_py.client.localfiles import one_block
 from curvine_py.client.reader import CachedBlock, FileReader, start_fetch
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -38,6 +39,17 @@ log = logging.getLogger(__name__)
 LIMIT = 8       # blocks queued or held at most: a 1,925-token prompt is 8 chunks
 IN_FLIGHT = 1   # fetches at once: in lookup order, so the first chunk read is the first in
 STALE_S = 2.0   # a held block not opened for this long makes room for a newer lookup's
+
+
+def fetchable(core: ClientCore, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> pb.BlockInfo | None:
+    """A looked-up file's block worth fetching before its open: a one-block file's
+    (one_block) with no replica on this host (a local one is read by passthrough or
+    short-circuit), and a read token where the cluster uses them (without one the caller
+    may not read the file: its open will fail)."""
+    block = one_block(attr, blocks)
+    if block is None or core.paths.local_replica(block) is not None:
+        return None
+    return None if core.cfg.cluster.secret and not block.token else block
 
 
 class _Ahead(typing.NamedTuple):
@@ -64,14 +76,9 @@ class FetchAhead:
     def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
         """Queue the looked-up file's block if it qualifies (never waits: this runs on the
         mount's event loop)."""
-        if not attr.complete or len(blocks) != 1:
+        block = fetchable(self.core, attr, blocks)
+        if block is None:
             return
-        block = blocks[0]
-        if block.offset or block.length != attr.size or not block.length \
-                or self.core.paths.local_replica(block) is not None:
-            return
-        if self.core.cfg.cluster.secret and not block.token:
-            return   # the caller may not read the file (no read token): its open will fail
         pool = self.core.buffer_pool(attr.block_size or self.core.cfg.master.block_size)
         if block.length > pool.size:
             return

@@ -36,6 +36,16 @@ AHEAD_QUEUE = 16       # checks queued or running at most; later lookups leave t
 AHEAD_SEEN = 4096      # file versions remembered as checked ahead (bounded LRU)
 
 
+def one_block(attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
+    """The file's only block when the file is complete and exactly that block (not empty),
+    and not opened O_DIRECT (a backing file would be read with it, which needs aligned
+    reads): what the kernel can be given as a backing file, or a lookup can fetch whole."""
+    if not attr.complete or flags & os.O_DIRECT or len(blocks) != 1 or not attr.size:
+        return None
+    block = blocks[0]
+    return None if block.offset or block.length != attr.size else block
+
+
 class LocalFiles:
     """Which files qualify for the kernel's own reads, and their checks ahead."""
 
@@ -50,16 +60,12 @@ class LocalFiles:
         self._checker = Checker()     # hashes at idle priority in a process of its own
 
     def block_of(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
-        """The file's only block if the kernel may read its local replica's file: a complete
-        file that is exactly one block, not opened O_DIRECT (the block file would be read
-        with it, which needs aligned reads), with a replica on this host."""
-        if not self.enabled or self.core.paths.shortcircuit is None or not attr.complete or flags & os.O_DIRECT \
-                or len(blocks) != 1 or not attr.size:
+        """The file's only block (one_block) if the kernel may read its local replica's
+        file: one with a replica on this host."""
+        if not self.enabled or self.core.paths.shortcircuit is None:
             return None
-        block = blocks[0]
-        if block.offset or block.length != attr.size:
-            return None
-        return block if self.core.paths.local_replica(block) is not None else None
+        block = one_block(attr, blocks, flags)
+        return block if block is not None and self.core.paths.local_replica(block) is not None else None
 
     def warm(self) -> None:
         """Ahead of the first open: what the checks need of this host's workers, and the

@@ -53,7 +53,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S
+from curvine_py.client.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
+from curvine_py.client.localfiles import one_block
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
@@ -137,23 +138,21 @@ class StagedBlocks:
         return self._bytes
 
     def block_of(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
-        """The file's only block if it is staged for the kernel: a complete file that is
-        exactly one block, not opened O_DIRECT, with no replica here (a local one is read
-        from its block file: client/localfiles.py), that fits the budget."""
-        if not attr.complete or flags & os.O_DIRECT or len(blocks) != 1 or not attr.size:
+        """The file's only block (one_block) if an open of it is staged for the kernel:
+        one with no replica here (a local one is read from its block file:
+        client/localfiles.py) that fits the budget."""
+        block = one_block(attr, blocks, flags)
+        if block is None or block.length > self.budget or self.core.paths.local_replica(block) is not None:
             return None
-        block = blocks[0]
-        if block.offset or block.length != attr.size or block.length > self.budget:
-            return None
-        return block if self.core.paths.local_replica(block) is None else None
+        return block
 
     def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
         """Stage a looked-up file's block in the background, or remember it for when an
         open takes one of the AHEAD_LIMIT staged before it (never waits: this runs on the
         mount's event loop)."""
-        block = self.block_of(attr, blocks)
-        if block is None or (self.core.cfg.cluster.secret and not block.token):
-            return   # (no read token: the caller may not read the file, its open will fail)
+        block = fetchable(self.core, attr, blocks)
+        if block is None or block.length > self.budget:
+            return
         with self._lock:
             if block.block_id in self._table:
                 return

@@ -480,8 +480,10 @@ class VFS:
     def _stage(self, ino: int, reply: pb.OpenReply, flags: int) -> Staged | None:
         """The open's use of its block staged for the kernel, if the file qualifies and fits."""
         stage = self.stage
-        block = stage.block_of(reply.attr, reply.blocks, flags) if stage is not None else None
-        return stage.acquire(ino, block) if stage is not None and block is not None else None
+        if stage is None:
+            return None
+        block = stage.block_of(reply.attr, reply.blocks, flags)
+        return stage.acquire(ino, block) if block is not None else None
 
     def backing_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.backed: a read-only descriptor of the file the
