@@ -27,8 +27,11 @@ more modules than before: this module only names and chooses.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
-from typing import Callable, Protocol
+import threading
+from typing import Callable, Iterator, Protocol
 
 from curvine_py.client.blockio import BlockIO, RemoteReader, RemoteWriter, WorkerDirectory
 from curvine_py.client.localwrite import LocalFile, LocalFirstWriter, LocalWrites
@@ -38,6 +41,19 @@ from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 Advance = Callable[[int], None]   # hears how many bytes of the read's buffer have arrived
+_U64 = (1 << 64) - 1
+
+
+def spread(block_id: int) -> int:
+    """The block id's bits mixed (splitmix64's finaliser), for choosing among replicas.
+
+    Not the id itself: a writer spends its ids in batches (client/blockids.py, 4 at a
+    file's first allocation), so the ids of one-block files share their low bits, and
+    ``block_id % 2`` sent every KV chunk's read to the same one of two workers."""
+    z = (block_id + 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
 
 
 class BlockReader(Protocol):
@@ -78,19 +94,34 @@ class BlockPaths:
         self.remote = RemoteReader(io, workers)
         self.writer: BlockWriter = LocalFirstWriter(localwrites, io) if localwrites is not None \
             else RemoteWriter(io)
+        self._busy: collections.Counter[int] = collections.Counter()   # reads in flight, by worker id
+        self._busy_lock = threading.Lock()
 
     def replica_order(self, block: pb.BlockInfo) -> list[pb.WorkerAddress]:
-        """Replicas to try, local host first, others rotated by block id to spread load;
+        """Replicas to try: the local host's first; then the others, the one this client
+        has the fewest reads in flight from first (ties rotated by a hash of the block id),
+        so concurrent fetches of one-block files use every replica's worker and link;
         replicas that recently timed out (suspect, see connpool) last."""
         addrs = self.workers.of(block)
         local = [a for a in addrs if a.host == self.host]
         remote = [a for a in addrs if a.host != self.host]
         if remote:
-            k = block.block_id % len(remote)
-            remote = remote[k:] + remote[:k]
+            k = spread(block.block_id) % len(remote)
+            remote = sorted(remote[k:] + remote[:k], key=lambda a: self._busy[a.worker_id])
         ordered = local + remote
         suspect = [a for a in ordered if self.pool.is_suspect(a.ip, a.data_port)]
         return [a for a in ordered if a not in suspect] + suspect
+
+    @contextlib.contextmanager
+    def reading(self, addr: pb.WorkerAddress) -> Iterator[None]:
+        """A read from addr's replica in flight (counted for replica_order)."""
+        with self._busy_lock:
+            self._busy[addr.worker_id] += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy[addr.worker_id] -= 1
 
     def readers(self, local_ok: bool = True) -> list[BlockReader]:
         """The ways to try on each replica, in order (a way that does not serve a replica,

@@ -128,9 +128,10 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     advance = None if progress is None else progress.advance
     for addr in core.paths.replica_order(block):
         try:
-            for way in ways:
-                if way.serves(addr) and way.read(addr, block, offset, into[:want], advance) is not None:
-                    return want
+            with core.paths.reading(addr):
+                for way in ways:
+                    if way.serves(addr) and way.read(addr, block, offset, into[:want], advance) is not None:
+                        return want
         except UfsFailure:
             raise
         except (CurvineError, OSError) as e:

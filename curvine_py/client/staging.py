@@ -61,7 +61,7 @@ from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT = 2      # lookups' fetches at once: from alternate workers (replica_order rotates by block id)
+IN_FLIGHT = 2      # lookups' fetches at once: from different workers (replica_order: the least busy)
 LATER_LIMIT = 64   # lookups remembered for when staged ones are opened (a prompt of 64 chunks)
 LATER_S = 10.0     # a lookup remembered longer than this is forgotten (no open followed it)
 

@@ -61,3 +61,29 @@ def test_the_local_replica_comes_first_and_suspects_last() -> None:
         assert p.local_replica(pb.BlockInfo(block_id=5, workers=[1, 3])) is None
     finally:
         p.close()
+
+
+def test_remote_replicas_are_spread_even_when_ids_share_their_low_bits() -> None:
+    """A writer spends ids in batches of 4, so one-block files' ids step by 4: their first
+    choice must still be spread over both workers, not the same one each time."""
+    p = paths(local_reads=False, local_writes=False)
+    try:
+        firsts = [p.replica_order(pb.BlockInfo(block_id=1 + 4 * i, workers=[1, 3]))[0].worker_id
+                  for i in range(64)]
+        assert 20 <= firsts.count(1) <= 44, firsts
+    finally:
+        p.close()
+
+
+def test_a_replica_with_reads_in_flight_from_this_client_comes_after_an_idle_one() -> None:
+    p = paths(local_reads=False, local_writes=False)
+    try:
+        block = pb.BlockInfo(block_id=8, workers=[1, 3])
+        first, second = p.replica_order(block)
+        with p.reading(first):
+            assert p.replica_order(block) == [second, first]
+            with p.reading(second), p.reading(second):
+                assert p.replica_order(block) == [first, second]
+        assert p.replica_order(block) == [first, second]   # the hash's order again once idle
+    finally:
+        p.close()
