@@ -30,6 +30,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.worker import metrics
 
 READ_STEP = 1 << 20   # what a block reader reads, verifies and sends at a time: whole chunks
+SEND_STEP = 4 << 20   # ... or maps, verifies and sends from the page cache (fewer mappings)
 
 if typing.TYPE_CHECKING:
     from curvine_py.common.buffers import BufferPool
@@ -363,10 +364,34 @@ def _done(n: int) -> Future[int]:
 
 # ---------------------------------------------------------------- reader
 
+MADV_POPULATE_READ = 22   # Linux 5.14+: fault a mapping in, an I/O error returned (not SIGBUS)
+
+
+def can_populate() -> bool:
+    """Does this kernel take MADV_POPULATE_READ (read_io "sendfile" needs it)?"""
+    m = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        m.madvise(MADV_POPULATE_READ)
+        return True
+    except OSError:
+        return False
+    finally:
+        m.close()
+
+
+class FileRange(typing.NamedTuple):
+    """Verified bytes of a block file, for the caller to send from the page cache
+    (frames.send_file)."""
+    fd: int
+    offset: int
+    length: int
+
+
 class BlockReader:
     """Iterates verified pieces of a block range; each piece is a view into a pooled
     buffer, valid until the next iteration.  The next step is read while the caller
-    consumes the current one."""
+    consumes the current one.  A block in the page cache can instead be verified in place
+    and sent from there (``sendable``, ``file_ranges``)."""
 
     def __init__(self, store: BlockStore, entry: BlockEntry, fd: int, offset: int, length: int,
                  dfd: int = -1) -> None:
@@ -402,6 +427,57 @@ class BlockReader:
             self._gen = self._pieces()
         return self._gen
 
+    @property
+    def sendable(self) -> bool:
+        """May the range go out as file_ranges?  With read_io "sendfile", for a block read
+        through the page cache (not one written O_DIRECT, which is read O_DIRECT into a
+        pooled buffer: no page cache to send from) whose chunks are whole pages (a
+        mapping starts on a page)."""
+        return (self.store.read_io == "sendfile" and self.dfd < 0
+                and self.entry.chunk_size % mmap.ALLOCATIONGRANULARITY == 0)
+
+    def file_ranges(self) -> Generator[FileRange, None, None]:
+        """The range as verified ranges of the block file, a step at a time: the step's
+        whole chunks are mapped, faulted in (MADV_POPULATE_READ: a disk error is an
+        error, not a SIGBUS), checked in place and unmapped; the caller then sends the
+        step's part of the range from the page cache.  The bytes are copied once, into
+        the socket (on a veth or NIC with scatter-gather not even that: the socket takes
+        the page-cache pages), instead of into a pooled buffer and then into the socket."""
+        if self._closed:
+            raise CurvineError(errno.EBADF, "block reader is closed")
+        if self.length == 0:
+            return
+        steps = self._steps(SEND_STEP)
+        stop = steps[-1][0] + steps[-1][1]
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError as e:
+            raise io_error(e, f"stat block {self.entry.block_id}") from None
+        if size < stop:   # a mapping past the file's end would fault
+            self.store.mark_corrupt(self.entry, f"file short: {size} of {stop} bytes")
+            raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id} is truncated")
+        end = self.offset + self.length
+        for at, n in steps:
+            self._verify_mapped(at, n)
+            lo = max(self.offset, at)
+            yield FileRange(self.fd, lo, min(end, at + n) - lo)
+
+    def _verify_mapped(self, at: int, n: int) -> None:
+        """_verify the file's bytes [at, at+n) through a mapping of them."""
+        try:
+            m = mmap.mmap(self.fd, n, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=at)
+        except OSError as e:
+            raise io_error(e, f"map block {self.entry.block_id}") from None
+        try:
+            try:
+                m.madvise(MADV_POPULATE_READ)
+            except OSError as e:
+                raise io_error(e, f"read block {self.entry.block_id}") from None
+            with memoryview(m) as view:
+                self._verify(at, n, view)
+        finally:
+            m.close()
+
     def _pieces(self) -> Generator[memoryview, None, None]:
         if self.length == 0:
             return
@@ -427,16 +503,17 @@ class BlockReader:
             for b in bufs:
                 self.store.read_pool.release(b)
 
-    def _steps(self) -> list[tuple[int, int]]:
+    def _steps(self, most: int = 0) -> list[tuple[int, int]]:
         """(offset, length) of each read step: the whole chunks the range touches (a
         chunk is verified whole, so a read within one chunk, or across a boundary, reads
         one or two of them, never more), in steps of as many chunks as a pooled buffer
-        holds."""
+        holds (or `most` bytes hold)."""
         cs, length = self.entry.chunk_size, self.entry.length
-        if cs > self.store.read_pool.size:
+        most = most or self.store.read_pool.size
+        if cs > most:
             raise CurvineError(errno.EBADMSG, f"block {self.entry.block_id}: chunk size {cs} "
-                                              f"exceeds the read buffer ({self.store.read_pool.size})")
-        span = self.store.read_pool.size // cs * cs
+                                              f"exceeds the read buffer ({most})")
+        span = most // cs * cs
         start = self.offset // cs * cs
         stop = min(length, -(-(self.offset + self.length) // cs) * cs)
         return [(at, min(span, stop - at)) for at in range(start, stop, span)]
@@ -458,7 +535,8 @@ class BlockReader:
 class _StepRead:
     """One read step (whole chunks) being read; finish() completes short reads synchronously.
 
-    With ``read_io = "pread"`` (the default) a step is read at once with ``preadv``
+    With ``read_io = "pread"`` (or "sendfile", the default, for blocks it does not send
+    from the page cache) a step is read at once with ``preadv``
     in the serving thread (the GIL is released during the copy): measured on 2 cores a
     block fetch of cached chunks ran 15-20% faster than through the shared io_uring,
     whose submit and completion hand-offs cost more than the copy (docs/performance.md).
@@ -471,7 +549,7 @@ class _StepRead:
     def __init__(self, reader: BlockReader, buf: memoryview, offset: int, n: int) -> None:
         self.reader, self.view, self.offset = reader, buf[:n], offset
         io = reader.store.io
-        if reader.store.read_io != "pread":
+        if reader.store.read_io == "uring":
             self.future = io.read_into(reader.fd, self.view, offset)
             return
         want = -(-n // ALIGN) * ALIGN         # O_DIRECT reads whole sectors (past EOF: short)

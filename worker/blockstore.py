@@ -39,7 +39,7 @@ from curvine_py.common.blockmeta import CHUNK, block_file
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
-from curvine_py.worker.blockfile import (DEFAULT_BLOCK, READ_STEP, BlockMeta, BlockReader, BlockWriter,
+from curvine_py.worker.blockfile import (DEFAULT_BLOCK, READ_STEP, BlockMeta, BlockReader, BlockWriter, can_populate,
                                          PendingWrite, io_error, remove_tree, supports_direct,
                                          unlink)
 from curvine_py.worker.memtier import MemoryReader, MemoryTier
@@ -185,7 +185,11 @@ class BlockStore:
                  memory_cache: int = 0) -> None:
         self.io = io             # the disk I/O engine (io_uring or threads) of every block file
         self.memory = MemoryTier(memory_cache)   # recently written blocks in RAM (worker/memtier.py)
-        self.read_io = read_io   # "pread" or "uring": how BlockReader reads chunks
+        self.read_io = read_io   # "sendfile", "pread" or "uring": how BlockReader reads chunks
+        if read_io == "sendfile" and not can_populate():
+            log.warning("worker.read_io \"sendfile\" needs MADV_POPULATE_READ (Linux 5.14+), "
+                        "not in this kernel: block reads are copied through buffers (\"pread\")")
+            self.read_io = "pread"
         self.reuse_files = reuse_files
         self.max_free_files = max_free_files
         self.read_pool = BufferPool(READ_STEP, max_buffers=read_buffers)
@@ -381,7 +385,7 @@ class BlockStore:
     def _open_direct(self, entry: BlockEntry) -> int:
         """The block file opened O_DIRECT when the block was written past the page cache;
         -1 when not (reads stay buffered)."""
-        if entry.cached or self.read_io != "pread":
+        if entry.cached or self.read_io == "uring":
             return -1
         try:
             return os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)

@@ -36,6 +36,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.listener import ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
+from curvine_py.worker.blockfile import BlockReader, FileRange
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
 from curvine_py.worker import metrics
 from curvine_py.worker.memtier import BlockBuffer
@@ -356,13 +357,16 @@ class DataServer(ConnectionServer):
         with reader:
             ok = data_pb2.DataHeader(op=Op.REPLY, length=reader.length, checksum=reader.checksum)
             head: bytes | None = frames.header_bytes(ok)
+            pieces = reader.file_ranges() if isinstance(reader, BlockReader) and reader.sendable else reader
             try:
-                for piece in reader:
-                    if head is not None:   # the reply goes out with the first verified piece
+                for piece in pieces:       # the reply goes out with the first verified piece
+                    if isinstance(piece, FileRange):
+                        frames.send_file(sock, piece.fd, piece.offset, piece.length, head or b"")
+                    elif head is not None:
                         frames.send_all(sock, [head, piece])
-                        head = None
                     else:
                         sock.sendall(piece)
+                    head = None
             except CurvineError as e:
                 if head is None:
                     raise frames.ChannelClosed(f"block {h.block_id} failed mid-stream: {e}") from None

@@ -54,8 +54,8 @@ def validate(cfg: config.Config) -> None:
         raise ConfigError("worker.uring_entries must be between 2 and 32768")
     if w.io_engine not in ENGINES:
         raise ConfigError(f"worker.io_engine must be one of {', '.join(ENGINES)}, not {w.io_engine!r}")
-    if w.read_io not in ("pread", "uring"):
-        raise ConfigError(f"worker.read_io must be \"pread\" or \"uring\", not {w.read_io!r}")
+    if w.read_io not in ("sendfile", "pread", "uring"):
+        raise ConfigError(f"worker.read_io must be \"sendfile\", \"pread\" or \"uring\", not {w.read_io!r}")
     if w.buffer_size < 4096 or w.buffer_size > 64 << 20:
         raise ConfigError("worker.buffer_size must be between 4KiB and 64MiB")
     if w.rpc_threads < 1:

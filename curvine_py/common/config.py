@@ -77,7 +77,7 @@ class WorkerConfig:
     io_engine: str = "auto"       # disk I/O: "auto" | "uring" | "threads" (worker/ioengine.py, docs/worker.md)
     uring_entries: int = 128
     buffer_size: int = 1 * MiB    # piece size of the data channel
-    read_io: str = "pread"        # block reads: "pread" (page-cache hits, the cache's case) or "uring"
+    read_io: str = "sendfile"     # block reads: "sendfile" (checked in place, sent from page cache), "pread", "uring"
     direct_io: bool = True        # write block files with O_DIRECT where the filesystem allows (docs/worker.md)
     cache_received: bool = True   # ...except blocks arriving over the network: in the page cache (docs/worker.md)
     memory_cache: int = 0         # bytes of RAM keeping recently written blocks for reads (worker/memtier.py); 0 = off

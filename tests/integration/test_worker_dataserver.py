@@ -25,6 +25,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc, data_pb2
 from curvine_py.worker import heartbeat, service
+from curvine_py.worker.blockfile import BlockReader, can_populate, supports_direct
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer, chain_targets
 from curvine_py.common.connpool import ConnectionPool
@@ -89,8 +90,9 @@ def engine(io_engine: IoEngine) -> IoEngine:
 
 class Node:
     def __init__(self, engine: IoEngine, root, name: str, worker_id: int, spec: str = "",
-                 cache_writes: bool = False) -> None:
-        self.store = BlockStore([spec or str(root / name)], engine, reserve=0, direct_io=True)   # as worker.direct_io
+                 cache_writes: bool = False, read_io: str = "pread") -> None:
+        self.store = BlockStore([spec or str(root / name)], engine, reserve=0, direct_io=True,   # as worker.direct_io
+                                read_io=read_io)
         self.server = DataServer(self.store, "127.0.0.1", 0, worker_id=worker_id, cache_writes=cache_writes).start()
         self.target = chain_targets([("127.0.0.1", self.server.port, worker_id)])
 
@@ -328,6 +330,83 @@ def test_corruption_in_first_chunk_is_an_error_reply(nodes):
         h, _ = read(s, 12)
         assert h.errno == errno.EBADMSG
         assert write(s, 13, b"after").errno == 0
+
+
+# ---------------------------------------------------------------- read_io "sendfile"
+
+@pytest.fixture
+def sending(engine, tmp_path):
+    """A node that keeps received blocks in the page cache and sends them from there."""
+    if not can_populate():
+        pytest.skip("read_io \"sendfile\" needs MADV_POPULATE_READ (Linux 5.14+)")
+    node = Node(engine, tmp_path, "s", A_ID, cache_writes=True, read_io="sendfile")
+    yield node
+    node.close()
+
+
+def test_a_cached_block_is_verified_in_place_and_sent_from_the_page_cache(sending):
+    data = os.urandom(9 * MiB + 12345)                 # three 4 MiB send steps, the last one partial
+    with connect(sending.server) as s:
+        write(s, 7, data)
+        with sending.store.open_reader(7) as r:
+            assert isinstance(r, BlockReader) and r.sendable
+        for off, n in ((0, len(data)), (0, 0), (5, 10), (MiB - 1, 2), (4 * MiB - 3, 6), (3 * MiB, 2 * MiB),
+                       (len(data) - 1, 100), (7, (1 << 64) - 1)):
+            h, got = read(s, 7, off, n)
+            want = data[off:off + n]
+            assert h.errno == 0 and h.length == len(want) and got == want, (off, n)
+        h, _ = read(s, 7, len(data) + 1, 1)
+        assert h.errno == errno.EINVAL
+        assert read(s, 7, 1, 3)[1] == data[1:4]       # still in sync after an error reply
+
+
+def test_a_block_written_past_the_page_cache_is_not_sent_from_it(engine, tmp_path):
+    """A block this node wrote O_DIRECT (a client's short-circuit write) is read O_DIRECT
+    into a buffer as before: there is no page-cache copy to send."""
+    if not supports_direct(str(tmp_path)):
+        pytest.skip(f"{tmp_path} takes no O_DIRECT writes")
+    node = Node(engine, tmp_path, "d", A_ID, cache_writes=False, read_io="sendfile")
+    try:
+        with connect(node.server) as s:
+            write(s, 3, b"d" * (2 * MiB))
+            assert read(s, 3)[1] == b"d" * (2 * MiB)
+        with node.store.open_reader(3) as r:
+            assert isinstance(r, BlockReader) and r.dfd >= 0 and not r.sendable
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("where", [5, 6 * MiB + 5], ids=["first-step", "second-step"])
+def test_a_flipped_byte_is_caught_before_it_is_sent(sending, where):
+    """In the first step: an error reply; later: the connection closes after the good steps."""
+    data = os.urandom(8 * MiB)
+    with connect(sending.server) as s:
+        write(s, 9, data)
+    with open(sending.store.get(9).path, "r+b") as f:
+        f.seek(where)
+        byte = f.read(1)
+        f.seek(where)
+        f.write(bytes([byte[0] ^ 1]))
+    with connect(sending.server) as s:
+        h, got = read(s, 9)
+        if where < 4 * MiB:
+            assert h.errno == errno.EBADMSG
+        else:
+            assert h.errno == 0 and got == data[:4 * MiB]   # the verified first step only
+            assert closed_by_peer(s)
+    assert 9 not in sending.store
+
+
+def test_a_truncated_block_file_is_corrupt_not_a_fault(sending):
+    """A mapping past a file's end would SIGBUS the worker: the size is checked first."""
+    data = os.urandom(3 * MiB)
+    with connect(sending.server) as s:
+        write(s, 4, data)
+        os.truncate(sending.store.get(4).path, 2 * MiB)
+        h, _ = read(s, 4)
+        assert h.errno == errno.EBADMSG
+        assert write(s, 5, b"after").errno == 0
+    assert 4 not in sending.store
 
 
 # ---------------------------------------------------------------- hostile input
