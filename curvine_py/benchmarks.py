@@ -35,7 +35,11 @@ from pathlib import Path
 
 import xxhash
 
+from curvine_py.common.mounttable import mount_of, read_mounts
+
 MiB = 1 << 20
+CURVINE_FSTYPE = "fuse.curvine"                  # fuse/main.py mounts with subtype=curvine
+DROP_CACHES_XATTR = "user.curvine.drop_caches"   # fuse/ops.py answers it on a mount's root
 HEADER_SIZE = 28                 # LMCache's fs:// header
 FIRST_READ = 4096                # LMCache reads 4 KiB, then the rest
 SEQ_REQUEST = 4 * MiB
@@ -603,12 +607,17 @@ def remove_data(directory: Path) -> None:
         pass
 
 
-def drop_caches() -> bool:
-    """sync + drop the kernel's page, dentry and inode caches; False when not permitted."""
+def drop_caches(*dirs: Path) -> bool:
+    """sync + drop the kernel's page, dentry and inode caches, and the block copies of the
+    curvine mounts dirs lie in (staged blocks live in the mount's own memory, which the
+    kernel's drop leaves: fuse/ops.py DROP_CACHES_XATTR); False when not permitted."""
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
+        mounts = read_mounts()
+        for point in {m.point for d in dirs if (m := mount_of(str(d), CURVINE_FSTYPE, mounts)) is not None}:
+            os.setxattr(point, DROP_CACHES_XATTR, b"1")
     except OSError:
         return False
     return True

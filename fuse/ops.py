@@ -44,6 +44,9 @@ _perf = time.perf_counter
 # The mount's own /metrics address, answered for this xattr of the mount's root (`cv stats
 # MOUNTPOINT` reads it): never stored in the pool.
 METRICS_XATTR = "user.curvine.metrics"
+# Set on the mount's root (by root only), it drops the mount's own block copies that
+# nothing uses (VFS.drop_caches): `cv bench --drop-caches` sets it beside the kernel's drop.
+DROP_CACHES_XATTR = "user.curvine.drop_caches"
 NOW_WINDOW_NS = 200_000_000   # pyfuse3 turns UTIME_NOW into the current time (see _times_are_now)
 _ROOT = Identity(0, 0, ())
 # FOPEN_NOFLUSH (Linux 5.14+) with the pyfuse3 that deploy/build-pyfuse3.sh builds; a stock
@@ -538,6 +541,12 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        if inode == pyfuse3.ROOT_INODE and name == DROP_CACHES_XATTR.encode():
+            if ctx.uid != 0:
+                raise pyfuse3.FUSEError(errno.EPERM)
+            dropped = self.vfs.drop_caches()
+            log.info("client caches dropped (%s): %d bytes of staged blocks", DROP_CACHES_XATTR, dropped)
+            return
         await self._do(self.vfs.setxattr(inode, os.fsdecode(name), value, 0, self._ident(ctx)))
 
     @_fs_errors

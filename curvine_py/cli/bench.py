@@ -123,7 +123,7 @@ def run_all(args: argparse.Namespace, plan: bm.Plan) -> Result:
         if {"kvcache", "seq"} & set(plan.workloads):
             merge_reads(result, run_reader(reader_work, prefix, plan.timeout_s * 2 + 60), "warm")
             if args.drop_caches:
-                if bm.drop_caches():
+                if bm.drop_caches(base, reader_base):
                     merge_reads(result, run_reader(reader_work, prefix, plan.timeout_s * 2 + 60), "cold")
                 else:
                     print("cv: bench: not permitted to drop the page cache (needs root): "
@@ -219,7 +219,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="run the read process under this command, e.g. "
                         "'nsenter --net=/var/run/netns/h2'")
     p.add_argument("--drop-caches", action="store_true",
-                   help="also read cold: sync and drop the page cache before a second read (root)")
+                   help="also read cold: sync and drop the page cache (and a curvine mount's own "
+                        "block copies) before a second read (root)")
     p.add_argument("--phase", choices=("all", "write", "read"), default="all",
                    help="write: only write DIR (kept); read: only read and verify what a write "
                         "phase left in DIR (default: all, in a temporary subdirectory)")

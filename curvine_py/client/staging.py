@@ -219,6 +219,18 @@ class StagedBlocks:
         self._bytes += block.length
         return s
 
+    def drop_unused(self) -> int:
+        """Drop every staged block no handle uses and no fetch fills, and forget the
+        lookups not yet staged (a "cold" read after drop_caches: the mount's copies go
+        with the kernel's page cache; fuse/ops.py DROP_CACHES_XATTR); bytes dropped."""
+        with self._lock:
+            before = self._bytes
+            for s in list(self._table.values()):
+                if s.users == 0 and (s.done.done() or not s.started):
+                    self._drop(s)
+            self._later.clear()
+            return before - self._bytes
+
     def _make_room(self, need: int) -> bool:
         """(lock held) Drop unused blocks, least recently used first, until need fits.
         A fetch running is not dropped (its bytes are on their way to somebody)."""

@@ -517,6 +517,16 @@ class VFS:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
 
+    def drop_caches(self) -> int:
+        """Drop the block copies this mount keeps beside the kernel's page cache (staged
+        blocks, blocks fetched ahead) that nothing uses: what a `drop_caches` leaves
+        behind; bytes of staged copies dropped."""
+        dropped = self.stage.drop_unused() if self.stage is not None else 0
+        if self.ahead is not None:
+            while self.ahead.reclaim():
+                pass
+        return dropped
+
     def stop_staging(self) -> None:
         """The kernel takes no backing files after all: stage nothing more (handles holding
         a staged block read normally; client/staging.py)."""

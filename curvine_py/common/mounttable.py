@@ -60,6 +60,17 @@ def mount_at(mounts: list[MountEntry], point: str) -> MountEntry | None:
     return found
 
 
+def mount_of(path: str, fstype: str, mounts: list[MountEntry] | None = None) -> MountEntry | None:
+    """The mount of type fstype that path lies in (the deepest one), if any; nothing is stat'ed."""
+    target = os.path.realpath(path)
+    found = None
+    for m in read_mounts() if mounts is None else mounts:
+        inside = target == m.point or target.startswith(m.point.rstrip("/") + "/")
+        if inside and (found is None or len(m.point) >= len(found.point)):
+            found = m
+    return found if found is not None and found.fstype == fstype else None
+
+
 def is_mounted(mountpoint: str) -> bool:
     """Whether anything is mounted at mountpoint (symlinks resolved, as the kernel lists it)."""
     target = os.path.realpath(mountpoint)

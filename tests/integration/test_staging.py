@@ -3,10 +3,11 @@ fuse.stage_remote), through a real local cluster: the mount's own VFS on a host 
 worker, then a real mount whose reads of such files the kernel serves from the staged
 copy (FUSE passthrough).  A staged copy holds the block's bytes and nothing else, a file
 rewritten is staged anew, memory stays within fuse.stage_bytes (blocks in use are kept,
-what does not fit reads through the mount), and a mapping of a dropped copy keeps its
-bytes."""
+what does not fit reads through the mount), a mapping of a dropped copy keeps its
+bytes, and a drop of the caches (`cv bench --drop-caches`) drops the copies not in use."""
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from curvine_py.benchmarks import DROP_CACHES_XATTR, drop_caches
 from curvine_py.cli.stats import scrape
 from curvine_py.client import staging
 from curvine_py.client.staging import AHEAD_LIMIT
@@ -186,6 +188,29 @@ def test_memory_stays_within_the_budget_and_blocks_in_use_stay(stage_vfs: VFS, c
     assert stage.staged_bytes <= 8 * MiB
 
 
+def test_a_drop_of_the_caches_drops_unused_copies_and_keeps_those_in_use(stage_vfs: VFS, client: Client,
+                                                                          remote_dir: str) -> None:
+    """What `cv bench --drop-caches` asks of a mount (fuse/ops.py DROP_CACHES_XATTR): a
+    cold read must not find the mount's copies, but an open file keeps its own."""
+    files = {f"c{i}": os.urandom(SIZE) for i in range(2)}
+    inos = {}
+    for name, data in files.items():
+        client.put_bytes(f"{remote_dir}/{name}", data)
+        inos[name] = lookup(stage_vfs, f"{remote_dir}/{name}").ino
+        assert backing_bytes(stage_vfs, inos[name]) == data
+    stage = stage_of(stage_vfs)
+    assert stage.staged_bytes == 2 * SIZE
+    held = stage_vfs.run(stage_vfs.open(inos["c1"], os.O_RDONLY, stage_vfs.meta.identity))
+    try:
+        assert held.backed
+        assert stage_vfs.drop_caches() == SIZE
+        assert stage.staged_bytes == SIZE and [e.ino for e in stage._table.values()] == [inos["c1"]]
+    finally:
+        stage_vfs.run(stage_vfs.release(held.fh))
+    assert stage_vfs.drop_caches() == SIZE and stage.staged_bytes == 0
+    assert backing_bytes(stage_vfs, inos["c0"]) == files["c0"]     # fetched again
+
+
 def test_a_block_larger_than_the_budget_reads_through_the_mount(shared_cluster: LocalCluster, client: Client,
                                                                 remote_dir: str) -> None:
     small, vfs = make_vfs(shared_cluster, 2 * MiB)
@@ -293,5 +318,30 @@ def test_a_mount_with_no_replica_here_has_the_kernel_read_staged_copies(tmp_path
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["staged"] == sum(len(d) for d in files.values())   # all four, kept
+
+        assert not_root_setxattr(mnt, DROP_CACHES_XATTR) in (errno.EPERM, errno.EACCES)
+        assert drop_caches(mnt / "chunk0")                 # as `cv bench --drop-caches` does
+        assert scrape(fuse).total("curvine_client_staged_bytes") == 0
+        with open(mnt / "chunk1", "rb") as f:              # read again: staged again
+            assert f.read() == files["chunk1"]
+        assert scrape(fuse).total("curvine_client_staged_bytes") == len(files["chunk1"])
     finally:
         c.stop()
+
+
+def not_root_setxattr(path: Path, name: str) -> int:
+    """The errno of setting name on path as user nobody (0: it was set); path is opened
+    first, as root, so nobody need not reach it."""
+    fd = os.open(path, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.setxattr(fd, name, b"1")
+        except OSError as e:
+            code = e.errno or 1
+        os._exit(code)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
