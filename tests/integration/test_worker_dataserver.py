@@ -350,6 +350,8 @@ def test_a_cached_block_is_verified_in_place_and_sent_from_the_page_cache(sendin
         write(s, 7, data)
         with sending.store.open_reader(7) as r:
             assert isinstance(r, BlockReader) and r.sendable
+        with sending.store.open_reader(7, 5 * MiB, 128 << 10) as r:   # a random read: copied (preadv)
+            assert isinstance(r, BlockReader) and not r.sendable
         for off, n in ((0, len(data)), (0, 0), (5, 10), (MiB - 1, 2), (4 * MiB - 3, 6), (3 * MiB, 2 * MiB),
                        (len(data) - 1, 100), (7, (1 << 64) - 1)):
             h, got = read(s, 7, off, n)
