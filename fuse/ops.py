@@ -544,7 +544,7 @@ class CurvineOps(pyfuse3.Operations):
         if inode == pyfuse3.ROOT_INODE and name == DROP_CACHES_XATTR.encode():
             if ctx.uid != 0:
                 raise pyfuse3.FUSEError(errno.EPERM)
-            dropped = self.vfs.drop_caches()
+            dropped = await self._run(self.vfs.drop_caches)   # closes files: off the loop
             log.info("client caches dropped (%s): %d bytes of staged blocks", DROP_CACHES_XATTR, dropped)
             return
         await self._do(self.vfs.setxattr(inode, os.fsdecode(name), value, 0, self._ident(ctx)))
