@@ -61,7 +61,8 @@ def mount_at(mounts: list[MountEntry], point: str) -> MountEntry | None:
 
 
 def mount_of(path: str, fstype: str, mounts: list[MountEntry] | None = None) -> MountEntry | None:
-    """The mount of type fstype that path lies in (the deepest one), if any; nothing is stat'ed."""
+    """The mount of type fstype that path lies in (the deepest one), if any: decided by the
+    mount table, with the path's symlinks resolved first (as is_mounted does)."""
     target = os.path.realpath(path)
     found = None
     for m in read_mounts() if mounts is None else mounts:
