@@ -363,7 +363,7 @@ class Client:
 
     def _create(self, path: str, flags: int, block_size: int) -> Opened:
         ino, name = self._parent(path)
-        opened = self._run(path, self.vfs.create(ino, name, 0o644, flags, 0o022, self._me, block_size))
+        opened = self._run(path, self.vfs.create(ino, name, 0o644, flags, 0o022, self._me, block_size, path))
         if stat.S_ISDIR(opened.attr.mode):
             self.vfs.run(self.vfs.release(opened.fh))
             raise err(errno.EISDIR).with_path(path)

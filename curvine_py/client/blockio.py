@@ -133,7 +133,7 @@ class BlockIO:
                     checksum: int) -> list[int]:
         """Commit the block at length bytes; returns the worker ids that hold it."""
         BlockIO.start_commit(sock, block_id, length, checksum)
-        return BlockIO.commit_reply(sock, head, block_id)
+        return BlockIO.commit_reply(sock, head, block_id, checksum)
 
     @staticmethod
     def start_commit(sock: socket.socket, block_id: int, length: int, checksum: int) -> None:
@@ -141,8 +141,13 @@ class BlockIO:
         frames.send_frame(sock, DataHeader(op=Op.WRITE_COMMIT, block_id=block_id, length=length, checksum=checksum))
 
     @staticmethod
-    def commit_reply(sock: socket.socket, head: pb.WorkerAddress, block_id: int) -> list[int]:
+    def commit_reply(sock: socket.socket, head: pb.WorkerAddress, block_id: int, checksum: int) -> list[int]:
+        """The worker ids that hold the block, once the head confirms the xxh3 it stored
+        (its own hash of the bytes it received) is the one sent (EBADMSG otherwise)."""
         reply = frames.check_reply(frames.recv_header(sock), f"write block {block_id}")
+        if reply.checksum and reply.checksum != checksum:
+            raise CurvineError(errno.EBADMSG, f"worker {head.worker_id} stored block {block_id} with xxh3 "
+                                              f"{reply.checksum:x}, not the {checksum:x} sent")
         return list(reply.acked) or [head.worker_id]
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,

@@ -16,6 +16,9 @@ Rules that keep it safe:
   streams cannot hold threads that the writer's other blocks need.
 * A stream whose connection fails is not an error: at ``finish`` the block is sent
   again by the writer's ordinary path (``fallback``), which retries on other workers.
+* Nothing is committed unchecked: at ``finish`` the xxh3 of the bytes that went out is
+  checked against the records of the writes (``check``, DirtyBlock.verify); bytes sent
+  wrong go again whole from the buffer, bytes the buffer lost fail the block (EIO).
 * A replica on this host is written into its block file by the stream itself
   (short-circuit, ``BlockWriter.open_local``) when its worker allows it; the other replicas
   get the pieces over the network, as a chain among themselves.
@@ -46,12 +49,13 @@ class BlockStream:
 
     def __init__(self, io: BlockIO, executor: Executor, target: pb.BlockInfo, addrs: list[pb.WorkerAddress],
                  offset: int, view: memoryview, block_size: int,
-                 fallback: Callable[[int, int | None], pb.BlockInfo], done: Callable[[int], None],
-                 writer: BlockWriter | None = None) -> None:
-        """fallback(length, expect) ships view[:length] the ordinary way (and frees the
-        buffer), after checking it still hashes to expect (None: no check);
-        done(length) frees the buffer after a successful stream; writer: how the
-        replicas are written (BlockPaths.writer; None: all over the network)."""
+                 fallback: Callable[[int], pb.BlockInfo], check: Callable[[int, int], bool],
+                 done: Callable[[int], None], writer: BlockWriter | None = None) -> None:
+        """fallback(length) ships view[:length] the ordinary way (and frees the buffer);
+        check(length, xxh3 of the bytes sent): are they the bytes written (False: send
+        again; raises when the buffer lost them); done(length) frees the buffer after a
+        committed stream, or a failed one; writer: how the replicas are written
+        (BlockPaths.writer; None: all over the network)."""
         self.io = io
         self.executor = executor
         self.target = target
@@ -60,13 +64,13 @@ class BlockStream:
         self.view = view
         self.block_size = block_size
         self.fallback = fallback
+        self.check = check
         self.done = done
         self.future: Future[pb.BlockInfo] = Future()
         self._lock = threading.Lock()
         self._ready = 0                  # bytes the writer has handed over, in order
         self._sent = 0                   # bytes on the wire (or given up after a failure)
         self._length: int | None = None  # set by finish: the block's final length
-        self._expect: int | None = None  # set by finish: the xxh3 the writes gave (None: unknown)
         self._aborted = False
         self._pumping = False
         self.writer = writer or RemoteWriter(io)
@@ -90,14 +94,11 @@ class BlockStream:
                 self._ready = ready
                 self._kick()
 
-    def finish(self, length: int, expect: int | None = None) -> Future[pb.BlockInfo]:
+    def finish(self, length: int) -> Future[pb.BlockInfo]:
         """The block is complete at length bytes; the buffer now belongs to the stream.
-        expect: the xxh3 of those bytes as the writer's writes handed them over; a stream
-        that sent anything else is not committed (the block goes whole, checked again).
-        The future gives the block's BlockInfo once it is on its workers."""
+        The future gives the block's BlockInfo once it is on its workers, checked."""
         with self._lock:
             self._length = self._ready = length
-            self._expect = expect
             self._kick()
         return self.future
 
@@ -175,15 +176,15 @@ class BlockStream:
             f, self._file = self._file, None
             acked += f.commit(bid, length, checksum, self._sums)
         if self._sock is not None and self._head is not None:
-            acked += self.io.commit_reply(self._sock, self._head, bid)
+            acked += self.io.commit_reply(self._sock, self._head, bid, checksum)
         return acked
 
     def _complete(self, length: int) -> None:
-        """Commit the streamed block, or ship it again the ordinary way if the stream broke."""
+        """Commit the streamed block once its bytes are checked; ship it again the ordinary
+        way if the stream broke or sent other bytes; fail it if the bytes are lost."""
         try:
-            if self._expect is not None and self._failed is None and self._checksum() != self._expect:
-                log.error("block %d: the streamed bytes hash %x, the writes gave %x: not committed, "
-                          "sent again whole", self.target.block_id, self._checksum(), self._expect)
+            if self._failed is None and (self._sock is not None or self._file is not None) \
+                    and not self.check(length, self._checksum()):
                 self._fail(CurvineError(errno.EIO, "streamed bytes differ from the bytes written"))
             if self._failed is None and (self._sock is not None or self._file is not None):
                 try:
@@ -197,8 +198,10 @@ class BlockStream:
                                                         length=length, checksum=self._checksum(), workers=acked,
                                                         token=self.target.token))
                     return
-            self.future.set_result(self.fallback(length, self._expect))   # empty, or a broken stream
-        except BaseException as e:
+            self.future.set_result(self.fallback(length))   # empty, broken, or sent wrong
+        except BaseException as e:   # lost bytes (check), or the fallback failed: never committed
+            self._close(ok=False)
+            self.done(length)
             self.future.set_exception(e)
 
     def _fail(self, e: BaseException) -> None:

@@ -39,6 +39,14 @@ STAGED_BLOCKS = Counter("curvine_client_staged_blocks",
                         "Remote one-block files fetched whole into memory for the kernel to read (fuse.stage_remote)")
 STAGE_HITS = Counter("curvine_client_stage_hits",
                      "Opens that found their block staged already (by a lookup, or an earlier open)")
+# Counted in every process (a failure is rare, and the SDK's user wants it too): docs/metrics.md.
+WRITE_VERIFY_FAILURES = Counter(
+    "curvine_client_write_verify_failures",
+    "Blocks whose bytes, as the workers confirmed them, were not the bytes acknowledged writes handed "
+    "over: resent (the buffer held them: sent again) or lost (it did not: the file's close fails, "
+    "nothing is committed)", ["outcome"])
+for _outcome in ("resent", "lost"):
+    WRITE_VERIFY_FAILURES.labels(_outcome)
 SOURCES = ("passthrough", "memory", "short_circuit", "remote")
 for _source in SOURCES:
     READS.labels(_source)

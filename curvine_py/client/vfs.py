@@ -41,7 +41,7 @@ from curvine_py.client.staging import Staged, StagedBlocks
 from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
-from curvine_py.client.writer import FileWriter, Phase
+from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
@@ -256,12 +256,16 @@ class VFS:
         return bytes(reply.value)
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity,
-               block_size: int = 0) -> Op[Opened]:
-        """block_size: the new file's (0: client.block_size)."""
+               block_size: int = 0, path: str = "") -> Op[Opened]:
+        """block_size: the new file's (0: client.block_size); path: its whole path, when
+        the caller knows it (the SDK), for the writer's logs."""
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=block_size or self.core.cfg.client.block_size, ident=ident)
         opened = self._open_writer(self.meta.saw_dirs((yield "Create", req)), flags, ident)
+        w = self._writer_of(opened.attr.ino)
+        if w is not None:
+            w.label = f"{path or repr(name)} (inode {opened.attr.ino})"
         if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
             # A file made here and opened write-only: its bytes go straight from the writer's
             # memory to the mount, without filling page-cache pages first (KV write ~10% faster
@@ -297,10 +301,14 @@ class VFS:
         if req.valid & SETATTR_SIZE and st is not None:
             st.version += 1   # readers open here reload their block lists
         if req.valid & SETATTR_SIZE and st is not None and st.writer is not None and not st.writer.closed:
-            yield Blocking(_truncate_and_flush, st.writer, req.size)
-            req.valid &= ~SETATTR_SIZE
-            if not req.valid:
-                return (yield from self.getattr(ino, ident))
+            try:
+                yield Blocking(_truncate_and_flush, st.writer, req.size)
+            except WriterClosed:   # closed meanwhile (another descriptor's close): the master truncates
+                yield Blocking(st.writer.wait_closing)
+            else:
+                req.valid &= ~SETATTR_SIZE
+                if not req.valid:
+                    return (yield from self.getattr(ino, ident))
         req.caller.CopyFrom(self.meta.caller(ident, mutation=True))
         self._dir_attrs.pop(ino, None)
         return self.overlay((yield "SetAttr", req).attr)
@@ -429,7 +437,12 @@ class VFS:
         reply = yield "Open", self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
         if write and shared is not None:   # (always shared: a write without one returned above)
             if flags & os.O_TRUNC:
-                yield Blocking(shared.truncate, 0)
+                try:
+                    yield Blocking(shared.truncate, 0)
+                except WriterClosed:   # closed meanwhile by another descriptor's close: a lease of our own
+                    yield Blocking(shared.wait_closing)
+                    reply = yield "Open", self.meta.open_request(ino, flags, write=True, ident=ident)
+                    return self._open_writer(reply, flags, ident)
             return self._new_handle(ino, flags, reply, True, ident)
         return self._new_handle(ino, flags, reply, False, ident, prefetch)
 
@@ -602,7 +615,7 @@ class VFS:
         w.truncate(0)   # (no change, and no lease taken, when the create truncated it already)
         step = w.bs * 8
         for off in range(0, len(data), step):
-            w.pwrite(off, data[off:off + step])
+            w.pwrite(off, data[off:off + step])   # (a handle of its own: no other close takes its writer)
             if progress:
                 progress(min(step, len(data) - off))
 
@@ -641,10 +654,12 @@ class VFS:
         h = self.handle(fh)
         if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:  # O_RDONLY|O_TRUNC too
             raise err(errno.EBADF, "file not open for writing")
-        w = self._writer_for(h)
-        if h.flags & os.O_APPEND:
-            offset = w.size
-        return w.pwrite(offset, data)
+        while True:   # (a writer closed under this write by another descriptor's close: taken again)
+            w = self._writer_for(h)
+            try:
+                return w.pwrite(w.size if h.flags & os.O_APPEND else offset, data)
+            except WriterClosed:
+                continue
 
     def write_nowait(self, fh: int, offset: int, data: bytes | memoryview) -> int | None:
         """The write if it can be done without blocking (copied into a dirty block), else None."""
@@ -674,6 +689,8 @@ class VFS:
             w = st.writer
             if w is not None and not w.closed:
                 return w
+        if w is not None:
+            w.wait_closing()   # a close's Commit on its way (it releases the lease): the new lease after it
         reply = self.meta.open(h.ino, h.flags & ~os.O_TRUNC, write=True, ident=h.ident)
         with self._lock:
             if st.writer is None or st.writer.closed:

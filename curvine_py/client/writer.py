@@ -32,14 +32,13 @@ import threading
 import time
 from concurrent.futures import Future
 
-import xxhash
-
+from curvine_py.client import metrics
 from curvine_py.client.blockids import BlockIds
 from curvine_py.client.blockio import PIECE
 from curvine_py.client.blockship import store_block
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
-from curvine_py.client.dirtyblock import SMALL, DirtyBlock, merge_ranges, ranges_cover, written_prefix
+from curvine_py.client.dirtyblock import SMALL, DirtyBlock, Verdict, merge_ranges, ranges_cover, written_prefix
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.buffers import IDLE_S
@@ -51,6 +50,18 @@ IN_FLIGHT = 2          # blocks being shipped at once per writer
 MAX_DIRTY = 16         # partially written blocks kept before the oldest is shipped
 MAX_STREAMS = 2        # blocks sent piece by piece while written, per writer (client/blockstream.py)
 HARDEN_WAIT_S = 60.0   # a thread waits this long for the first block ids the mount's loop asked for
+RESENDS = 2            # a block whose bytes went out wrong (its buffer right) is sent again this often
+
+
+class WriterClosed(CurvineError):
+    """A write or truncate reached a writer that a close committed and closed while it
+    waited for the writer's lock: in the mount, the FLUSH of another copy of the
+    descriptor (a child process closing what it inherited, at its exec or exit).  Nothing
+    was done; the caller takes the file's writer again (client/vfs.py) and does it there.
+    Taken in, the write would have been acknowledged to the kernel and never shipped."""
+
+    def __init__(self, ino: int) -> None:
+        super().__init__(errno.EBADF, f"inode {ino}: its writer was closed (another descriptor's close)")
 
 
 class Lease(enum.Enum):
@@ -88,6 +99,7 @@ class FileWriter:
         self.core = core
         self.ident = ident
         self.ino = reply.attr.ino
+        self.label = f"inode {self.ino}"   # what logs call the file (the SDK and the mount name it when they can)
         self.lease_id = reply.lease_id
         self.reader = FileReader(core, reply)
         self.bs = self.reader.bs
@@ -163,7 +175,7 @@ class FileWriter:
         mv = memoryview(data).cast("B")
         direct: list[Future[pb.BlockInfo]] = []
         with self._lock:
-            self._check()
+            self._check_open()
             if self.lease is not Lease.HARD:
                 self._harden()
             self._touch()
@@ -284,7 +296,7 @@ class FileWriter:
     def truncate(self, size: int) -> None:
         """Change the size; bytes past it are gone, a later growth reads zeros."""
         with self._lock:
-            self._check()
+            self._check_open()
             if self.lease is not Lease.HARD and size != self.size:   # truncate(0) of a new file (put_bytes): no change
                 self._harden()
             self._touch()
@@ -510,6 +522,9 @@ class FileWriter:
             self._finish()
 
     def _finish(self) -> None:
+        if self.dirty and self._error is None:   # (abort drops them first; a flush ships them all)
+            metrics.WRITE_VERIFY_FAILURES.labels("lost").inc()
+            log.error("%s: closed with %d blocks of acknowledged writes never shipped", self.label, len(self.dirty))
         self._move(phase=Phase.CLOSED)
         self.pool.unhold(self)
         self.reader.close()
@@ -555,6 +570,13 @@ class FileWriter:
         if self._error is not None:
             raise self._error
 
+    def _check_open(self) -> None:
+        """Before a change: the writer's error, or WriterClosed once a close took it (a
+        CLOSING one's commit is on its way without this change: it must not join it)."""
+        self._check()
+        if self.phase is not Phase.OPEN:
+            raise WriterClosed(self.ino)
+
     def _drop_dirty(self, idx: int) -> None:
         db = self.dirty.pop(idx)
         stream = self.streams.pop(idx, None)
@@ -575,10 +597,9 @@ class FileWriter:
             base = bytearray(length)
             if idx in self.current:
                 self.reader.pread(idx * self.bs, memoryview(base))
-            for a, b in gaps:
+            for a, b in gaps:   # (no record: nothing acknowledged lands in a gap)
                 db.view[a:b] = base[a:b]
             db.ranges = [[0, length]]
-            db.unordered()
         return db
 
     def _apply(self, idx: int) -> None:
@@ -593,7 +614,7 @@ class FileWriter:
         del self.dirty[idx]
         stream = self.streams.pop(idx, None)
         if stream is not None and length >= stream.ready:
-            fut = stream.finish(length, db.digest(length))
+            fut = stream.finish(length)
             self.shipped.append(fut)
             self.inflight[idx] = fut
             return
@@ -627,16 +648,45 @@ class FileWriter:
             self._slots.release()
 
     def _send(self, idx: int, data: memoryview, target: pb.BlockInfo, owned: DirtyBlock | None) -> pb.BlockInfo:
-        """Store data as slot idx's block (client/blockship.py: retried on other workers);
-        frees data and owned; a failure is this writer's sticky error."""
+        """Store data as slot idx's block (client/blockship.py: retried on other workers),
+        checked against owned's records with the checksum the workers confirmed (sent
+        again from the buffer if what went out was not it); frees data and owned; a
+        failure is this writer's sticky error.  Data with no owner is the caller's own
+        memory, waited for before its write returns: what it hashes to is what was written."""
         try:
-            return store_block(self.core, idx * self.bs, data, target, owned.view if owned is not None else None,
-                               lambda failed: self.ids.allocate(1, exclude=list(failed.workers))[0])
+            for _ in range(RESENDS + 1):
+                info = store_block(self.core, idx * self.bs, data, target, owned.view if owned is not None else None,
+                                   lambda failed: self.ids.allocate(1, exclude=list(failed.workers))[0])
+                if owned is None or self._verified(idx, owned, data, info):
+                    return info
+                target = self.ids.allocate(1)[0]   # the wrong block is never committed (freed at release)
+            raise CurvineError(errno.EIO, f"{self.label}: block {idx} went out wrong {RESENDS + 1} times")
         except BaseException as e:
             self._error = self._error or e
             raise
         finally:
             self._free(data, owned)
+
+    def _verified(self, idx: int, db: DirtyBlock, data: memoryview, block: pb.BlockInfo) -> bool:
+        """Are the bytes the workers confirmed for block (their xxh3, block.checksum) the
+        bytes the writes into db handed over (DirtyBlock.verify)?  False: db holds them but
+        something else went out (send again).  Raises EIO (this writer's sticky error,
+        logged, counted) when db no longer holds them: nothing can send them again."""
+        verdict: Verdict = db.verify(data, block.checksum)
+        if verdict.ok:
+            return True
+        spans = ", ".join(f"[{idx * self.bs + a}, {idx * self.bs + b})" for a, b in verdict.lost)
+        if not verdict.lost:
+            metrics.WRITE_VERIFY_FAILURES.labels("resent").inc()
+            log.error("%s: block %d (slot %d) went out with bytes other than those written; sent again",
+                      self.label, block.block_id, idx)
+            return False
+        metrics.WRITE_VERIFY_FAILURES.labels("lost").inc()
+        error = CurvineError(errno.EIO, f"{self.label}: acknowledged writes at file bytes {spans} are not in "
+                                        f"block {block.block_id} (slot {idx}): the file is not committed")
+        log.error("%s", error)
+        self._error = self._error or error
+        raise error
 
     def _free(self, data: memoryview | None, owned: DirtyBlock | None) -> None:
         """Give a shipped (or dropped) block's memory back to the pool."""
@@ -678,18 +728,14 @@ class FileWriter:
             self.ids.put_back(target)
             return None
 
-        def fallback(length: int, expect: int | None) -> pb.BlockInfo:
-            data = db.view[:length]
-            if expect is not None and xxhash.xxh3_64_intdigest(data) != expect:
-                self._free(data, db)
-                self._error = self._error or CurvineError(
-                    errno.EIO, f"inode {self.ino}: block {idx}'s buffer no longer holds the bytes written")
-                log.error("%s", self._error)
-                raise self._error
-            return self._send(idx, data, self.ids.allocate(1)[0], db)
+        def fallback(length: int) -> pb.BlockInfo:
+            return self._send(idx, db.view[:length], self.ids.allocate(1)[0], db)
+
+        def check(length: int, sent: int) -> bool:
+            return self._verified(idx, db, db.view[:length], pb.BlockInfo(block_id=target.block_id, checksum=sent))
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
-                             fallback, lambda length: self._free(None, db), self.core.paths.writer)
+                             fallback, check, lambda length: self._free(None, db), self.core.paths.writer)
         self.streams[idx] = stream
         return stream
 
