@@ -13,12 +13,12 @@ STAMP := $(VENV)/.installed
 # import hook); sed gives the paths it prints back as the folders' own.
 MYPY_LINKS := $(VENV)/mypy-path/curvine_py
 
-.PHONY: run test install system-deps peer-deps proto bench compare clean
+.PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean
 
 run: install
 	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground
 
-test: install peer-deps
+test: install peer-deps lmcache-deps
 	$(VENV)/bin/ruff check curvine_py master worker fuse tests bench bench/compare
 	@mkdir -p $(MYPY_LINKS) && for d in master worker fuse; do ln -sfn ../../../$$d $(MYPY_LINKS)/$$d; done
 	set -o pipefail; $(VENV)/bin/mypy | sed 's,^$(MYPY_LINKS)/,,'
@@ -63,6 +63,23 @@ peer-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
 	    || echo "warning: could not install$$missing (bench/compare and its test will be skipped)"; \
 	fi
+
+# Real LMCache for the KV tests (tests/kvclients/lmcache_driver.py, tests/multihost/test_lmcache.py):
+# a venv of its own at .venv/lmcache (torch 2.13.0 CPU; LMCache 0.5.6 without its requirements,
+# which pull CUDA builds; what its CPU path imports), ~1.5 GB, a few minutes the first time.
+# Optional: where it cannot be installed (offline), those tests skip and say why.
+LMCACHE_VENV := $(VENV)/lmcache
+LMCACHE_LOG := $(VENV)/lmcache-install.log
+lmcache-deps: $(LMCACHE_VENV)/.installed
+
+$(LMCACHE_VENV)/.installed: tests/kvclients/lmcache-requirements.txt | install
+	@echo "installing real LMCache 0.5.6 into $(LMCACHE_VENV) (log: $(LMCACHE_LOG))"
+	@{ test -x $(LMCACHE_VENV)/bin/python || python3 -m venv $(LMCACHE_VENV); } >$(LMCACHE_LOG) 2>&1 \
+	  && $(LMCACHE_VENV)/bin/pip install -q torch==2.13.0 >>$(LMCACHE_LOG) 2>&1 \
+	  && $(LMCACHE_VENV)/bin/pip install -q --no-deps lmcache==0.5.6 >>$(LMCACHE_LOG) 2>&1 \
+	  && $(LMCACHE_VENV)/bin/pip install -q -r tests/kvclients/lmcache-requirements.txt >>$(LMCACHE_LOG) 2>&1 \
+	  && touch $@ \
+	  || echo "warning: real LMCache could not be installed: its tests skip (log: $(LMCACHE_LOG))" >&2
 
 # Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
 proto:
