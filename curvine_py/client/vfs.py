@@ -685,12 +685,14 @@ class VFS:
         """The inode's write state; retaken (a new lease) when a write follows the close that
         gave it up: a dup'd descriptor, or the kernel writing back a shared mmap."""
         st = h.state
-        with self._lock:
-            w = st.writer
-            if w is not None and not w.closed:
-                return w
-        if w is not None:
-            w.wait_closing()   # a close's Commit on its way (it releases the lease): the new lease after it
+        while True:
+            with self._lock:
+                w = st.writer
+                if w is not None and not w.closed:
+                    return w
+            if w is None or w.phase is not Phase.CLOSING:
+                break
+            w.wait_closing()   # a close's Commit on its way: closed by it, or open again if it failed
         reply = self.meta.open(h.ino, h.flags & ~os.O_TRUNC, write=True, ident=h.ident)
         with self._lock:
             if st.writer is None or st.writer.closed:
