@@ -421,29 +421,40 @@ def cmd_put(ctx: Context) -> int:
 
 
 def _download(c: "Client", src: str, local: str, size: int, quiet: bool) -> None:
-    """One remote file to local via a hidden temporary name, fsynced, renamed into place."""
-    directory, name = os.path.split(os.path.abspath(local))
-    tmp = os.path.join(directory, f".{name}.cv-get-{secrets.token_hex(4)}")
+    """One remote file to local, written as cp writes it.  A symlink is followed to what it
+    names (a dangling one: that name is created, as a shell's > does).  A regular file or
+    a new name: through a hidden temporary name, fsynced, renamed into place (an
+    interrupted get leaves the old file or nothing).  Anything else -- a device, a FIFO, a
+    socket -- is opened and written in place: renaming over it would destroy it (a get to
+    /dev/full once left a 5 MB regular file there); a socket then fails to open."""
+    local = os.path.realpath(local)
+    try:
+        in_place = not stat_mod.S_ISREG(os.stat(local).st_mode)
+    except FileNotFoundError:
+        in_place = False
+    directory, name = os.path.split(local)
+    tmp = local if in_place else os.path.join(directory, f".{name}.cv-get-{secrets.token_hex(4)}")
     progress = Progress(size, f"get {src}", quiet)
     ok = False
     try:
         try:
             with on_path(src):
                 c.get_file(src, tmp, callback=progress)
-        except OSError as e:  # a local error names the temporary: name the target instead
-            if e.filename == tmp and not isinstance(e, CurvineError):
+            if not in_place:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, local)
+        except OSError as e:  # a local error names the target (not the temporary, not nothing)
+            if not isinstance(e, CurvineError) and e.filename in (None, tmp):
                 raise OSError(e.errno, e.strerror, local) from None
             raise
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, local)
         ok = True
     finally:
         progress.close(ok)
-        if not ok:
+        if not ok and not in_place:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
