@@ -371,10 +371,12 @@ class Client:
 
     def put_bytes(self, path: str, data: bytes | bytearray | memoryview, block_size: int = 0) -> None:
         """Store a whole object (replacing any previous content); visible to all once this
-        returns.  A failure leaves the previous content (or no content), never part of data."""
-        with File(self, normpath(path), "wb", self._create(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                                           block_size)) as f:
-            f._wrap(lambda: self.vfs.write_whole(f._fh, memoryview(data).cast("B")))
+        returns.  A failure leaves the previous content (or no content), never part of data:
+        the file is opened without O_TRUNC (the master would empty it at the open), every
+        block is written new and one Commit replaces them all with the size."""
+        view = memoryview(data).cast("B")   # a wrong type fails here, before the file is touched
+        with File(self, normpath(path), "wb", self._create(path, os.O_WRONLY | os.O_CREAT, block_size)) as f:
+            f._wrap(lambda: self.vfs.write_whole(f._fh, view))
 
     def get_into(self, path: str, buffer: bytearray | memoryview) -> int:
         """Read a whole object into a caller-owned buffer (no allocation); returns its size."""
