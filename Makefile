@@ -15,8 +15,9 @@ MYPY_LINKS := $(VENV)/mypy-path/curvine_py
 
 .PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean
 
+# ARGS: more `cv cluster start` flags, e.g. make run ARGS="--master-port 18995 --base-port 19000"
 run: install
-	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground
+	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground $(ARGS)
 
 test: install peer-deps lmcache-deps
 	$(VENV)/bin/ruff check curvine_py master worker fuse tests bench bench/compare
