@@ -376,7 +376,8 @@ class MasterService:
         self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier)
         result = self.submit(Allocate(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id,
                                       count=request.count or 1))
-        exclude = frozenset(request.exclude_workers)
+        self.registry.report_unreachable(request.unreachable)
+        exclude = frozenset(request.exclude_workers) | self.registry.unreachable()
         blocks, wids = [], set()
         for bid in result["block_ids"]:
             targets = self.evictor.place(bid, result["replicas"], result["block_size"], exclude, tier,

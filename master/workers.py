@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import typing
 from dataclasses import dataclass, field
 
 from curvine_py.pb import curvine_pb2 as pb
@@ -34,6 +35,7 @@ class Worker:
     dirs: list[pb.DataDir] = field(default_factory=list)
     last_heartbeat: float = 0.0
     live: bool = True
+    unreachable_since: float = 0.0   # a client's connection was refused then (offered again after a heartbeat)
     blocks: set[int] = field(default_factory=set)
     pending_deletes: set[int] = field(default_factory=set)
     io_engine: str = ""           # its disk I/O engine ("uring", "threads"), from its registration
@@ -131,6 +133,27 @@ class Registry:
     def live_workers(self) -> list[Worker]:
         with self.lock:
             return [w for w in self.workers.values() if w.live]
+
+    def report_unreachable(self, reports: typing.Iterable[pb.UnreachableWorker]) -> None:
+        """A client's connection to a worker's data port was refused or reset (a killed
+        worker) age_s ago: new blocks go elsewhere until the worker heartbeats after that
+        moment, instead of until the worker timeout declares it lost (30 s of failing
+        writes).  A worker heard from since (restarted) is not affected."""
+        now = time.monotonic()
+        with self.lock:
+            for r in reports:
+                w = self.workers.get(r.worker_id)
+                since = now - max(0.0, r.age_s)
+                if w is not None and w.last_heartbeat < since and w.unreachable_since < since:
+                    w.unreachable_since = since
+                    log.info("worker %d refused a client's connection: no new blocks until it heartbeats",
+                             r.worker_id)
+
+    def unreachable(self) -> frozenset[int]:
+        """Workers reported unreachable and not heard from since."""
+        with self.lock:
+            return frozenset(w.worker_id for w in self.workers.values()
+                             if w.unreachable_since > w.last_heartbeat)
 
     def get(self, wid: int) -> Worker | None:
         with self.lock:

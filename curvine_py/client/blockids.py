@@ -58,7 +58,8 @@ class BlockIds:
         """count new ids (on workers other than exclude), from the master, in a thread."""
         request, self._unanswered = self._unanswered, None
         if request is None or exclude:
-            request = self.core.meta.allocate_request(self.ino, self.lease_id, count, exclude, ident=self.ident)
+            request = self.core.meta.allocate_request(self.ino, self.lease_id, count, exclude, ident=self.ident,
+                                                      unreachable=self.core.unreachable_workers())
         try:
             reply = self.core.meta.call("AllocateBlocks", request)
         except CurvineError as e:
@@ -69,8 +70,8 @@ class BlockIds:
 
     def request(self) -> pb.AllocateBlocksRequest:
         """A batch's AllocateBlocks for the mount's loop to send (then received or unanswered)."""
-        self._unanswered = self.core.meta.allocate_request(self.ino, self.lease_id, self._grow(),
-                                                           ident=self.ident)
+        self._unanswered = self.core.meta.allocate_request(self.ino, self.lease_id, self._grow(), ident=self.ident,
+                                                           unreachable=self.core.unreachable_workers())
         return self._unanswered
 
     def received(self, reply: pb.AllocateBlocksReply) -> None:

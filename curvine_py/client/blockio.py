@@ -12,6 +12,7 @@ import logging
 import socket
 from contextlib import contextmanager
 import threading
+import time
 from typing import Callable, Iterator
 
 import xxhash
@@ -26,6 +27,10 @@ from curvine_py.pb import data_pb2
 
 log = logging.getLogger(__name__)
 PIECE = 1 << 20
+# A worker's data port answered so (refused, reset, no route) or not at all: the worker is
+# gone or cut off, not merely slow or full; a block can be written without it.
+UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
+                         errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT})
 
 
 def _chain(targets: list[pb.WorkerAddress]) -> list[data_pb2.ChainTarget]:
@@ -39,14 +44,33 @@ class BlockIO:
     def __init__(self, pool: ConnectionPool, read_timeout_s: float | None = None) -> None:
         self.pool = pool
         self.read_timeout_s = read_timeout_s   # None: the pool's io timeout
+        self._refused: dict[tuple[str, int], float] = {}   # data port -> when it refused or reset (take_refused)
+        self._refused_lock = threading.Lock()
 
     def _connect(self, ip: str, port: int) -> socket.socket:
+        """A connection to a worker's data port.  One that refuses (a killed worker), resets,
+        or does not answer is suspect (tried last); one that refused or reset is also told
+        to the master with the next allocation (take_refused)."""
         try:
             return self.pool.get(ip, port)
         except OSError as e:
-            if isinstance(e, TimeoutError) or e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            if isinstance(e, TimeoutError) or e.errno in UNREACHABLE:
                 self.pool.mark_suspect(ip, port)
+            if isinstance(e, ConnectionError):
+                self._refused_by(ip, port)
             raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
+
+    def _refused_by(self, ip: str, port: int) -> None:
+        with self._refused_lock:
+            self._refused[(ip, port)] = time.monotonic()
+
+    def take_refused(self) -> dict[tuple[str, int], float]:
+        """The data ports that refused or reset a connection since the last call, with when
+        (the last time): each is reported once (the master keeps the worker out of new
+        blocks until it heartbeats after that)."""
+        with self._refused_lock:
+            refused, self._refused = self._refused, {}
+        return refused
 
     def write_block(self, targets: list[pb.WorkerAddress], block_id: int, data: memoryview,
                     token: str = "", tier: str = "", checksum: int | None = None) -> tuple[list[int], int]:
@@ -87,6 +111,10 @@ class BlockIO:
         except socket.timeout:
             self.pool.mark_suspect(worker.ip, worker.data_port)
             raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
+        except ConnectionError as e:   # reset or broken mid-exchange: the worker died
+            self.pool.mark_suspect(worker.ip, worker.data_port)
+            self._refused_by(worker.ip, worker.data_port)
+            raise CurvineError(e.errno or errno.ECONNRESET, f"worker {worker.ip}:{worker.data_port}: {e}") from None
         finally:
             self.done_with(worker, sock, ok)
 
@@ -199,6 +227,10 @@ class WorkerDirectory:
     def get(self, wid: int) -> pb.WorkerAddress | None:
         with self._lock:
             return self._by_id.get(wid)
+
+    def all(self) -> list[pb.WorkerAddress]:
+        with self._lock:
+            return list(self._by_id.values())
 
     def of(self, block: pb.BlockInfo, but: int | None = None) -> list[pb.WorkerAddress]:
         """The known addresses of block's workers (but: leave that worker out)."""

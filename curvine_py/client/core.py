@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.common.buffers import BufferPool
@@ -19,6 +20,7 @@ from curvine_py.client.blockpaths import BlockPaths
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.client.localwrite import LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit
+from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,16 @@ class ClientCore:
             except Exception as e:   # best effort: the worker finds the bad copy on its next read too
                 log.warning("could not report bad block %d on worker %d: %s", block_id, worker_id, e)
         self.executor.submit(report)
+
+    def unreachable_workers(self) -> list[pb.UnreachableWorker]:
+        """Workers whose data port refused or reset this client since the last allocation
+        (BlockIO.take_refused), with how long ago: told to the master with the next one."""
+        refused = self.io.take_refused()
+        if not refused:
+            return []
+        now = time.monotonic()
+        return [pb.UnreachableWorker(worker_id=a.worker_id, age_s=now - refused[(a.ip, a.data_port)])
+                for a in self.workers.all() if (a.ip, a.data_port) in refused]
 
     def buffer_pool(self, block_size: int) -> BufferPool:
         """The shared pool when sizes match; files with other block sizes get their own."""

@@ -21,7 +21,7 @@ import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from curvine_py.client.blockio import BlockIO
+from curvine_py.client.blockio import UNREACHABLE, BlockIO
 from curvine_py.common import frames
 from curvine_py.common.blockmeta import BlockHasher
 from curvine_py.common.buffers import aligned
@@ -177,12 +177,29 @@ class LocalWrites:
         try:
             f.write(whole, 0, len(data))
             sums.update(data)
-            acked = io.write_block(remote, block.block_id, data, block.token, block.tier,
-                                   checksum=sums.checksum)[0] if remote else []
+            acked = self._remote(io, remote, block, data, sums.checksum)
             return f.commit(block.block_id, len(data), sums.checksum, sums) + acked, sums.checksum
         except BaseException:
             f.abort()
             raise
+
+    @staticmethod
+    def _remote(io: BlockIO, remote: list[pb.WorkerAddress], block: pb.BlockInfo, data: memoryview,
+                checksum: int) -> list[int]:
+        """The other replicas over the network; none when none of them can be reached (a
+        killed worker refuses at once): the block then commits with this host's replica
+        alone, as HDFS's pipeline recovery goes on with the replicas it has, and the master
+        re-replicates it once another worker is live (counted under-replicated meanwhile)."""
+        if not remote:
+            return []
+        try:
+            return io.write_block(remote, block.block_id, data, block.token, block.tier, checksum=checksum)[0]
+        except CurvineError as e:
+            if e.errno not in UNREACHABLE:
+                raise
+            log.warning("block %d: no other replica reachable (%s); committed on this host's alone",
+                        block.block_id, e.strerror)
+            return []
 
     def _refuse(self, block_id: int, why: BaseException) -> LocalFile | None:
         """Count a local replica that goes over the network; returns None for open's caller."""

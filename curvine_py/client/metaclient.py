@@ -347,9 +347,13 @@ class MasterClient:
         return pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
 
     def allocate_request(self, ino: int, lease_id: int, count: int, exclude: list[int] | None = None,
-                         ident: Identity | None = None) -> pb.AllocateBlocksRequest:
+                         ident: Identity | None = None, unreachable: list[pb.UnreachableWorker] | None = None
+                         ) -> pb.AllocateBlocksRequest:
+        """unreachable: workers whose data port refused or reset this client, and when (the
+        master offers them to nobody until they heartbeat again)."""
         return pb.AllocateBlocksRequest(caller=self.caller(ident, True), ino=ino, lease_id=lease_id, count=count,
-                                        exclude_workers=exclude or [], prefer_host=self.prefer_host)
+                                        exclude_workers=exclude or [], prefer_host=self.prefer_host,
+                                        unreachable=unreachable or [])
 
     def commit(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                mtime_ns: int = 0, ident: Identity | None = None) -> pb.Attr:

@@ -353,20 +353,30 @@ class OpenReply(_message.Message):
     def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
-    __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host")
+    __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host", "unreachable")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PREFER_HOST_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     ino: int
     lease_id: int
     count: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[int]
     prefer_host: str
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., count: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ..., prefer_host: _Optional[str] = ...) -> None: ...
+    unreachable: _containers.RepeatedCompositeFieldContainer[UnreachableWorker]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., count: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ..., prefer_host: _Optional[str] = ..., unreachable: _Optional[_Iterable[_Union[UnreachableWorker, _Mapping]]] = ...) -> None: ...
+
+class UnreachableWorker(_message.Message):
+    __slots__ = ("worker_id", "age_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    age_s: float
+    def __init__(self, worker_id: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class AllocateBlocksReply(_message.Message):
     __slots__ = ("blocks", "workers")
