@@ -374,7 +374,11 @@ class Client:
         returns.  A failure leaves the previous content (or no content), never part of data:
         the file is opened without O_TRUNC (the master would empty it at the open), every
         block is written new and one Commit replaces them all with the size."""
-        view = memoryview(data).cast("B")   # a wrong type fails here, before the file is touched
+        try:   # a wrong type fails here, before the file is touched
+            view = memoryview(data).cast("B")
+        except TypeError:
+            raise TypeError(f"put_bytes {path}: data must be bytes-like (bytes, bytearray, memoryview), "
+                            f"not {type(data).__name__}") from None
         with File(self, normpath(path), "wb", self._create(path, os.O_WRONLY | os.O_CREAT, block_size)) as f:
             f._wrap(lambda: self.vfs.write_whole(f._fh, view))
 
