@@ -138,10 +138,12 @@ class DataDir:
 
     @property
     def capacity(self) -> int:
-        """Configured capacity, else what this dir could hold on its disk."""
-        if self.configured_capacity is not None:
-            return self.configured_capacity
-        return max(0, self.used + self.reserved + self._disk_room())
+        """The smaller of the configured capacity and what this dir's disk can hold (its
+        blocks plus the disk's free room): a dir configured at 400 MiB on a 160 MiB disk
+        holds 160 MiB, and the master's eviction must work from that, or writes fail on
+        a pool it thinks a third used."""
+        disk = max(0, self.used + self.reserved + self._disk_room())
+        return disk if self.configured_capacity is None else min(self.configured_capacity, disk)
 
     def available(self) -> int:
         room = self._disk_room()
@@ -210,6 +212,10 @@ class BlockStore:
                      for i, (tier, cap, p) in enumerate(map(parse_dir_spec, specs))]
         for d in self.dirs:
             self._scan(d, direct_io)
+            if d.configured_capacity is not None and d.capacity < d.configured_capacity:
+                log.warning("data dir %s: its disk holds %d MiB beside worker.reserve (%d MiB), less than the "
+                            "%d MiB configured: its capacity is %d MiB", d.path, d.capacity >> 20, reserve >> 20,
+                            d.configured_capacity >> 20, d.capacity >> 20)
         log.info("block store: %d blocks in %d dirs", len(self._index), len(self.dirs))
 
     # ------------------------------------------------------------ queries

@@ -290,3 +290,46 @@ def test_files_open_for_writing_are_never_evicted(small: tuple[LocalCluster, Cli
     f.write(payload(2))
     f.close()
     assert client.get_bytes("/kv/open") == payload(1) + payload(2)
+
+
+class SmallDisks(LocalCluster):
+    """Each worker's data dir is a 40 MiB tmpfs, while its configured capacity is larger."""
+
+    DISK = "40m"
+
+    def start(self, timeout: float = 60.0) -> "SmallDisks":
+        for i in range(self.n_workers):
+            d = self.dir / f"worker{i}" / "data"
+            d.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.DISK}", "tmpfs", str(d)], check=True)
+        super().start(timeout)
+        return self
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            for i in range(self.n_workers):
+                subprocess.run(["umount", "-l", str(self.dir / f"worker{i}" / "data")], capture_output=True)
+
+
+def test_capacity_is_what_the_disk_really_has(cluster_factory: typing.Callable[..., LocalCluster]) -> None:
+    """Issue 42, item 4: configured 400 MiB on a 40 MiB disk is 40 MiB, and eviction works
+    from that: 96 MiB of files written through two 40 MiB disks, no write fails."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    client = connect(cluster_factory(cls=SmallDisks, capacity="400MiB", extra_master_flags=EVICT_FLAGS,
+                                     extra_worker_flags=("--worker-reserve", "0")))
+    try:
+        rep = client.report()
+        assert rep.capacity <= 2 * 40 * MiB, rep
+        client.mkdir("/kv")
+        for i in range(24):
+            client.put_bytes(f"/kv/{i}", payload(i))
+        rep = settle(client)
+        assert rep.used <= rep.capacity <= 2 * 40 * MiB, rep
+        assert rep.evicted_files >= 8, rep
+        for i in (22, 23):   # written last: kept, byte-exact
+            assert client.get_bytes(f"/kv/{i}") == payload(i)
+    finally:
+        client.close()
