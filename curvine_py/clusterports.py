@@ -58,6 +58,14 @@ class PortPlan:
                     (self.worker_metrics[i], f"worker{i} metrics")]
         return [(port, what) for port, what in out if port]
 
+    def moved(self, moves: dict[int, int]) -> "PortPlan":
+        """The same plan with each port in moves replaced by its new one."""
+        def m(port: int) -> int:
+            return moves.get(port, port) if port else port
+        return PortPlan(tuple(MasterPorts(m(x.grpc), m(x.frame), m(x.raft), m(x.metrics)) for x in self.masters),
+                        tuple((m(rpc), m(data)) for rpc, data in self.workers),
+                        tuple(m(p) for p in self.worker_metrics), m(self.mount_metrics))
+
     def clash(self) -> str | None:
         """Two daemons given one port ("port 9001: master1 and worker0 rpc"), or None."""
         users: dict[int, list[str]] = collections.defaultdict(list)

@@ -421,11 +421,25 @@ class LocalCluster:
         clash = self.ports.clash()
         if clash:
             raise ClusterError(f"two daemons would share a port ({clash}); "
-                               "choose other ports (--master-port / --base-port)")
+                               "choose other ports (--master-port / --base-port; make run ARGS=...)")
         for port, what in self.ports.labelled():
             if port_in_use(self.bind, port):
                 raise ClusterError(f"port {port} ({what}) on {self.bind} is already in use; "
-                                   "choose other ports (--master-port / --base-port)")
+                                   "choose other ports (--master-port / --base-port; make run ARGS=...)")
+
+    def _move_taken_ports(self) -> None:
+        """A port of the plan that another process holds (a leftover mount's metrics, say)
+        becomes a free one, said in one line each and shown in the status table: every
+        port but the first master's, which clients are given, can move (workers register
+        theirs, metrics are found through the master)."""
+        keep = self.ports.masters[0].grpc
+        taken = [(p, what) for p, what in self.ports.labelled() if p != keep and port_in_use(self.bind, p)]
+        if not taken:
+            return
+        fresh = free_ports(len(taken), self.bind)
+        for (port, what), new in zip(taken, fresh):
+            print(f"port {port} ({what}) is taken: using {new}", file=sys.stderr)
+        self.ports = self.ports.moved({port: new for (port, _), new in zip(taken, fresh)})
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "LocalCluster":
         """Start every daemon and wait until the master (the leader, of several) reports
@@ -442,6 +456,7 @@ class LocalCluster:
                     pids = ", ".join(f"{p.name} pid {p.pid}" for p in alive)
                     raise ClusterError(f"a cluster is already running in {self.dir} ({pids}); "
                                        f"stop it first: cv cluster stop --dir {self.dir}")
+            self._move_taken_ports()
             self._check_ports()
             try:
                 self._start_all(timeout)

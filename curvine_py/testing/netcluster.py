@@ -91,6 +91,9 @@ class _Daemons(LocalCluster):
     def _check_ports(self) -> None:
         """The hosts' namespaces are fresh: nothing else can hold their ports."""
 
+    def _move_taken_ports(self) -> None:
+        """(Nor are there taken ones to move.)"""
+
     def _command(self, role: str, i: int) -> list[str]:
         boot = _BOOTSTRAP.format(prog=f"curvine-{role}", die_with_parent=self.die_with_parent,
                                  parent=os.getpid(), module=ROLE_MODULES[role])

@@ -302,6 +302,33 @@ def test_cluster_start_on_a_taken_port(tmp_path: Path) -> None:
     assert not (tmp_path / "c" / "cluster.json").exists()
 
 
+def test_a_taken_worker_or_metrics_port_moves_to_a_free_one(tmp_path: Path) -> None:
+    """Issue 42, item 7: a leftover process holding a worker's or a metrics port (a mount's
+    9002 once stopped `make run`) moves that port to a free one, said on stderr and shown
+    in the status table; only the master's port, which clients are given, must be free."""
+    d = tmp_path / "c"
+    master_port = free_port_run(9)
+    taken = [master_port + 3, master_port + 6]   # worker0's data port, the master's metrics port
+    holders = []
+    try:
+        for port in taken:
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            holders.append(s)
+        started = run_cv("cluster", "start", "--dir", str(d), "--master-port", str(master_port), cwd=tmp_path)
+        out = ok(started)
+        for port in taken:
+            assert f"port {port} (" in started.stderr.decode() and "is taken: using" in started.stderr.decode()
+            assert f" {port} " not in out.replace(f"{master_port}", "")
+        status = json.loads(ok(run_cv("cluster", "status", "--dir", str(d), "--json")))
+        assert status["running"] and status["live_workers"] == 2
+    finally:
+        for s in holders:
+            s.close()
+        run_cv("cluster", "stop", "--dir", str(d))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_cluster_foreground_stops_on_signal(tmp_path: Path, sig: int) -> None:
     d = tmp_path / "c"
