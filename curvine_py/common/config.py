@@ -120,7 +120,7 @@ class FuseConfig:
     stage_bytes: int = 256 * MiB  # memory for staged blocks (stage_remote); a block that does not fit reads normally
     request_timeout_s: float = 60.0  # unanswered this long: EIO, logged with the state (fuse/watchdog.py); 0 = never
     metrics_port: int = 9002      # the mount's /metrics; taken: an ephemeral port (docs/metrics.md); 0 = off
-    metrics_bind: str = "0.0.0.0"  # the address that /metrics listens on
+    metrics_bind: str = "127.0.0.1"  # the address /metrics listens on (0.0.0.0: scraped from other hosts)
 
 
 @dataclass
