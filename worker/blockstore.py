@@ -212,10 +212,11 @@ class BlockStore:
                      for i, (tier, cap, p) in enumerate(map(parse_dir_spec, specs))]
         for d in self.dirs:
             self._scan(d, direct_io)
-            if d.configured_capacity is not None and d.capacity < d.configured_capacity:
+            capacity = d.capacity
+            if d.configured_capacity is not None and capacity < d.configured_capacity:
                 log.warning("data dir %s: its disk holds %d MiB beside worker.reserve (%d MiB), less than the "
-                            "%d MiB configured: its capacity is %d MiB", d.path, d.capacity >> 20, reserve >> 20,
-                            d.configured_capacity >> 20, d.capacity >> 20)
+                            "%d MiB configured: its capacity is %d MiB", d.path, capacity >> 20, reserve >> 20,
+                            d.configured_capacity >> 20, capacity >> 20)
         log.info("block store: %d blocks in %d dirs", len(self._index), len(self.dirs))
 
     # ------------------------------------------------------------ queries

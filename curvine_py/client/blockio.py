@@ -48,21 +48,22 @@ class BlockIO:
         self._refused_lock = threading.Lock()
 
     def _connect(self, ip: str, port: int) -> socket.socket:
-        """A connection to a worker's data port.  One that refuses (a killed worker), resets,
-        or does not answer is suspect (tried last); one that refused or reset is also told
-        to the master with the next allocation (take_refused)."""
+        """A connection to a worker's data port (a failure noted: _failed)."""
         try:
             return self.pool.get(ip, port)
         except OSError as e:
-            if isinstance(e, TimeoutError) or e.errno in UNREACHABLE:
-                self.pool.mark_suspect(ip, port)
-            if isinstance(e, ConnectionError):
-                self._refused_by(ip, port)
+            self._failed(ip, port, e)
             raise CurvineError(e.errno or errno.EHOSTUNREACH, f"cannot reach worker {ip}:{port}: {e}") from None
 
-    def _refused_by(self, ip: str, port: int) -> None:
-        with self._refused_lock:
-            self._refused[(ip, port)] = time.monotonic()
+    def _failed(self, ip: str, port: int, e: OSError) -> None:
+        """What a failed connect or exchange says of the worker: one that refused (a killed
+        worker), reset, or did not answer is suspect (tried last); one that refused or
+        reset is also told to the master with the next allocation (take_refused)."""
+        if isinstance(e, TimeoutError) or e.errno in UNREACHABLE:
+            self.pool.mark_suspect(ip, port)
+        if isinstance(e, ConnectionError):
+            with self._refused_lock:
+                self._refused[(ip, port)] = time.monotonic()
 
     def take_refused(self) -> dict[tuple[str, int], float]:
         """The data ports that refused or reset a connection since the last call, with when
@@ -108,12 +109,11 @@ class BlockIO:
         try:
             yield sock
             ok = True
-        except socket.timeout:
-            self.pool.mark_suspect(worker.ip, worker.data_port)
+        except socket.timeout as e:
+            self._failed(worker.ip, worker.data_port, e)
             raise CurvineError(errno.ETIMEDOUT, f"worker {worker.ip}:{worker.data_port} timed out") from None
         except ConnectionError as e:   # reset or broken mid-exchange: the worker died
-            self.pool.mark_suspect(worker.ip, worker.data_port)
-            self._refused_by(worker.ip, worker.data_port)
+            self._failed(worker.ip, worker.data_port, e)
             raise CurvineError(e.errno or errno.ECONNRESET, f"worker {worker.ip}:{worker.data_port}: {e}") from None
         finally:
             self.done_with(worker, sock, ok)

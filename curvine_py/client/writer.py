@@ -38,7 +38,7 @@ from curvine_py.client.blockio import PIECE
 from curvine_py.client.blockship import store_block
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.core import ClientCore
-from curvine_py.client.dirtyblock import SMALL, DirtyBlock, Verdict, merge_ranges, ranges_cover, written_prefix
+from curvine_py.client.dirtyblock import SMALL, DirtyBlock, merge_ranges, ranges_cover, written_prefix
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.buffers import IDLE_S
@@ -657,7 +657,7 @@ class FileWriter:
             for _ in range(RESENDS + 1):
                 info = store_block(self.core, idx * self.bs, data, target, owned.view if owned is not None else None,
                                    lambda failed: self.ids.allocate(1, exclude=list(failed.workers))[0])
-                if owned is None or self._verified(idx, owned, data, info):
+                if owned is None or self._verified(idx, owned, data, info.block_id, info.checksum):
                     return info
                 target = self.ids.allocate(1)[0]   # the wrong block is never committed (freed at release)
             raise CurvineError(errno.EIO, f"{self.label}: block {idx} went out wrong {RESENDS + 1} times")
@@ -667,23 +667,23 @@ class FileWriter:
         finally:
             self._free(data, owned)
 
-    def _verified(self, idx: int, db: DirtyBlock, data: memoryview, block: pb.BlockInfo) -> bool:
-        """Are the bytes the workers confirmed for block (their xxh3, block.checksum) the
-        bytes the writes into db handed over (DirtyBlock.verify)?  False: db holds them but
-        something else went out (send again).  Raises EIO (this writer's sticky error,
-        logged, counted) when db no longer holds them: nothing can send them again."""
-        verdict: Verdict = db.verify(data, block.checksum)
+    def _verified(self, idx: int, db: DirtyBlock, data: memoryview, block_id: int, sent: int) -> bool:
+        """Are the bytes the workers confirmed for block_id (their xxh3, sent) the bytes the
+        writes into db handed over (DirtyBlock.verify)?  False: db holds them but something
+        else went out (send again).  Raises EIO (this writer's sticky error, logged,
+        counted) when db no longer holds them: nothing can send them again."""
+        verdict = db.verify(data, sent)
         if verdict.ok:
             return True
-        spans = ", ".join(f"[{idx * self.bs + a}, {idx * self.bs + b})" for a, b in verdict.lost)
         if not verdict.lost:
             metrics.WRITE_VERIFY_FAILURES.labels("resent").inc()
             log.error("%s: block %d (slot %d) went out with bytes other than those written; sent again",
-                      self.label, block.block_id, idx)
+                      self.label, block_id, idx)
             return False
         metrics.WRITE_VERIFY_FAILURES.labels("lost").inc()
+        spans = ", ".join(f"[{idx * self.bs + a}, {idx * self.bs + b})" for a, b in verdict.lost)
         error = CurvineError(errno.EIO, f"{self.label}: acknowledged writes at file bytes {spans} are not in "
-                                        f"block {block.block_id} (slot {idx}): the file is not committed")
+                                        f"block {block_id} (slot {idx}): the file is not committed")
         log.error("%s", error)
         self._error = self._error or error
         raise error
@@ -732,7 +732,7 @@ class FileWriter:
             return self._send(idx, db.view[:length], self.ids.allocate(1)[0], db)
 
         def check(length: int, sent: int) -> bool:
-            return self._verified(idx, db, db.view[:length], pb.BlockInfo(block_id=target.block_id, checksum=sent))
+            return self._verified(idx, db, db.view[:length], target.block_id, sent)
 
         stream = BlockStream(self.core.io, self.core.executor, target, addrs, idx * self.bs, db.view, self.bs,
                              fallback, check, lambda length: self._free(None, db), self.core.paths.writer)
