@@ -75,8 +75,10 @@ class Capacity:
             return self._sum(self._committed)
 
     def frees_pending(self) -> bool:
-        """Are evicted bytes still on their way out of some worker?"""
-        return any(self._corrections().values())
+        """Are evicted or otherwise freed bytes (a failed write's blocks, a deleted file's)
+        still on their way out of some worker?  An allocation waits for them rather than
+        failing with ENOSPC while the room is coming."""
+        return any(self._corrections().values()) or self.registry.deletes_in_flight()
 
     def _corrections(self) -> dict[int, int]:
         """Bytes freed but still reported, per worker (entries already reflected are dropped)."""

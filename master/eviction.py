@@ -291,14 +291,33 @@ class Evictor:
         while True:
             evicted = self.evict(extra=block_size * 4) if self.cfg.evict else 0
             if not evicted and not self.capacity.frees_pending():
-                raise err(errno.ENOSPC, "no space left in the pool (only pinned or open files remain)"
-                          if self.registry.live_workers() else "no live workers")
+                raise err(errno.ENOSPC, self.no_room() if self.registry.live_workers() else "no live workers")
             time.sleep(min(0.05, self.cfg.evict_interval_s))
             targets = place()
             if targets:
                 return targets
             if time.monotonic() > deadline:
                 raise err(errno.ENOSPC, "no space left in the pool (eviction did not free space in time)")
+
+    def no_room(self) -> str:
+        """What an ENOSPC says when nothing can be evicted: what holds the space, so a user
+        knows whether to unpin, wait for writers, or add disks.  (Right after a failed big
+        write the space is held by its blocks on their way out, not by pinned files.)"""
+        capacity, _ = self.capacity.pool()
+        writing = pinned = 0
+        policies = Policies(self.conn)
+        for ino, nbytes, open_ in self.conn.execute(
+                "SELECT i.ino, i.replicas * coalesce((SELECT sum(length) FROM blocks b WHERE b.ino = i.ino), 0),"
+                " i.lease_id != 0 OR i.complete = 0 FROM inodes i WHERE (i.mode & ?) = ? AND i.nlink > 0"
+                " AND (i.lease_id != 0 OR i.complete = 0 OR ?)", (_FMT, _REG, policies.any_pins)):
+            if open_:
+                writing += nbytes
+            elif policies.pinned(ino):
+                pinned += nbytes
+        other = max(0, capacity - pinned - writing)
+        return (f"no space left in the pool ({capacity >> 20} MiB on {len(self.registry.live_workers())} live "
+                f"workers) and nothing evictable: {pinned >> 20} MiB in pinned files, {writing >> 20} MiB in "
+                f"files open for writing, {other >> 20} MiB in blocks being written or being freed")
 
     # ------------------------------------------------------------------ ttl
     def sweep_ttl(self) -> int:

@@ -38,6 +38,7 @@ class Worker:
     unreachable_since: float = 0.0   # a client's connection was refused then (offered again after a heartbeat)
     blocks: set[int] = field(default_factory=set)
     pending_deletes: set[int] = field(default_factory=set)
+    deletes_sent: float = 0.0     # when the last delete orders left (its usage shows them after its next heartbeat)
     io_engine: str = ""           # its disk I/O engine ("uring", "threads"), from its registration
     metrics_port: int = 0         # its Prometheus /metrics port on ip, from its registration (0 = off)
 
@@ -210,7 +211,15 @@ class Registry:
             out: list[int] = []
             while w.pending_deletes and len(out) < limit:
                 out.append(w.pending_deletes.pop())
+            w.deletes_sent = time.monotonic()
             return out
+
+    def deletes_in_flight(self) -> bool:
+        """Are freed blocks still counted in some live worker's usage: delete orders not
+        yet sent, or sent and no heartbeat since (the one after them reports the room)?"""
+        with self.lock:
+            return any(w.pending_deletes or w.last_heartbeat <= w.deletes_sent
+                       for w in self.workers.values() if w.live)
 
     def _forget_blocks(self, w: Worker) -> None:
         for b in w.blocks:

@@ -67,6 +67,7 @@ class BlockStore(typing.Protocol):
     def reader_done(self, entry: typing.Any) -> None: ...
     def acquire_read_buffers(self) -> tuple[mmap.mmap, mmap.mmap]: ...
     def mark_corrupt(self, entry: typing.Any, reason: str) -> None: ...
+    def note_full(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class PendingWrite:
             if n < len(self.view):
                 self.writer.store.io.pwrite_full(self.fd, self.view[n:], self.offset + n)
         except OSError as e:
-            raise io_error(e, f"write block {self.writer.block_id}") from None
+            raise self.writer.disk_error(e, "write block") from None
         finally:
             self.view = memoryview(b"")
             if self.close_fd:
@@ -187,6 +188,14 @@ class BlockWriter:
         self._pending.append(pending)
         return pending
 
+    def disk_error(self, e: OSError, what: str) -> CurvineError:
+        """A failed write of this block as the client's error; a full disk also tells the
+        store, whose figures the master must see at once (or it keeps placing blocks here)."""
+        error = io_error(e, f"{what} {self.block_id}")
+        if error.errno == errno.ENOSPC:
+            self.store.note_full()
+        return error
+
     def _keep_tail(self, piece: memoryview, at: int) -> None:
         """Copy the unaligned end of a direct piece aside (zero-padded); written at commit."""
         if self._tail is None:
@@ -205,7 +214,7 @@ class BlockWriter:
             if self._tail_len:
                 self._write_tail(self._tail_len)
         except OSError as e:
-            raise io_error(e, f"write block {self.block_id}") from None
+            raise self.disk_error(e, "write block") from None
 
     def _write_tail(self, length: int) -> None:
         """Write the kept tail at its offset: padded to ALIGN on a direct file (which
@@ -312,7 +321,7 @@ class BlockWriter:
             if sync:
                 self.store.io.fsync(self.fd, datasync=True).result()
         except OSError as e:
-            raise io_error(e, f"finish block {self.block_id}") from None
+            raise self.disk_error(e, "finish block") from None
         finally:
             self._close_tail()
             os.close(self.fd)
@@ -328,13 +337,13 @@ class BlockWriter:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise io_error(e, f"write meta of block {self.block_id}") from None
+            raise self.disk_error(e, "write meta of block") from None
         view = memoryview(meta.encode())
         try:
             fut = self.store.io.write_from(fd, view, 0)
         except OSError as e:
             os.close(fd)
-            raise io_error(e, f"write meta of block {self.block_id}") from None
+            raise self.disk_error(e, "write meta of block") from None
         self._pending.append(PendingWrite(self, fut, view, 0, fd=fd, close_fd=True))
 
     def abort(self) -> None:

@@ -33,7 +33,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, cast
+from typing import Callable, Iterable, Iterator, cast
 
 from curvine_py.common.blockmeta import CHUNK, block_file
 from curvine_py.common.buffers import BufferPool
@@ -141,12 +141,18 @@ class DataDir:
         """The smaller of the configured capacity and what this dir's disk can hold (its
         blocks plus the disk's free room): a dir configured at 400 MiB on a 160 MiB disk
         holds 160 MiB, and the master's eviction must work from that, or writes fail on
-        a pool it thinks a third used."""
-        disk = max(0, self.used + self.reserved + self._disk_room())
+        a pool it thinks a third used.  Reported with used + reserved as the dir's use, it
+        leaves the master the same room as available(): bytes of blocks being written are
+        off the disk's free room already, and promised to them in reserved."""
+        disk = max(0, self.used + self._disk_room())
         return disk if self.configured_capacity is None else min(self.configured_capacity, disk)
 
     def available(self) -> int:
-        room = self._disk_room()
+        """Room for another block: the disk's free room less what blocks being written
+        were promised (their bytes written so far count twice, so this errs low by at most
+        the bytes in flight: two blocks created at once must not both take the last room
+        and fail mid-write), and within the configured capacity."""
+        room = self._disk_room() - self.reserved
         if self.configured_capacity is not None:
             room = min(room, self.configured_capacity - self.used - self.reserved)
         return max(0, room)
@@ -193,6 +199,9 @@ class BlockStore:
                         "not in this kernel: block reads are copied through buffers (\"pread\")")
             self.read_io = "pread"
         self.reuse_files = reuse_files
+        # Called when a block is refused for want of space (the worker's heartbeat, sent at
+        # once: the master's figures lag otherwise, and it keeps placing blocks here).
+        self.on_full: Callable[[], None] = lambda: None
         self.max_free_files = max_free_files
         self.read_pool = BufferPool(READ_STEP, max_buffers=read_buffers)
         self._read_pool_lock = threading.Lock()   # readers take both buffers at once
@@ -293,14 +302,20 @@ class BlockStore:
         rooms = [(d.available(), d) for d in self.dirs]
         fitting = [(room, d) for room, d in rooms if room >= size]
         if not fitting:
+            self.note_full()
             raise CurvineError(errno.ENOSPC, f"no data dir has room for {size} bytes")
         preferred = [(room, d) for room, d in fitting if TIER_INDEX.get(d.tier) == tier]
         return max(preferred or fitting, key=lambda rd: rd[0])[1]
+
+    def note_full(self) -> None:
+        """A block was refused for want of space: tell whoever reports this store's figures."""
+        self.on_full()
 
     def grow_reservation(self, ddir: DataDir, extra: int) -> None:
         """A block outgrew its reservation (its size was unknown at create): ENOSPC if no room."""
         with self._lock:
             if ddir.available() < extra:
+                self.note_full()
                 raise CurvineError(errno.ENOSPC, f"data dir {ddir.path} is full")
             ddir.reserved += extra
 

@@ -43,6 +43,7 @@ RPC_TIMEOUT_S = 10.0
 # The wait after a failed registration or heartbeat (after a whole round of failures, with
 # several masters): 0.2 s doubling to 5 s (docs/worker.md).  The loop itself is no retry
 # but a steady period: only this backoff comes from common/retry.
+KICK_GAP_S = 0.02   # kick() beats this soon (one beat for a burst of refused blocks)
 BACKOFF = Exponential(first_s=0.2, cap_s=5.0)
 
 
@@ -118,6 +119,7 @@ class Heartbeat:
         self.interval_s = 1.0
         self.registered = threading.Event()
         self._stop = threading.Event()
+        self._wake = threading.Event()     # kick(): beat now, not at the end of the interval
         # every call to the master, or to the leader of the masters: also the worker's other
         # calls (UfsMountGet), so one transport to the master(s) per worker process
         self.link = MasterLink(cfg.master, secret, BACKOFF)
@@ -130,6 +132,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=RPC_TIMEOUT_S + 1)
         self.link.close()
 
@@ -155,7 +158,16 @@ class Heartbeat:
                 log.exception("heartbeat failed")
                 failures += 1
                 wait = BACKOFF(failures)
-            self._stop.wait(wait)
+            self._wake.wait(wait)
+            if self._wake.is_set() and not self._stop.is_set():
+                self._stop.wait(KICK_GAP_S)   # kicks in a burst: one beat for them all
+                self._wake.clear()
+
+    def kick(self) -> None:
+        """Beat now: this worker just refused a block for want of space, and until the
+        master has its new figures it goes on placing blocks here (each writer retrying
+        for seconds instead of evicting or failing at once)."""
+        self._wake.set()
 
     def _warn(self, message: str) -> None:
         """Warn at most every 30 s; a master that stays down must not flood the log."""

@@ -116,6 +116,7 @@ class Worker:
                                           on_replicate=self._replicate,
                                           io_engine=self.io_choice.name if self.io_choice else "",
                                           metrics_port=self.metrics.port if self.metrics else 0).start()
+            self.store.on_full = self.heartbeat.kick
         else:
             log.warning("worker.master is empty: standalone mode, no master")
             self._announce(self.data.worker_id)
