@@ -57,13 +57,17 @@ class BlockIO:
 
     def _failed(self, ip: str, port: int, e: OSError) -> None:
         """What a failed connect or exchange says of the worker: one that refused (a killed
-        worker), reset, or did not answer is suspect (tried last); one that refused or
-        reset is also told to the master with the next allocation (take_refused)."""
-        if isinstance(e, TimeoutError) or e.errno in UNREACHABLE:
+        worker), reset, or did not answer (a silent host) is suspect (tried last) and told
+        to the master with the next allocation (take_refused), which then offers it for no
+        new block until it heartbeats again: a silent host costs one connect or data
+        timeout, not one per block."""
+        if isinstance(e, (TimeoutError, ConnectionError)) or e.errno in UNREACHABLE:
             self.pool.mark_suspect(ip, port)
-        if isinstance(e, ConnectionError):
-            with self._refused_lock:
-                self._refused[(ip, port)] = time.monotonic()
+            self._refuse(ip, port)
+
+    def _refuse(self, ip: str, port: int) -> None:
+        with self._refused_lock:
+            self._refused[(ip, port)] = time.monotonic()
 
     def take_refused(self) -> dict[tuple[str, int], float]:
         """The data ports that refused or reset a connection since the last call, with when
@@ -87,7 +91,11 @@ class BlockIO:
         for i, head in enumerate(targets):
             chain = _chain(targets[i + 1:])
             try:
-                return self._send(head, chain, block_id, data, checksum, token, tier), checksum
+                acked = self._send(head, chain, block_id, data, checksum, token, tier)
+                for t in targets[i + 1:]:   # a chain member the head could not reach or store on
+                    if t.worker_id not in acked:
+                        self._refuse(t.ip, t.data_port)
+                return acked, checksum
             except (CurvineError, OSError) as e:
                 last = e if isinstance(e, CurvineError) else CurvineError(e.errno or errno.EIO, str(e))
                 if last.errno == errno.ENOSPC and i + 1 >= len(targets):

@@ -163,20 +163,23 @@ def test_writes_while_a_replica_host_is_cut_finish_and_read_back(net_cluster: Ne
         cl.put_bytes("/w/warm", os.urandom(BLOCK), block_size=BLOCK)
         c.worker_host(CUT).cut()
         try:
-            slowest = 0.0
+            took = []
             written = {}
             for i in range(4):
                 payload = os.urandom(3 * BLOCK + i)
                 t0 = time.monotonic()
                 cl.put_bytes(f"/w/f{i}", payload, block_size=BLOCK)
-                slowest = max(slowest, time.monotonic() - t0)
+                took.append(time.monotonic() - t0)
                 written[f"/w/f{i}"] = payload
             for path, payload in written.items():
                 assert cl.get_bytes(path) == payload
         finally:
             c.worker_host(CUT).restore()
-        print(f"writes during the cut: slowest {slowest:.2f} s")
-        assert slowest < 2 * CALL_LIMIT_S
+        print("writes during the cut: " + ", ".join(f"{t:.2f} s" for t in took))
+        # the first put pays the connect timeouts (client's and the chain head's: 2 x 1.5 s);
+        # the client names the silent worker to the master, which then places no block on it
+        assert took[0] < 2 * CALL_LIMIT_S
+        assert max(took[1:]) < 1.0, took
 
 
 def test_metadata_calls_to_a_cut_master_fail_in_bounded_time(net_cluster: NetCluster) -> None:
