@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from curvine_py.benchmarks import Plan, kv_write
+from curvine_py.cli.bench.workloads import Plan, kv_write
 from curvine_py.common.config import parse_size
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 
 MiB = 1 << 20
 

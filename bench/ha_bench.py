@@ -32,10 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sdk_bench import meta_bench  # noqa: E402  (a sibling script, not a package)
 
-from curvine_py.benchmarks import Plan, kv_read, kv_write, meta_ops  # noqa: E402
+from curvine_py.cli.bench.workloads import Plan, kv_read, kv_write, meta_ops  # noqa: E402
 from curvine_py.cli import output  # noqa: E402
 from curvine_py.common import config as cfgmod  # noqa: E402
-from curvine_py.localcluster import LocalCluster, fuse_available  # noqa: E402
+from curvine_py.cluster.local import LocalCluster, fuse_available  # noqa: E402
 from curvine_py.sdk import Client  # noqa: E402
 
 OPS = ("create", "stat", "rename", "unlink")

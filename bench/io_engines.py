@@ -45,7 +45,7 @@ from curvine_py.cli import output
 from curvine_py.cli.bench import figures as cv_bench_rows
 from curvine_py.common.config import parse_size
 from curvine_py.common.mounttable import is_mounted
-from curvine_py.localcluster import ClusterError, LocalCluster, fuse_available
+from curvine_py.cluster.local import ClusterError, LocalCluster, fuse_available
 
 ENGINES = ("uring", "threads")
 BENCH = Path(__file__).resolve().parent

@@ -140,7 +140,7 @@ def main() -> int:
     cluster, tmp, master_pid = None, None, None
     address, secret = args.master, args.secret
     if address is None:
-        from curvine_py.localcluster import LocalCluster
+        from curvine_py.cluster.local import LocalCluster
         tmp = tempfile.mkdtemp(prefix="meta-rpc-bench-")
         cluster = LocalCluster(tmp, workers=1, die_with_parent=True).start()
         address, secret, master_pid = cluster.master_address, cluster.secret, cluster.master.pid

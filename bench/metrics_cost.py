@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from curvine_py.benchmarks import Plan, drop_caches, kv_read, kv_write, meta_ops
+from curvine_py.cli.bench.workloads import Plan, drop_caches, kv_read, kv_write, meta_ops
 from curvine_py.common.config import parse_size
-from curvine_py.localcluster import LocalCluster
-from curvine_py.processes import free_ports
+from curvine_py.cluster.local import LocalCluster
+from curvine_py.cluster.processes import free_ports
 
 MODES = ("on", "off")
 FIGURES = ("write_GBps", "read_GBps", "stat_per_s", "create_per_s")

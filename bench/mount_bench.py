@@ -129,7 +129,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.dd_mib <= 0 or args.dd_mib % 4 or args.size <= HEADER:
         ap.error("--dd-mib must be a positive multiple of 4, --size larger than the 28-byte header")
-    from curvine_py.localcluster import LocalCluster
+    from curvine_py.cluster.local import LocalCluster
 
     base = Path(tempfile.mkdtemp(prefix="mount-bench-", dir=args.dir or "."))
     cluster = LocalCluster(base / "cluster", workers=2, master_port=None, die_with_parent=True).start()

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from curvine_py.benchmarks import drop_caches
+from curvine_py.cli.bench.workloads import drop_caches
 from curvine_py.common.config import Config, parse_size
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
 
 PATTERN = 64 << 20   # the file repeats one random 64 MiB pattern (it is written once, fast)

@@ -44,7 +44,7 @@ def main() -> int:
     master = args.master
     try:
         if master is None:
-            from curvine_py.localcluster import LocalCluster
+            from curvine_py.cluster.local import LocalCluster
             tmp = tempfile.mkdtemp(prefix="repl-bench-", dir=args.dir or ".")
             cluster = LocalCluster(tmp, workers=2, die_with_parent=True).start()
             master, cfg.cluster.secret = cluster.master_address, cluster.secret

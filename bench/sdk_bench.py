@@ -222,7 +222,7 @@ def main() -> int:
     master, secret = args.master, None
     try:
         if master is None:
-            from curvine_py.localcluster import LocalCluster
+            from curvine_py.cluster.local import LocalCluster
             tmp = tempfile.mkdtemp(prefix="bench-", dir=args.dir or ".")
             cluster = LocalCluster(tmp, workers=2, master_port=None, die_with_parent=True).start()
             master, secret = cluster.master_address, cluster.secret

@@ -85,7 +85,7 @@ def main() -> int:
     if args.size <= 0 or args.runs <= 0:
         ap.error("--size and --runs must be positive")
     from curvine_py import Client
-    from curvine_py.localcluster import LocalCluster
+    from curvine_py.cluster.local import LocalCluster
     tmp = tempfile.mkdtemp(prefix="bench-sc-", dir=args.dir or ".")
     cluster = LocalCluster(tmp, workers=2, master_port=None, die_with_parent=True).start()
     try:

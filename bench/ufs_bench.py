@@ -323,7 +323,7 @@ def daemon_warnings(logs: Path, keep: int = 20) -> dict[str, typing.Any]:
 
 # ---------------------------------------------------------------------- the run
 def run(args: argparse.Namespace, base: Path) -> Figures:
-    from curvine_py.localcluster import LocalCluster
+    from curvine_py.cluster.local import LocalCluster
     from curvine_py.sdk import Client
     from curvine_py.testing.s3servers import SeaweedServer
 

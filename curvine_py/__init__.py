@@ -13,11 +13,11 @@ __all__ = ["Client", "File", "FileStatus", "CurvineError"]
 
 def __getattr__(name: str) -> Any:
     if name in ("Client", "File"):
-        from curvine_py import sdk
-        return getattr(sdk, name)
+        from curvine_py.sdk import client
+        return getattr(client, name)
     if name in ("FileStatus", "StatFs", "BlockLocation", "WorkerRef", "Report", "WorkerReport", "DataDir",
                 "CachePolicy", "MasterInfo"):
-        from curvine_py import results
+        from curvine_py.sdk import results
         return getattr(results, name)
     if name == "CurvineError":
         from curvine_py.common.errors import CurvineError

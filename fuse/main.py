@@ -20,7 +20,7 @@ from pathlib import Path
 from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.common.mounttable import detach, is_mounted
-from curvine_py.processes import pid_alive
+from curvine_py.cluster.processes import pid_alive
 
 if typing.TYPE_CHECKING:
     from curvine_py.client.core import ClientCore

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.common.config import Config
-from curvine_py.localcluster import LocalCluster, log_tail
+from curvine_py.cluster.local import LocalCluster, log_tail
 from curvine_py.worker.ioengine import IoEngine, ProbeResult, liburing_installed
 
 if typing.TYPE_CHECKING:

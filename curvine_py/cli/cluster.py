@@ -1,6 +1,6 @@
 """`cv cluster start|stop|status`: a whole cluster on this machine, for trying things out.
 
-The process management itself is curvine_py.localcluster (shared with the tests); this
+The process management itself is curvine_py.cluster.local (shared with the tests); this
 module turns flags into a LocalCluster, reports progress and failures, and in
 ``--foreground`` mode stays up until SIGINT/SIGTERM, then stops the daemons in order.
 """
@@ -15,12 +15,12 @@ import time
 import typing
 from pathlib import Path
 
-from curvine_py import localcluster as lc
+from curvine_py.cluster import local as lc
 from curvine_py.cli import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Context
 from curvine_py.cli import output
 from curvine_py.common import config as cfgmod
-from curvine_py.metagroup import MasterGroup
-from curvine_py.results import MasterInfo
+from curvine_py.client.metagroup import MasterGroup
+from curvine_py.sdk.results import MasterInfo
 
 DEFAULT_DIR = ".curvine"
 EXIT_NOT_RUNNING = 3  # `status` of a directory with no cluster (the LSB init-script code)

@@ -27,9 +27,9 @@ from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
 
 if typing.TYPE_CHECKING:
-    from curvine_py.results import FileStatus
+    from curvine_py.sdk.results import FileStatus
     from curvine_py.sdk import Client
-    from curvine_py.ufsadmin import UfsFileStatus
+    from curvine_py.sdk.ufsadmin import UfsFileStatus
 
 CHUNK = 4 << 20  # one block: what cat and stdin uploads move per call
 

@@ -12,7 +12,7 @@ from curvine_py.cli import Context
 from curvine_py.common.policy import TIERS, format_ttl
 
 if typing.TYPE_CHECKING:
-    from curvine_py.results import CachePolicy
+    from curvine_py.sdk.results import CachePolicy
 
 
 def _paths(ctx: Context) -> list[str]:

@@ -14,7 +14,7 @@ from curvine_py.cli import Context
 from curvine_py.cli import output
 
 if typing.TYPE_CHECKING:
-    from curvine_py.results import MasterInfo, Report
+    from curvine_py.sdk.results import MasterInfo, Report
 
 
 def master_json(m: "MasterInfo") -> dict[str, typing.Any]:

@@ -1,7 +1,7 @@
 """`cv ufs mount|ls|umount` and `cv load`: the cache in front of S3 and NAS (`cv fs free` is in fs.py).
 
 docs/ufs.md describes the model; these commands are thin over ``Client.ufs``
-(curvine_py/ufsadmin.py).  A bad URI, an unknown option, a missing bucket or wrong
+(curvine_py/sdk/ufsadmin.py).  A bad URI, an unknown option, a missing bucket or wrong
 credentials come back from the master as one line and mount nothing.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from curvine_py.common.errors import CurvineError
 from curvine_py.common.policy import parse_ttl
 
 if typing.TYPE_CHECKING:
-    from curvine_py.ufsadmin import LoadJobStatus
+    from curvine_py.sdk.ufsadmin import LoadJobStatus
 
 
 def _options(pairs: list[str]) -> dict[str, str]:

@@ -1,8 +1,9 @@
 """The VFS: the POSIX file API of the client core, in inodes and file handles.
 
 The mount (``curvine_py.fuse``) hands every kernel request to one method here, and the
-SDK (``curvine_py/sdk.py``) every call on a path.  Policy lives here, not in the adapter: one write state per inode
-shared by every handle of this client (so reads see this client's writes), commits
+SDK (``curvine_py/sdk/client.py``) every call on a path.  Policy lives here, not in the
+adapter: one write state per inode shared by every handle of this client (so reads see
+this client's writes), commits
 on flush (close-to-open), the lease released with the last writer, kernel page-cache
 reuse when a file did not change since it was last opened here.
 

@@ -32,7 +32,7 @@ import grpc
 from curvine_py.csi.common import Cluster, CsiError
 from curvine_py.common.mounttable import MountEntry, mount_at, read_mounts
 from curvine_py.csi.mounts import FUSE_TYPE, MountError, bind, remove_dir, same_device, unmount
-from curvine_py.processes import pid_alive
+from curvine_py.cluster.processes import pid_alive
 
 log = logging.getLogger("curvine.csi")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from curvine_py.localcluster import ClusterError
+from curvine_py.cluster.local import ClusterError
 from curvine_py.testing.netcluster import NetCluster
 from curvine_py.testing.testhosts import (
     SUBNET_PREFIX, Hosts, HostsError, link_up, owner_alive, read_states, pid_alive, reap_stale, teardown_state,

@@ -17,15 +17,15 @@ import time
 import typing
 from pathlib import Path
 
-from curvine_py import clusterports
-from curvine_py.clusterports import PortPlan
+from curvine_py.cluster import ports as clusterports
+from curvine_py.cluster.ports import PortPlan
 from curvine_py.common import config as cfgmod
 from curvine_py.common.mounttable import detach, is_mounted
-from curvine_py.localcluster import (
+from curvine_py.cluster.local import (
     _BOOTSTRAP, DEFAULT_MASTER_PORT, ROLE_MODULES, START_TIMEOUT_S, ClusterError, LocalCluster, log_tail,
 )
 from curvine_py.pb import curvine_pb2
-from curvine_py.processes import ProcessRecord, terminate
+from curvine_py.cluster.processes import ProcessRecord, terminate
 from curvine_py.testing.testhosts import Host, Hosts
 
 if typing.TYPE_CHECKING:

@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from curvine_py.processes import free_ports, log_tail
+from curvine_py.cluster.processes import free_ports, log_tail
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"

@@ -43,8 +43,8 @@ import typing
 from pathlib import Path
 
 from curvine_py.common.mounttable import detach, is_mounted
-from curvine_py.localcluster import STATE_FILE
-from curvine_py.processes import _start_ticks, pid_alive
+from curvine_py.cluster.local import STATE_FILE
+from curvine_py.cluster.processes import _start_ticks, pid_alive
 
 STATE_DIR = Path(os.environ.get("CURVINE_TESTHOSTS_DIR", "/run/curvine-testhosts"))
 NETNS_DIR = Path("/var/run/netns")

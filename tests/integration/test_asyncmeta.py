@@ -16,7 +16,7 @@ import trio
 from curvine_py.client.asyncmeta import AsyncMeta, Unreached
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.errors import CurvineError
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
 from tests.conftest import client_config, start_cluster
 

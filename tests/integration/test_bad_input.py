@@ -15,7 +15,7 @@ import pytest
 
 from curvine_py.common import frames
 from curvine_py.common.security import BlockTokens
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 from curvine_py.pb import data_pb2

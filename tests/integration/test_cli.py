@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import LocalCluster, free_ports, pid_alive, port_in_use
+from curvine_py.cluster.local import LocalCluster, free_ports, pid_alive, port_in_use
 
 CV = str(Path(sys.executable).parent / "cv")  # the console script of this venv
 MiB = 1 << 20
@@ -369,7 +369,7 @@ def test_cluster_start_with_a_mount(tmp_path: Path) -> None:
     """--mount starts the mount daemon when it is installed (else says it is not available
     yet and starts without it); stop unmounts before stopping the servers."""
     from curvine_py.common.mounttable import is_mounted
-    from curvine_py.localcluster import fuse_available
+    from curvine_py.cluster.local import fuse_available
     d, mnt = tmp_path / "c", tmp_path / "mnt"
     port = free_port_run(10)  # master P, workers P+2 .. P+5, metrics P+6 .. P+9
     started = run_cv("cluster", "start", "--dir", str(d), "--workers", "2", "--master-port", str(port),

@@ -25,7 +25,7 @@ from curvine_py.csi import DRIVER_NAME
 from curvine_py.csi.controller import CAPACITY_XATTR
 from curvine_py.common.mounttable import MountEntry, read_mounts
 from curvine_py.csi.mounts import FUSE_TYPE
-from curvine_py.localcluster import LocalCluster, log_tail
+from curvine_py.cluster.local import LocalCluster, log_tail
 from curvine_py.pb import csi_pb2 as csi
 from curvine_py.pb import csi_pb2_grpc
 

@@ -14,8 +14,8 @@ import typing
 import pytest
 
 from curvine_py.common.errors import CurvineError
-from curvine_py.localcluster import LocalCluster
-from curvine_py.results import Report
+from curvine_py.cluster.local import LocalCluster
+from curvine_py.sdk.results import Report
 from curvine_py.sdk import Client
 
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config

@@ -18,7 +18,7 @@ from tests.conftest import client_config
 from tests.integration.test_verify_ahead import ONE_BLOCK, lookup
 
 if typing.TYPE_CHECKING:
-    from curvine_py.localcluster import LocalCluster
+    from curvine_py.cluster.local import LocalCluster
 
 MiB = 1 << 20
 

@@ -25,12 +25,12 @@ from curvine_py.common import metaframes as mf
 from curvine_py.common.config import Config
 from curvine_py.common.errors import ConfigError, CurvineError, from_rpc_error
 from curvine_py.common.rpc import channel
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.master.framed import FrameServer
 from curvine_py.master.main import Servers, build_server
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
-from curvine_py.processes import free_ports
+from curvine_py.cluster.processes import free_ports
 from tests.conftest import client_config
 
 SECRET = "frames-test-secret"

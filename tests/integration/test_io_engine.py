@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.worker import ioengine
 from tests.conftest import CV, FORCED_IO_ENGINE, IO_ENGINE_ENV, skip_without_uring, uring_probe
 

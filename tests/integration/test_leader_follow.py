@@ -34,7 +34,7 @@ from curvine_py.master.framed import FrameServer
 from curvine_py.master.main import Servers, build_server
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
-from curvine_py.processes import free_ports
+from curvine_py.cluster.processes import free_ports
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.heartbeat import Heartbeat
 from curvine_py.worker.threadio import ThreadIO

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.common import config as cfgmod
-from curvine_py.localcluster import ClusterError, LocalCluster, pid_alive, read_state, stop_dir
+from curvine_py.cluster.local import ClusterError, LocalCluster, pid_alive, read_state, stop_dir
 
 pytestmark = pytest.mark.timeout(120)
 FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
@@ -143,7 +143,7 @@ def test_stop_dir_stops_a_cluster_started_elsewhere(cluster_factory: Factory) ->
 def test_daemons_die_with_their_launcher(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import json, sys, time
-        from curvine_py.localcluster import LocalCluster
+        from curvine_py.cluster.local import LocalCluster
         c = LocalCluster({str(tmp_path / 'c')!r}, workers=1, extra_master_flags={list(FAST_MASTER_FLAGS)!r},
                          die_with_parent=True)
         c.start(timeout=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import LocalCluster, read_state
+from curvine_py.cluster.local import LocalCluster, read_state
 from curvine_py.sdk import Client
 from tests.conftest import client_config
 from tests.integration.test_cli import free_port_run, ok, run_cv
@@ -124,7 +124,7 @@ def test_a_group_killed_whole_comes_back_with_its_namespace(trio_cluster: LocalC
 
 def test_cv_cluster_start_masters_3(tmp_path: Path) -> None:
     """The documented ports from P: masters P..P+5, workers P+6..P+9, metrics P+10..P+15,
-    Raft P+16..P+18 (curvine_py/clusterports.py)."""
+    Raft P+16..P+18 (curvine_py/cluster/ports.py)."""
     d = tmp_path / "c"
     port = free_port_run(19)
     started = run_cv("cluster", "start", "--dir", str(d), "--masters", "3", "--master-port", str(port),

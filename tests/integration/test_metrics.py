@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.cli.stats import Scrape, scrape
-from curvine_py.localcluster import LocalCluster, fuse_available
+from curvine_py.cluster.local import LocalCluster, fuse_available
 from curvine_py.sdk import Client
 
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config, client_on_host

@@ -23,7 +23,7 @@ from curvine_py.client.reader import FileReader
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import ROOT_INO
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
 from tests.conftest import client_config
 

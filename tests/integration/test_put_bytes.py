@@ -15,7 +15,7 @@ import typing
 import pytest
 
 from curvine_py.common.errors import CurvineError
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
 from tests.conftest import client_config
 from tests.integration.test_eviction import EVICT_FLAGS, payload

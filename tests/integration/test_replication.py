@@ -15,7 +15,7 @@ import pytest
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.cli.stats import scrape
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2, curvine_pb2_grpc
 from tests.conftest import FAST_MASTER_FLAGS, client_config, wait_until
 

@@ -9,7 +9,7 @@ import typing
 
 
 from curvine_py.common import rpc
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc
 from tests.conftest import client_on_host

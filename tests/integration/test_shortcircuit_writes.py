@@ -14,7 +14,7 @@ from collections import Counter
 import xxhash
 
 
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
 from tests.conftest import client_on_host
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.benchmarks import DROP_CACHES_XATTR, drop_caches
+from curvine_py.cli.bench.workloads import DROP_CACHES_XATTR, drop_caches
 from curvine_py.cli.stats import scrape
 from curvine_py.client import staging
 from curvine_py.client.staging import AHEAD_LIMIT
 from curvine_py.client.vfs import VFS
-from curvine_py.localcluster import LocalCluster, fuse_available
+from curvine_py.cluster.local import LocalCluster, fuse_available
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk import Client
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config

@@ -16,7 +16,7 @@ import xxhash
 from curvine_py import Client, CurvineError
 from curvine_py.client.blockstream import BlockStream
 from curvine_py.client.writer import FileWriter
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 
 MiB = 1 << 20
 

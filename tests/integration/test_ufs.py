@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.common.errors import CurvineError
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
 
 from tests.conftest import START_TIMEOUT_S, client_config, client_on_host, start_cluster

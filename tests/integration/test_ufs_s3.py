@@ -41,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from curvine_py.cli.stats import scrape
 from curvine_py.common.errors import CurvineError
-from curvine_py.localcluster import LocalCluster, fuse_available
+from curvine_py.cluster.local import LocalCluster, fuse_available
 from curvine_py.sdk import Client
 
 from tests.conftest import CV, FAST_MASTER_FLAGS, START_TIMEOUT_S, client_config

@@ -19,7 +19,7 @@ from tests.integration.test_shortcircuit import local_block_files
 
 if typing.TYPE_CHECKING:
     from curvine_py.client.shortcircuit import ShortCircuit
-    from curvine_py.localcluster import LocalCluster
+    from curvine_py.cluster.local import LocalCluster
     from curvine_py.sdk import Client
 
 MiB = 1 << 20

@@ -14,7 +14,7 @@ import pytest
 
 from curvine_py.testing import testhosts
 from curvine_py.common.mounttable import is_mounted
-from curvine_py.processes import pid_alive
+from curvine_py.cluster.processes import pid_alive
 from curvine_py.testing.netcluster import NetCluster
 from curvine_py.testing.testhosts import Host, Hosts
 

@@ -32,7 +32,7 @@ import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
 from curvine_py.common.mounttable import is_mounted
-from curvine_py.localcluster import LocalCluster, log_tail
+from curvine_py.cluster.local import LocalCluster, log_tail
 
 
 

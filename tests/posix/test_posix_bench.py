@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py import benchmarks as bm
+from curvine_py.cli.bench import workloads as bm
 
 CV = str(Path(sys.executable).parent / "cv")
 SMALL = ("--files", "3", "--file-size", "1MiB", "--seq-size", "8MiB", "--meta-files", "30")

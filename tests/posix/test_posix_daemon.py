@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.common.mounttable import is_mounted
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

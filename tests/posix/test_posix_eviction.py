@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 
 from tests.conftest import FAST_MASTER_FLAGS, start_cluster
 

@@ -23,7 +23,7 @@ import trio
 
 from curvine_py.fuse.watchdog import Abandoned, Requests, hop
 from curvine_py.common.mounttable import is_mounted
-from curvine_py.localcluster import LocalCluster
+from curvine_py.cluster.local import LocalCluster
 from tests.posix.conftest import Mount, start_mount
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from curvine_py import benchmarks as bm
+from curvine_py.cli.bench import workloads as bm
 from curvine_py.cli.bench import figures, format_value
 
 

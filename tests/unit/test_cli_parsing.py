@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py import clusterports
-from curvine_py import localcluster as lc
+from curvine_py.cluster import ports as clusterports
+from curvine_py.cluster import local as lc
 from curvine_py.cli import Context, output
 from curvine_py.cli import cluster as clustercmd
 from curvine_py.cli import fs as fscmd
@@ -23,7 +23,7 @@ from curvine_py.cli.main import build_parser, main
 from curvine_py.common import config as cfgmod
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
-from curvine_py.results import MasterInfo, Report
+from curvine_py.sdk.results import MasterInfo, Report
 
 
 def parse(*argv: str) -> typing.Any:
@@ -393,7 +393,7 @@ def test_layout_defaults_without_config(tmp_path: Path) -> None:
 
 
 def test_three_masters_port_scheme() -> None:
-    """The documented layout (curvine_py/clusterports.py): one contiguous run from P, no
+    """The documented layout (curvine_py/cluster/ports.py): one contiguous run from P, no
     port given twice; one master keeps the layout it always had."""
     plan = clusterports.documented(3, 2, 8995)
     assert [(m.grpc, m.frame) for m in plan.masters] == [(8995, 8996), (8997, 8998), (8999, 9000)]
@@ -510,7 +510,7 @@ def test_log_tail(tmp_path: Path) -> None:
 
 def test_cli_and_launcher_never_load_server_code() -> None:
     code = ("import sys, curvine_py.cli.main, curvine_py.cli.fs, curvine_py.cli.cluster, "
-            "curvine_py.cli.report, curvine_py.localcluster\n"
+            "curvine_py.cli.report, curvine_py.cluster.local\n"
             "curvine_py.cli.main.build_parser()\n"
             "bad = [m for m in sys.modules if m.startswith(('curvine_py.master', 'curvine_py.worker'))]\n"
             "assert not bad, bad\n")

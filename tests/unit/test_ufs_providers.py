@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.processes import free_ports
+from curvine_py.cluster.processes import free_ports
 from curvine_py.testing.s3servers import S3Server
 from curvine_py.ufs import ObjectInfo, Ufs, UfsError, open_ufs
 

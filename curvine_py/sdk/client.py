@@ -26,10 +26,10 @@ from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import ROOT_INO, SETATTR_ATIME_NOW, SETATTR_MODE, SETATTR_MTIME_NOW, SETATTR_SIZE
-from curvine_py.metagroup import STATUS_TIMEOUT_S, MasterGroup
+from curvine_py.client.metagroup import STATUS_TIMEOUT_S, MasterGroup
 from curvine_py.pb import curvine_pb2 as pb
-from curvine_py.results import BlockLocation, CachePolicy, FileStatus, MasterInfo, Report, StatFs, WorkerRef
-from curvine_py.ufsadmin import UfsAdmin
+from curvine_py.sdk.results import BlockLocation, CachePolicy, FileStatus, MasterInfo, Report, StatFs, WorkerRef
+from curvine_py.sdk.ufsadmin import UfsAdmin
 
 if typing.TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -182,7 +182,7 @@ class Client:
         self.meta = self.core.meta
         self.vfs = VFS(self.core)   # every operation below goes through it, as the mount's do
         self._me = self.meta.identity
-        self.ufs = UfsAdmin(self)   # UFS mounts, load, free (curvine_py/ufsadmin.py)
+        self.ufs = UfsAdmin(self)   # UFS mounts, load, free (curvine_py/sdk/ufsadmin.py)
 
     def __enter__(self) -> "Client":
         return self

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import posixpath
 import stat
-import typing
 from dataclasses import dataclass
 
+from curvine_py.client.metagroup import MasterInfo   # the client core's record, one of the SDK's results
 from curvine_py.pb import curvine_pb2 as pb
 
 
@@ -108,48 +108,6 @@ class WorkerReport:
     last_heartbeat_ms: int
     io_engine: str
     metrics_port: int
-
-
-@dataclass(frozen=True)
-class MasterInfo:
-    """One master of the group as it reports itself (MasterStatus, docs/ha.md), at the
-    address the client knows it by.  role: "leader", "follower", "candidate", or
-    "unreachable" (it did not answer: every number 0).  lag: the leader's commit index
-    minus this master's applied index, how far its namespace is behind; None when no
-    leader answered or this master did not.  A single master is its own leader."""
-    address: str
-    role: str
-    term: int
-    commit_index: int
-    applied_index: int
-    last_log_index: int
-    leader: str          # the leader's client address as this master knows it ("" = none)
-    raft_address: str    # "" = a single master without Raft
-    pid: int
-    ready: bool          # a leader that serves calls
-    lag: int | None
-
-    @classmethod
-    def unreachable(cls, address: str) -> "MasterInfo":
-        return cls(address, "unreachable", 0, 0, 0, 0, "", "", 0, False, None)
-
-    @classmethod
-    def of(cls, address: str, r: pb.MasterStatusReply | None, leader_commit: int | None) -> "MasterInfo":
-        """A master's reply (None: it did not answer) and the leader's commit index."""
-        if r is None:
-            return cls.unreachable(address)
-        lag = max(0, leader_commit - r.applied_index) if leader_commit is not None else None
-        return cls(address, r.role, r.term, r.commit_index, r.applied_index, r.last_log_index,
-                   r.leader, r.raft_address, r.pid, r.ready, lag)
-
-    @classmethod
-    def group(cls, addresses: typing.Sequence[str],
-              replies: typing.Sequence[pb.MasterStatusReply | None]) -> tuple[MasterInfo, ...]:
-        """Every master of a group, its lag measured against the leader's commit index
-        (the leader of the highest term, when an old one has not yet heard of the new)."""
-        leaders = [r for r in replies if r is not None and r.role == "leader"]
-        commit = max(leaders, key=lambda r: r.term).commit_index if leaders else None
-        return tuple(cls.of(a, r, commit) for a, r in zip(addresses, replies))
 
 
 @dataclass(frozen=True)

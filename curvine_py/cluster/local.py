@@ -56,12 +56,12 @@ import time
 import typing
 from pathlib import Path
 
-from curvine_py import clusterports
-from curvine_py.clusterports import MasterPorts, PortPlan
+from curvine_py.cluster import ports as clusterports
+from curvine_py.cluster.ports import MasterPorts, PortPlan
 from curvine_py.common import config as cfgmod
 from curvine_py.common.mounttable import detach, is_mounted
-from curvine_py.metagroup import MasterGroup
-from curvine_py.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
+from curvine_py.client.metagroup import MasterGroup
+from curvine_py.cluster.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
     port_in_use, terminate, wait_dead, wait_stopped,
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from curvine_py.processes import free_ports
+from curvine_py.cluster.processes import free_ports
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ filesystem); it needs no cluster.  The read phase always runs in a fresh process
 same command with ``--phase read``), so nothing the writer process cached can serve it;
 with ``--reader-dir`` that process reads through a second mount, and ``--reader-prefix``
 runs it under another command (e.g. ``nsenter --net=/var/run/netns/h2``: another host).
-The workloads themselves are in curvine_py.benchmarks.
+The workloads themselves are in curvine_py.cli.bench.workloads.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 import typing
 from pathlib import Path
 
-from curvine_py import benchmarks as bm
+from curvine_py.cli.bench import workloads as bm
 from curvine_py.cli import EXIT_OK, CliError, Context, UsageError
 from curvine_py.cli import output
 from curvine_py.common.config import parse_size
