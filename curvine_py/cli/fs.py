@@ -23,6 +23,7 @@ import typing
 
 from curvine_py.cli import output, policy
 from curvine_py.cli import CliError, Context
+from curvine_py.cli.paths import on_path, remote
 from curvine_py.common.config import parse_size
 from curvine_py.common.errors import ConfigError, CurvineError
 
@@ -35,23 +36,6 @@ CHUNK = 4 << 20  # one block: what cat and stdin uploads move per call
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def remote(path: str) -> str:
-    """A namespace path made absolute and normalised ('a//b/' -> '/a/b')."""
-    norm = posixpath.normpath("/" + path.lstrip("/")) if path else "/"
-    return "/" if norm == "//" else norm
-
-
-@contextlib.contextmanager
-def on_path(path: str) -> typing.Iterator[None]:
-    """Attach path to a CurvineError that lacks one, so the error line names the file."""
-    try:
-        yield
-    except CurvineError as e:
-        if e.path is None:
-            raise e.with_path(path) from None
-        raise
 
 
 def exists_as(client: "Client", path: str) -> "FileStatus | None":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typing
 
 from curvine_py.cli import Context
+from curvine_py.cli.paths import on_path, remote
 from curvine_py.common.policy import TIERS, format_ttl
 
 if typing.TYPE_CHECKING:
@@ -16,12 +17,10 @@ if typing.TYPE_CHECKING:
 
 
 def _paths(ctx: Context) -> list[str]:
-    from curvine_py.cli.fs import remote
     return [remote(p) for p in ctx.args.paths]
 
 
 def cmd_pin(ctx: Context) -> int:
-    from curvine_py.cli.fs import on_path
     for path in _paths(ctx):
         with on_path(path):
             ctx.client.pin(path)
@@ -29,7 +28,6 @@ def cmd_pin(ctx: Context) -> int:
 
 
 def cmd_unpin(ctx: Context) -> int:
-    from curvine_py.cli.fs import on_path
     for path in _paths(ctx):
         with on_path(path):
             ctx.client.unpin(path)
@@ -37,7 +35,6 @@ def cmd_unpin(ctx: Context) -> int:
 
 
 def cmd_ttl(ctx: Context) -> int:
-    from curvine_py.cli.fs import on_path, remote
     path = remote(ctx.args.path)
     with on_path(path):
         ctx.client.set_ttl(path, None if ctx.args.ttl in ("none", "off") else ctx.args.ttl)
@@ -45,7 +42,6 @@ def cmd_ttl(ctx: Context) -> int:
 
 
 def cmd_set_tier(ctx: Context) -> int:
-    from curvine_py.cli.fs import on_path, remote
     path = remote(ctx.args.path)
     with on_path(path):
         ctx.client.set_tier(path, None if ctx.args.tier == "any" else ctx.args.tier)

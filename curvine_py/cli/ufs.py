@@ -13,7 +13,7 @@ import time
 import typing
 
 from curvine_py.cli import Context, UsageError, output
-from curvine_py.cli.fs import on_path, remote
+from curvine_py.cli.paths import on_path, remote
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.policy import parse_ttl
 
