@@ -25,14 +25,31 @@
 # checked either way.
 #
 # When the patched build cannot happen (offline, no compiler, checksum mismatch, a patch
-# that no longer applies) the script does not fail: it prints one warning line, installs
-# PyPI's pyfuse3 3.5.0 against the system's libfuse3 (a mount that works without FUSE
-# passthrough, FOPEN_NOFLUSH and 4 MiB requests), and exits 0.  The details are in
-# VENV/pyfuse3-build.log; VENV/opt/pyfuse3-stock marks such an install.
+# that no longer applies, a module that does not load) the script does not fail: it prints
+# one warning line saying why, installs PyPI's pyfuse3 3.5.0 against the system's libfuse3
+# (a mount that works without FUSE passthrough, FOPEN_NOFLUSH and 4 MiB requests), and
+# exits 0.  The details are in VENV/pyfuse3-build.log; VENV/opt/pyfuse3-stock marks such
+# an install.
 #
-# Usage: deploy/build-pyfuse3.sh VENV      (FUSE_MIRROR=BASE to name the Debian mirror)
+# Every pyfuse3 this script builds or keeps is loaded first (`--check` below): its
+# extension module is dlopen()ed with every symbol resolved at once, so a module compiled
+# against libfuse 3.17's headers but linked to the system's 3.14 ("undefined symbol:
+# fuse_session_new_versioned") is never left behind as if it worked.  One that does not
+# load is replaced by the stock one, and that is loaded too; when neither loads, none is
+# left installed (the warning says the mount is unavailable).
+#
+# Usage: deploy/build-pyfuse3.sh VENV           (FUSE_MIRROR=BASE to name the Debian mirror)
+#        deploy/build-pyfuse3.sh --check VENV   does VENV's pyfuse3 load?  One line: which
+#            pyfuse3 (patched or stock) and which libfuse, or why not (exit 1).  With trio
+#            installed (the package's install brings it) this is a real `import pyfuse3`.
 set -euo pipefail
 
+CHECK_ONLY=""
+if [ "${1:-}" = --check ]; then
+  CHECK_ONLY=1
+  shift
+fi
+[ $# -eq 1 ] || { echo "usage: $0 [--check] VENV" >&2; exit 2; }
 VENV=$(realpath "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY="$VENV/bin/python"
@@ -51,6 +68,51 @@ fail() { echo "build-pyfuse3: $*" >&2; exit 1; }
 # trio, comes later, with the package's own install); fails when there is none.
 pyfuse3_so() { "$PY" -c "import importlib.util as u, sys; s = u.find_spec('pyfuse3'); sys.exit(s is None or print(s.origin))"; }
 
+# Does the installed pyfuse3 load?  Without trio, its extension module is dlopen()ed by the
+# venv's python with RTLD_NOW: every symbol resolved now, against the libfuse it finds (the
+# Python C-API's symbols are those of the process), as an import would, without running it.
+# With trio, `import pyfuse3` itself.  Prints which pyfuse3 and libfuse, or (exit 1) why not.
+pyfuse3_loads() {
+  "$PY" - <<'PYEOF'
+import ctypes, importlib.util, os, sys
+spec = importlib.util.find_spec("pyfuse3")
+if spec is None or not spec.origin:
+    sys.exit("no pyfuse3 is installed")
+so = spec.origin
+try:
+    ctypes.CDLL(so, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+except OSError as e:
+    # "<so>: undefined symbol: fuse_session_new_versioned" -> the part after the path
+    msg = str(e)
+    sys.exit("pyfuse3 does not load: " + (msg[len(so) + 2:] if msg.startswith(so + ": ") else msg))
+how = "loads"
+if importlib.util.find_spec("trio") is not None:
+    try:
+        import pyfuse3
+    except Exception as e:
+        sys.exit(f"import pyfuse3 fails: {type(e).__name__}: {e}")
+    how = "imports"
+libfuse = "?"
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        path = line.split()[-1]
+        if "/libfuse3.so" in path:
+            libfuse = path
+            break
+kind = "patched" if b"session_fd_number" in open(so, "rb").read() else "stock"
+print(f"pyfuse3 {how} ({kind}, libfuse {libfuse})")
+PYEOF
+}
+
+if [ -n "$CHECK_ONLY" ]; then
+  if out=$(pyfuse3_loads 2>&1); then
+    echo "build-pyfuse3: $out"
+    exit 0
+  fi
+  echo "build-pyfuse3: $VENV: $(tail -n 1 <<<"$out")" >&2
+  exit 1
+fi
+
 # ---------------------------------------------------------------- the fallback (the parent)
 # The patched build runs as a child of this script with errexit; when it fails, the
 # parent installs the stock pyfuse3 instead.
@@ -63,22 +125,42 @@ if [ "${BUILD_PYFUSE3_STAGE:-}" != patched ]; then
   fi
   why=$(sed -n 's/^build-pyfuse3: //p' "$LOG" | tail -n 1)
   why=${why:-"the build failed"}
-  touch "$STOCK_MARK"
+  # a pyfuse3 is there already (an earlier build, patched or not, or the one the failed
+  # build installed): kept only when it loads
   if pyfuse3_so >/dev/null 2>&1; then
-    # a pyfuse3 is there already (an earlier build, patched or not): keep it
-    :
-  elif ! "$PY" -m pip install -q --no-deps "pyfuse3==$PYFUSE3_VERSION" >>"$LOG" 2>&1; then
-    echo "warning: pyfuse3 not built ($why; stock pyfuse3 $PYFUSE3_VERSION failed too; log: $LOG):" \
-         "no FUSE mount on this machine (cv mount is unavailable)" >&2
-    exit 0
+    if loaded=$(pyfuse3_loads 2>&1); then
+      echo "$loaded (kept)" >>"$LOG"
+      if [[ $loaded == *"(patched,"* ]]; then
+        echo "warning: patched pyfuse3 not rebuilt ($why; log: $LOG): keeping the one already installed" >&2
+        rm -f "$STOCK_MARK"
+      else
+        echo "warning: patched pyfuse3 not built ($why; log: $LOG): stock pyfuse3 with the" \
+             "system's libfuse3 kept, so FUSE passthrough and 4 MiB requests are off" >&2
+        touch "$STOCK_MARK"
+      fi
+      exit 0
+    fi
+    why="$why; the installed $(tail -n 1 <<<"$loaded")"
+    echo "build-pyfuse3: $why" >>"$LOG"
   fi
-  if so=$(pyfuse3_so 2>/dev/null) && grep -q session_fd_number "$so"; then
-    echo "warning: patched pyfuse3 not rebuilt ($why; log: $LOG): keeping the one already installed" >&2
-    rm -f "$STOCK_MARK"
+  touch "$STOCK_MARK"
+  # PyPI's pyfuse3, built against the system's libfuse3
+  if "$PY" -m pip install -q --force-reinstall --no-deps "pyfuse3==$PYFUSE3_VERSION" >>"$LOG" 2>&1; then
+    if loaded=$(pyfuse3_loads 2>&1); then
+      echo "$loaded" >>"$LOG"
+      echo "warning: patched pyfuse3 not built ($why; log: $LOG): stock pyfuse3 $PYFUSE3_VERSION with the" \
+           "system's libfuse3, so FUSE passthrough and 4 MiB requests are off" >&2
+      exit 0
+    fi
+    stock="stock pyfuse3 $PYFUSE3_VERSION installed but $(tail -n 1 <<<"$loaded")"
   else
-    echo "warning: patched pyfuse3 not built ($why; log: $LOG): stock pyfuse3 $PYFUSE3_VERSION with the" \
-         "system's libfuse3, so FUSE passthrough and 4 MiB requests are off" >&2
+    stock="stock pyfuse3 $PYFUSE3_VERSION failed too"
   fi
+  echo "build-pyfuse3: $stock" >>"$LOG"
+  # nothing that cannot load is left behind: the install then goes on without [fuse]
+  "$PY" -m pip uninstall -q -y pyfuse3 >>"$LOG" 2>&1 || true
+  echo "warning: pyfuse3 not built ($why; $stock; log: $LOG):" \
+       "no FUSE mount on this machine (cv mount is unavailable)" >&2
   exit 0
 fi
 
@@ -152,7 +234,9 @@ fetch_libfuse() {
     fi
     echo "build-pyfuse3: checksum mismatch for $url" >&2
   done
-  if [ -z "$tried" ]; then
+  if [ -z "$tried" ] && [ -n "${FUSE_MIRROR:-}" ]; then
+    fail "FUSE_MIRROR ($FUSE_MIRROR) is not an http or https URL to fetch libfuse $FUSE_VERSION from"
+  elif [ -z "$tried" ]; then
     fail "no Debian mirror (http or https) in apt's sources to fetch libfuse $FUSE_VERSION from"
   fi
   fail "cannot download libfuse $FUSE_VERSION with the right sha256 from:$tried"
@@ -188,7 +272,9 @@ if [ ! -e "$PREFIX/lib/libfuse3.so.4" ] || [ ! -e "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-"$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "pyfuse3==$PYFUSE3_VERSION" \
+# --no-binary for pyfuse3 only: with :all:, pip builds the sdist's own build requirements
+# (Cython, setuptools) from source to read its metadata, ~3 minutes on 2 cores for nothing.
+"$PY" -m pip download -q --no-deps --no-binary pyfuse3 -d "$work" "pyfuse3==$PYFUSE3_VERSION" \
   || fail "cannot download pyfuse3 $PYFUSE3_VERSION's source"
 echo "$PYFUSE3_SHA256  $work/pyfuse3-$PYFUSE3_VERSION.tar.gz" | sha256sum -c --quiet - \
   || fail "checksum mismatch for pyfuse3 $PYFUSE3_VERSION"
@@ -196,9 +282,18 @@ tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
 src="$work/pyfuse3-$PYFUSE3_VERSION"
 patch -s -p1 -d "$src" < "$PATCH" || fail "cannot apply $PATCH"
 rm -f "$src/src/pyfuse3/__init__.c"     # generated from the patched .pyx instead
-PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
+# pkg-config gives "-I$PREFIX/include/fuse3" and "-L$PREFIX/lib -lfuse3", but setuptools
+# puts those -L/-l after its own library_dirs, and a Python built as a shared library
+# (Debian's python3, so the image's) adds its LIBDIR there: /usr/lib/x86_64-linux-gnu.
+# There -lfuse3 finds the system's libfuse3.so (libfuse3-dev, 3.14: libfuse3.so.3) before
+# ours, and the module, compiled against 3.17's headers, is linked to 3.14 and cannot load
+# (undefined symbol: fuse_session_new_versioned).  LDFLAGS come first on the link line.
+PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-L$PREFIX/lib -Wl,-rpath,$PREFIX/lib" \
   "$PY" -m pip install -q --force-reinstall --no-deps "$src" || fail "cannot build the patched pyfuse3"
-# The module is the patched one and finds this libfuse.
+# The module is the patched one, finds this libfuse and loads.
 so=$(pyfuse3_so) || fail "the patched pyfuse3 is not installed"
 grep -q session_fd_number "$so" || fail "the installed pyfuse3 is not the patched one"
-ldd "$so" | grep -q "$PREFIX/lib/libfuse3.so" || fail "the patched pyfuse3 does not load libfuse from $PREFIX"
+ldd "$so" | grep -q "$PREFIX/lib/libfuse3.so" \
+  || fail "the patched pyfuse3 does not load libfuse from $PREFIX ($(ldd "$so" | grep -o 'libfuse3[^ ]* => [^ ]*' || echo 'no libfuse3'))"
+loaded=$(pyfuse3_loads 2>&1) || fail "the patched $(tail -n 1 <<<"$loaded")"
+echo "build-pyfuse3: $loaded"

@@ -186,6 +186,7 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
     import pyfuse3
 
     from curvine_py.client.asyncmeta import AsyncMeta
+    from curvine_py.client.mount.policy import MountOpens
     from curvine_py.client.vfs import VFS
     from curvine_py.fuse.ops import CurvineOps
 
@@ -194,7 +195,7 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
         return None
     real = os.path.realpath(mountpoint)
     try:
-        vfs = VFS(core, subdir)
+        vfs = VFS(core, subdir, MountOpens(core))
     except CurvineError as e:   # the subdir is missing or not a directory: say so, mount nothing
         log.error("--subdir %s: %s", subdir, e.strerror)
         _notify(ready_fd, f"--subdir {subdir}: {e.strerror} in the pool")

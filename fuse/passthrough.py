@@ -11,7 +11,7 @@ for byte, so its open is answered with that file, verified first
 block file somebody has open (``worker/blockstore.unshared``), so the bytes the kernel
 reads stay those that were verified.  A file with no replica here is answered the same
 way with a copy of its block fetched into memory first (``fuse.stage_remote``,
-client/staging.py), made at start when that is on.
+client/mount/staging.py), made at start when that is on.
 
 The kernel's rules (fs/fuse/iomode.c) this module keeps:
 
@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable
 import pyfuse3
 import trio
 
-from curvine_py.client import staging
+from curvine_py.client.mount.policy import MountOpens
 from curvine_py.client.vfs import VFS, Opened, opens_for_writing
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,6 @@ def start(vfs: VFS, run: Run) -> Passthrough | None:
     enabled = getattr(pyfuse3, "passthrough_enabled", None)
     if enabled is None or not enabled():
         return None
-    vfs.local.enabled = True
-    vfs.core.executor.submit(vfs.local.warm)
-    if vfs.core.cfg.fuse.stage_remote:
-        vfs.stage = staging.start(vfs.core)
+    if isinstance(vfs.opens, MountOpens):   # (always, in a mount)
+        vfs.opens.start_passthrough()
     return Passthrough(vfs, pyfuse3.session_fd_number(), run)

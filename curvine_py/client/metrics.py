@@ -83,10 +83,10 @@ class ClientCollector(Collector):
         yield GaugeMetricFamily("curvine_client_open_files", "Open file handles", value=len(handles))
         yield GaugeMetricFamily("curvine_client_dirty_bytes",
                                 "Bytes written and not yet shipped to workers", value=dirty_bytes(self.vfs))
-        stage = getattr(self.vfs, "stage", None)
+        opens = getattr(self.vfs, "opens", None)   # the mount's OpenPolicy (client/vfs.py)
         yield GaugeMetricFamily("curvine_client_staged_bytes", "Bytes of remote blocks staged in memory for the "
                                 "kernel (fuse.stage_remote; at most fuse.stage_bytes)",
-                                value=stage.staged_bytes if stage is not None else 0)
+                                value=opens.staged_bytes if opens is not None else 0)
 
 
 def dirty_bytes(vfs: typing.Any) -> int:

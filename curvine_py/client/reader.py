@@ -261,7 +261,7 @@ class FileReader:
 
     def adopt(self, idx: int, entry: CachedBlock) -> bool:
         """Take block idx as already fetched (or being fetched) into entry, a buffer of this
-        reader's pool (client/fetchahead.py: fetched when the file was looked up)."""
+        reader's pool (client/mount/fetchahead.py: fetched when the file was looked up)."""
         with self._lock:
             if self._closed or idx in self._cache or idx not in self.blocks:
                 return False

@@ -132,7 +132,7 @@ class ShortCircuit:
         """open_verified's check done ahead of the open (a lookup of a file the kernel is
         likely to read next), so that the open finds the block verified and only opens it;
         its fadvise also starts a cold block's disk read early.  `hasher` computes the
-        chunk sums (client/checker.py, at idle priority); an open that comes meanwhile
+        chunk sums (client/mount/checker.py, at idle priority); an open that comes meanwhile
         calls `lend` and waits for it.  False: not usable."""
         fd = self._open_checked(addr, block, "check", hasher, lend)
         if fd is None:

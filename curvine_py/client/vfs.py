@@ -37,9 +37,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
-from curvine_py.client.fetchahead import FetchAhead
-from curvine_py.client.staging import Staged, StagedBlocks
-from curvine_py.client.localfiles import LocalFiles
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, no_unpin
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
@@ -109,7 +106,7 @@ class Handle:
     reader: FileReader | None = None
     version: int = 0          # InodeState.version the reader was loaded at
     local_block: pb.BlockInfo | None = None   # the file's one block, with a replica here (backing_file)
-    staged: Staged | None = None   # the file's one block, staged in memory for the kernel (client/staging.py)
+    staged: Any = None   # the file's one block, staged in memory for the kernel (client/mount/staging.py)
 
 
 @dataclass(frozen=True)
@@ -122,11 +119,64 @@ class Opened:
     writes: bool = False      # a writing handle: its close(2) commits (FLUSH); no other needs one
 
 
+class OpenPolicy(typing.Protocol):
+    """What a mount adds at lookups and opens (client/mount/policy.py ``MountOpens``):
+    files the kernel reads by itself, blocks fetched ahead, the kernel's cache modes."""
+
+    dir_attr_ttl: float      # how long a directory's attributes from this client's own change stand
+    direct_reads: bool       # FOPEN_DIRECT_IO for complete files read here
+    direct_creates: bool     # ... and for files made here and opened write-only
+
+    @property
+    def one_block(self) -> bool: ...
+    @property
+    def staged_bytes(self) -> int: ...
+    def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None: ...
+    def opened(self, ino: int, reader: FileReader, reply: pb.OpenReply, flags: int,
+               prefetch: bool) -> tuple[pb.BlockInfo | None, Any]: ...
+    def staged_file(self, staged: Any) -> int | None: ...
+    def release(self, staged: Any) -> None: ...
+    def drop_unused(self) -> int: ...
+    def stop_staging(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class SdkOpens:
+    """The SDK's opens: nothing read by a kernel, nothing fetched ahead of an open."""
+
+    dir_attr_ttl = 0.0
+    direct_reads = direct_creates = one_block = False
+    staged_bytes = 0
+
+    def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None:
+        pass
+
+    def opened(self, ino: int, reader: FileReader, reply: pb.OpenReply, flags: int,
+               prefetch: bool) -> tuple[pb.BlockInfo | None, Any]:
+        return None, None
+
+    def staged_file(self, staged: Any) -> int | None:
+        return None
+
+    def release(self, staged: Any) -> None:
+        pass
+
+    def drop_unused(self) -> int:
+        return 0
+
+    def stop_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class VFS:
     """Stateless metadata calls go to the master; open files keep their state here."""
 
-    def __init__(self, core: ClientCore, root: str = "/") -> None:
-        """root: the pool directory the kernel's root inode stands for (`cv mount --subdir`)."""
+    def __init__(self, core: ClientCore, root: str = "/", opens: OpenPolicy | None = None) -> None:
+        """root: the pool directory the kernel's root inode stands for (`cv mount --subdir`);
+        opens: the mount's policy at lookups and opens (client/mount/policy.py), none for the SDK."""
         self.core = core
         self.meta = core.meta
         self.root_ino = self._root_of(root)
@@ -139,12 +189,7 @@ class VFS:
         # kernel asks for a directory's attributes again after every create/unlink in it
         # (it invalidates them), and this answers without another call.
         self._dir_attrs: dict[int, tuple[float, pb.Attr]] = {}
-        self._dir_ttl = core.cfg.fuse.attr_timeout_s
-        self._direct_reads = core.cfg.fuse.direct_io_reads
-        self._direct_creates = core.cfg.fuse.direct_io_creates
-        self.local = LocalFiles(core, core.cfg.fuse.verify_ahead)   # files the kernel may read itself
-        self.ahead = FetchAhead(core) if core.cfg.fuse.fetch_ahead else None   # blocks fetched at lookups
-        self.stage: StagedBlocks | None = None   # set by a mount that stages remote blocks (fuse/passthrough.py)
+        self.opens: OpenPolicy = opens or SdkOpens()
         core.meta.dirs_listener = self._learn_dirs
 
     def _root_of(self, path: str) -> int:
@@ -242,13 +287,9 @@ class VFS:
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         request = self.meta.lookup_request(self._in(parent), name, ident)
-        request.one_block = self.local.wanted or self.ahead is not None
+        request.one_block = self.opens.one_block
         reply = yield "Lookup", request
-        self.local.after_lookup(reply.attr, reply.blocks)
-        if self.stage is not None and self.stage.ahead:   # (fetch_ahead: the kernel reads what is staged)
-            self.stage.after_lookup(reply.attr, reply.blocks)
-        elif self.ahead is not None:
-            self.ahead.after_lookup(reply.attr, reply.blocks)
+        self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
     def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
@@ -267,7 +308,7 @@ class VFS:
         w = self._writer_of(opened.attr.ino)
         if w is not None:
             w.label = f"{path or repr(name)} (inode {opened.attr.ino})"
-        if self._direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
+        if self.opens.direct_creates and flags & os.O_ACCMODE == os.O_WRONLY:
             # A file made here and opened write-only: its bytes go straight from the writer's
             # memory to the mount, without filling page-cache pages first (KV write ~10% faster
             # at less CPU, docs/performance.md).  Nobody can mmap a write-only descriptor, and
@@ -285,7 +326,7 @@ class VFS:
     def cached_dir_attr(self, ino: int) -> pb.Attr | None:
         """A directory's attributes from this client's own recent change of it (no call)."""
         cached = self._dir_attrs.get(ino)
-        if cached is not None and time.monotonic() - cached[0] < self._dir_ttl:
+        if cached is not None and time.monotonic() - cached[0] < self.opens.dir_attr_ttl:
             return cached[1]
         return None
 
@@ -294,7 +335,7 @@ class VFS:
         for a in dirs:
             self._dir_attrs[a.ino] = (now, a)
         if len(self._dir_attrs) > 4096:
-            self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if now - v[0] < self._dir_ttl}
+            self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if now - v[0] < self.opens.dir_attr_ttl}
 
     def setattr(self, ino: int, req: pb.SetAttrRequest, ident: Identity) -> Op[pb.Attr]:
         ino = req.ino = self._in(ino)
@@ -471,10 +512,7 @@ class VFS:
                 st.writers += 1
             elif st.writer is None or st.writer.closed:
                 h.reader = FileReader(self.core, reply)
-                if self.ahead is not None:
-                    self.ahead.hand_over(h.reader)
-                h.local_block = self.local.block_of(reply.attr, reply.blocks, flags)
-                h.staged = self._stage(ino, reply, flags) if h.local_block is None and prefetch else None
+                h.local_block, h.staged = self.opens.opened(ino, h.reader, reply, flags, prefetch)
                 if h.local_block is None and h.staged is None and prefetch:
                     # In the background: it may wait for a free buffer, and the mount's
                     # awaited open runs this on its event loop.
@@ -487,17 +525,9 @@ class VFS:
             # A complete file read here, with no writer here: its bytes cannot change under
             # this handle, so the kernel need not cache them (direct I/O skips filling new
             # page-cache pages, the costliest step of a read through the mount).
-            direct = self._direct_reads and h.reader is not None and reply.attr.complete
+            direct = self.opens.direct_reads and h.reader is not None and reply.attr.complete
         backed = h.local_block is not None or h.staged is not None
         return Opened(h.fh, self.overlay(reply.attr), keep, direct, backed, writer_handle)
-
-    def _stage(self, ino: int, reply: pb.OpenReply, flags: int) -> Staged | None:
-        """The open's use of its block staged for the kernel, if the file qualifies and fits."""
-        stage = self.stage
-        if stage is None:
-            return None
-        block = stage.block_of(reply.attr, reply.blocks, flags)
-        return stage.acquire(ino, block) if block is not None else None
 
     def backing_file(self, fh: int) -> int | None:
         """For a handle opened with Opened.backed: a read-only descriptor of the file the
@@ -506,8 +536,8 @@ class VFS:
         fetched now if it is not yet).  None when that fails, and then the handle reads as
         any other (its blocks are fetched now)."""
         h = self.handle(fh)
-        if h.staged is not None and self.stage is not None:
-            fd = self.stage.file_of(h.staged)
+        if h.staged is not None:
+            fd = self.opens.staged_file(h.staged)
             if fd is None:
                 self.read_normally(fh)
             return fd
@@ -525,8 +555,8 @@ class VFS:
         """The handle's file is not read by the kernel after all: fetch its blocks now."""
         h = self.handle(fh)
         staged, h.staged = h.staged, None
-        if staged is not None and self.stage is not None:
-            self.stage.release(staged)
+        if staged is not None:
+            self.opens.release(staged)
         if (h.local_block is not None or staged is not None) and h.reader is not None:
             h.local_block = None
             self.core.executor.submit(h.reader.prefetch_small)
@@ -535,18 +565,12 @@ class VFS:
         """Drop the block copies this mount keeps beside the kernel's page cache (staged
         blocks, blocks fetched ahead) that nothing uses: what a `drop_caches` leaves
         behind; bytes of staged copies dropped."""
-        dropped = self.stage.drop_unused() if self.stage is not None else 0
-        if self.ahead is not None:
-            while self.ahead.reclaim():
-                pass
-        return dropped
+        return self.opens.drop_unused()
 
     def stop_staging(self) -> None:
         """The kernel takes no backing files after all: stage nothing more (handles holding
-        a staged block read normally; client/staging.py)."""
-        stage, self.stage = self.stage, None
-        if stage is not None:
-            stage.close()
+        a staged block read normally; client/mount/staging.py)."""
+        self.opens.stop_staging()
 
     def open_handles(self, ino: int) -> int:
         """How many handles of ino are open here."""
@@ -768,8 +792,8 @@ class VFS:
                 st.writers -= 1
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
-        if h.staged is not None and self.stage is not None:
-            self.stage.release(h.staged)
+        if h.staged is not None:
+            self.opens.release(h.staged)
         if h.reader is not None:
             if h.reader.idle():
                 h.reader.close()
@@ -798,11 +822,7 @@ class VFS:
                 self.run(self.release(fh))
             except Exception as e:  # best effort at shutdown
                 log.error("release of handle %d at unmount: %s", fh, e)
-        self.local.close()
-        if self.ahead is not None:
-            self.ahead.close()
-        if self.stage is not None:
-            self.stage.close()
+        self.opens.close()
 
 
 def _truncate_and_flush(w: FileWriter, size: int) -> None:

@@ -114,9 +114,9 @@ class FuseConfig:
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
     max_read_ahead: int = 16 * MiB
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
-    verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/localfiles.py)
-    fetch_ahead: bool = False  # a lookup of a one-block file with no replica here fetches it (client/fetchahead.py)
-    stage_remote: bool = False  # such a file is fetched whole into memory and read by the kernel (client/staging.py)
+    verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/mount/)
+    fetch_ahead: bool = False  # a lookup of a one-block file with no replica here fetches it (client/mount/)
+    stage_remote: bool = False  # such a file is fetched whole into memory and read by the kernel (client/mount/)
     stage_bytes: int = 256 * MiB  # memory for staged blocks (stage_remote); a block that does not fit reads normally
     request_timeout_s: float = 60.0  # unanswered this long: EIO, logged with the state (fuse/watchdog.py); 0 = never
     metrics_port: int = 9002      # the mount's /metrics; taken: an ephemeral port (docs/metrics.md); 0 = off

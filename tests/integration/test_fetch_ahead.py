@@ -1,4 +1,4 @@
-"""Blocks fetched at the lookup (client/fetchahead.py, fuse.fetch_ahead) through a real
+"""Blocks fetched at the lookup (client/mount/fetchahead.py, fuse.fetch_ahead) through a real
 local cluster and the mount's own VFS: a lookup of a one-block file with no replica on the
 client's host starts fetching its block, and the open after it reads from that fetch; a
 file of two blocks, one with a replica here, or one rewritten between the lookup and the
@@ -11,11 +11,12 @@ import typing
 
 import pytest
 
-from curvine_py.client.fetchahead import LIMIT
+from curvine_py.client.mount.fetchahead import LIMIT
+from curvine_py.client.mount.policy import MountOpens
 from curvine_py.client.vfs import VFS
 from curvine_py.sdk import Client
 from tests.conftest import client_config
-from tests.integration.test_verify_ahead import ONE_BLOCK, lookup
+from tests.integration.test_verify_ahead import ONE_BLOCK, lookup, opens_of
 
 if typing.TYPE_CHECKING:
     from curvine_py.cluster.local import LocalCluster
@@ -30,7 +31,7 @@ def far_vfs(shared_cluster: "LocalCluster") -> typing.Iterator[VFS]:
     cfg.client.host = "no-worker-here"
     cfg.fuse.fetch_ahead = True
     client = Client(master=shared_cluster.master_address, config=cfg)
-    vfs = VFS(client.core)
+    vfs = VFS(client.core, opens=MountOpens(client.core))
     try:
         yield vfs
     finally:
@@ -39,8 +40,8 @@ def far_vfs(shared_cluster: "LocalCluster") -> typing.Iterator[VFS]:
 
 
 def held(vfs: VFS) -> dict[int, typing.Any]:
-    assert vfs.ahead is not None
-    return dict(vfs.ahead._held)
+    assert opens_of(vfs).ahead is not None
+    return dict(opens_of(vfs).ahead._held)
 
 
 def fetched(vfs: VFS, timeout: float = 10.0) -> None:
@@ -85,7 +86,7 @@ def test_only_one_block_files_without_a_replica_here_are_fetched(shared_cluster:
     cfg.fuse.fetch_ahead = True
     with Client(master=shared_cluster.master_address, config=cfg) as near:
         near.put_bytes(f"{remote_dir}/local", os.urandom(ONE_BLOCK))   # a replica on worker 0's host
-        vfs = VFS(near.core)
+        vfs = VFS(near.core, opens=MountOpens(near.core))
         try:
             for name in ("two", "empty", "d", "local"):
                 lookup(vfs, f"{remote_dir}/{name}")
@@ -117,8 +118,8 @@ def test_what_is_held_is_the_first_lookups_and_given_back(far_vfs: VFS, client: 
     first = {client.core.meta.block_locations(client.stat(f"{remote_dir}/{n}").ino).blocks[0].block_id
              for n in names[:LIMIT]}
     assert set(held(far_vfs)) == first           # the first lookups' blocks: read first, kept
-    assert far_vfs.ahead is not None
-    far_vfs.ahead.close()
+    assert opens_of(far_vfs).ahead is not None
+    opens_of(far_vfs).ahead.close()
     deadline = time.monotonic() + 10
     while pool.stats().free < pool.stats().created and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,4 +1,4 @@
-"""Remote one-block files staged in memory for the kernel (client/staging.py,
+"""Remote one-block files staged in memory for the kernel (client/mount/staging.py,
 fuse.stage_remote), through a real local cluster: the mount's own VFS on a host with no
 worker, then a real mount whose reads of such files the kernel serves from the staged
 copy (FUSE passthrough).  A staged copy holds the block's bytes and nothing else, a file
@@ -20,14 +20,15 @@ import pytest
 
 from curvine_py.cli.bench.workloads import DROP_CACHES_XATTR, drop_caches
 from curvine_py.cli.stats import scrape
-from curvine_py.client import staging
-from curvine_py.client.staging import AHEAD_LIMIT
+from curvine_py.client.mount import staging
+from curvine_py.client.mount.policy import MountOpens
+from curvine_py.client.mount.staging import AHEAD_LIMIT
 from curvine_py.client.vfs import VFS
 from curvine_py.cluster.local import LocalCluster, fuse_available
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk import Client
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
-from tests.integration.test_verify_ahead import lookup
+from tests.integration.test_verify_ahead import lookup, opens_of
 from tests.pyfuse3_features import needs_passthrough
 
 MiB = 1 << 20
@@ -42,10 +43,11 @@ def make_vfs(cluster: LocalCluster, budget: int) -> tuple[Client, VFS]:
     cfg.fuse.stage_remote = True
     cfg.fuse.stage_bytes = budget
     client = Client(master=cluster.master_address, config=cfg)
-    vfs = VFS(client.core)
-    vfs.local.enabled = True
-    vfs.stage = staging.start(client.core)
-    if vfs.stage is None:
+    opens = MountOpens(client.core)
+    vfs = VFS(client.core, opens=opens)
+    opens.local.enabled = True
+    opens.stage = staging.start(client.core)
+    if opens.stage is None:
         vfs.close()
         client.close()
         pytest.skip("no huge-page tmpfs here (fsopen/fsmount refused): nothing is staged")
@@ -63,8 +65,9 @@ def stage_vfs(shared_cluster: LocalCluster) -> typing.Iterator[VFS]:
 
 
 def stage_of(vfs: VFS) -> staging.StagedBlocks:
-    assert vfs.stage is not None
-    return vfs.stage
+    stage = opens_of(vfs).stage
+    assert stage is not None
+    return stage
 
 
 def backing_bytes(vfs: VFS, ino: int) -> bytes | None:

@@ -1,4 +1,4 @@
-"""Checks ahead of the open (client/localfiles.py) through a real local cluster: a
+"""Checks ahead of the open (client/mount/localfiles.py) through a real local cluster: a
 lookup made as the mount makes it asks the master for a one-block file's block
 (LookupRequest.one_block), and a file whose block has a replica on the client's host has
 that block file verified in the background, so the open's check (FUSE passthrough) finds
@@ -12,6 +12,7 @@ import typing
 
 import trio
 
+from curvine_py.client.mount.policy import MountOpens
 from curvine_py.client.vfs import VFS
 from curvine_py.common.types import ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
@@ -47,14 +48,20 @@ def lookup(vfs: VFS, path: str) -> pb.Attr:
 def settled(vfs: VFS, timeout: float = 10.0) -> None:
     """Wait until no check ahead is queued or running."""
     deadline = time.monotonic() + timeout
-    while vfs.local._queued and time.monotonic() < deadline:
+    while opens_of(vfs).local._queued and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not vfs.local._queued, "checks ahead did not finish"
+    assert not opens_of(vfs).local._queued, "checks ahead did not finish"
+
+
+def opens_of(vfs: VFS) -> MountOpens:
+    """The mount's policy of a VFS made as a mount makes it."""
+    assert isinstance(vfs.opens, MountOpens)
+    return vfs.opens
 
 
 def mount_vfs(client: "Client") -> tuple[VFS, "ShortCircuit"]:
-    vfs = VFS(client.core)
-    vfs.local.enabled = True          # as passthrough.start does once the kernel took it
+    vfs = VFS(client.core, opens=MountOpens(client.core))
+    opens_of(vfs).local.enabled = True          # as passthrough.start does once the kernel took it
     sc = client.core.paths.shortcircuit
     assert sc is not None
     return vfs, sc

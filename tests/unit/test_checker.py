@@ -1,4 +1,4 @@
-"""The block checker process (client/checker.py): the chunk sums of an open file, hashed
+"""The block checker process (client/mount/checker.py): the chunk sums of an open file, hashed
 by a child at idle priority, equal the writer's; bad input gets an error, not a hang; a
 child that died is started again."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.client.checker import Checker
+from curvine_py.client.mount.checker import Checker
 from curvine_py.common.blockmeta import CHUNK, BlockHasher, BlockMeta
 
 

@@ -31,6 +31,11 @@ ONLY = {
     "curvine_py/ufs": ("curvine_py.common", "curvine_py.ufs"),
 }
 
+# what only a mount does at lookups and opens: the client core, the SDK, the CLI and the
+# CSI driver never import it (the VFS takes it as an OpenPolicy from fuse/)
+MOUNT_ONLY = "curvine_py.client.mount"
+MOUNT_ONLY_DIR = ROOT / "curvine_py" / "client" / "mount"
+
 # test tooling (moto, SeaweedFS launchers: dev-only packages) never reaches the product
 # (curvine_py/ufs is held to ONLY, which leaves it out too)
 TESTING = ("curvine_py.testing",)
@@ -66,6 +71,13 @@ def violations() -> list[str]:
             for line, mod in imported_modules(path):
                 if banned(mod, ("curvine_py",)) and mod != "curvine_py" and not banned(mod, allowed):
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    for folder in ("curvine_py/client", "curvine_py/sdk", "curvine_py/cli", "curvine_py/csi"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if MOUNT_ONLY_DIR in path.parents:
+                continue
+            for line, mod in imported_modules(path):
+                if banned(mod, (MOUNT_ONLY,)):
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {mod} (only the mount may)")
     return found
 
 

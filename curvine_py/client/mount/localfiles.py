@@ -9,7 +9,7 @@ LMCache looks every chunk of a prompt up before it reads any (one stat each, in 
 order, BRIEF.md), so the lookup is the earliest sign of a read: the mount's lookups ask
 the master for a one-block file's block too (``LookupRequest.one_block``), and a file
 that qualifies has its block file checked in the background (``after_lookup``), hashed
-at idle priority by a helper process (client/checker.py).  The open then finds the
+at idle priority by a helper process (client/mount/checker.py).  The open then finds the
 block verified, or waits for the check already running (lending it normal priority)
 instead of starting another; a cold block's disk read (``fadvise``) starts at the
 lookup too.  The queue is bounded, so a listing of a large directory of chunks costs at
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from curvine_py.client.checker import Checker
+from curvine_py.client.mount.checker import Checker
 from curvine_py.client.core import ClientCore
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from curvine_py.client import metrics
-from curvine_py.client.localfiles import one_block
+from curvine_py.client.mount.localfiles import one_block
 from curvine_py.client.reader import CachedBlock, FileReader, start_fetch
 from curvine_py.pb import curvine_pb2 as pb
 

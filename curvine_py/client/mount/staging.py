@@ -28,7 +28,7 @@ pages with the last reference).  Its bytes are the worker's verified ones
 Memory is bounded by ``fuse.stage_bytes``.  A staged block stays after its last close,
 least recently used first out, so a chunk read again on this host (a prefix reused by
 another request) comes from memory; a block that does not fit is read through the
-mount as before.  Lookups stage much as FetchAhead fetches (client/fetchahead.py): in lookup
+mount as before.  Lookups stage much as FetchAhead fetches (client/mount/fetchahead.py): in lookup
 order, IN_FLIGHT at a time, at most AHEAD_LIMIT waiting for their opens, the oldest making room
 after STALE_S.  Unlike FetchAhead, a lookup that finds no room is remembered (LATER_LIMIT,
 for LATER_S): each open of a staged block lets the next one in, so a reader going through
@@ -53,8 +53,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
-from curvine_py.client.localfiles import one_block
+from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
+from curvine_py.client.mount.localfiles import one_block
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
@@ -140,7 +140,7 @@ class StagedBlocks:
     def block_of(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
         """The file's only block (one_block) if an open of it is staged for the kernel:
         one with no replica here (a local one is read from its block file:
-        client/localfiles.py) that fits the budget."""
+        client/mount/localfiles.py) that fits the budget."""
         block = one_block(attr, blocks, flags)
         if block is None or block.length > self.budget or self.core.paths.local_replica(block) is not None:
             return None

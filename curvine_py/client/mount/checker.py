@@ -1,6 +1,6 @@
 """A helper process that hashes block files for the checks ahead, at idle priority.
 
-A check ahead (client/localfiles.py) is a guess made while the application may still
+A check ahead (client/mount/localfiles.py) is a guess made while the application may still
 be busy with the mount, so it must only use CPU that nobody else wants (SCHED_IDLE).
 A thread of the mount at idle priority would share the mount's GIL: preempted while it
 held the GIL, it stalled every request of the mount until the scheduler ran it again
