@@ -293,7 +293,9 @@ PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-L$PREFIX/lib -Wl,-rpath,$PREFI
 # The module is the patched one, finds this libfuse and loads.
 so=$(pyfuse3_so) || fail "the patched pyfuse3 is not installed"
 grep -q session_fd_number "$so" || fail "the installed pyfuse3 is not the patched one"
-ldd "$so" | grep -q "$PREFIX/lib/libfuse3.so" \
-  || fail "the patched pyfuse3 does not load libfuse from $PREFIX ($(ldd "$so" | grep -o 'libfuse3[^ ]* => [^ ]*' || echo 'no libfuse3'))"
+# (ldd's output taken whole: `ldd | grep -q` under pipefail fails when grep exits first)
+libs=$(ldd "$so") || fail "ldd cannot read $so"
+[[ $libs == *"$PREFIX/lib/libfuse3.so"* ]] \
+  || fail "the patched pyfuse3 does not load libfuse from $PREFIX ($(grep -o 'libfuse3[^ ]* => [^ ]*' <<<"$libs" || echo 'no libfuse3'))"
 loaded=$(pyfuse3_loads 2>&1) || fail "the patched $(tail -n 1 <<<"$loaded")"
 echo "build-pyfuse3: $loaded"
