@@ -16,16 +16,15 @@ import logging
 import os
 import stat
 import time
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import pyfuse3
 import trio
 
 from curvine_py.client import metrics as cmetrics
-from curvine_py.client.asyncmeta import AsyncMeta, Unreached
-from curvine_py.client.metaclient import Identity, attempt_timeout
+from curvine_py.client.asyncmeta import AsyncMeta
+from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, Op, Opened
-from curvine_py.client.writer import FileWriter
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import (
@@ -429,7 +428,7 @@ class CurvineOps(pyfuse3.Operations):
         n = self.vfs.write_nowait(fh, off, buf)   # a copy into a dirty block: no thread hop
         begun = self.vfs.harden_begin(fh) if n is None else None
         if begun is not None:   # a new file's first write: its block ids come meanwhile
-            await self._harden(*begun)
+            await self.meta.harden(*begun)
             n = self.vfs.write_nowait(fh, off, buf)
         if n is None:
             n = await self._write_in_thread(fh, off, buf)
@@ -461,54 +460,6 @@ class CurvineOps(pyfuse3.Operations):
             return
         w.fail(CurvineError(errno.EIO, "a write was given up by the mount's watchdog (fuse.request_timeout_s)"))
         log.error("inode %d: a write request was given up; the file's writer fails from now on", w.ino)
-
-    async def _harden(self, w: FileWriter, req: pb.AllocateBlocksRequest) -> None:
-        """Send the AllocateBlocks that binds a new file's lease before answering its first
-        write (so no other writer's later open can precede it at the master), and take the
-        answer in the background: the write does not wait ~1 ms for it.  A send that does not
-        get through makes the call whole first, as any."""
-        try:
-            answer = await self._send_soon("AllocateBlocks", req)
-        except BaseException as e:
-            w.hardened(None, e)
-            raise
-        trio.lowlevel.spawn_system_task(self._hardened, w, answer, name="harden")
-
-    @staticmethod
-    async def _hardened(w: FileWriter, answer: Callable[[], Awaitable[Any]]) -> None:
-        """A system task: whatever happens, the writer hears of it, and nothing but trio's
-        own cancellation escapes (an exception here would end the mount's loop)."""
-        reply, error = None, None
-        try:
-            reply = await answer()
-        except BaseException as e:   # cancelled too (the mount stopping): nobody may wait for it
-            error = e
-        try:
-            w.hardened(reply, error)
-        except Exception:
-            log.exception("the first block ids of inode %d", w.ino)
-        if error is not None and not isinstance(error, Exception):
-            raise error
-
-    async def _send_soon(self, method: str, request: Any) -> Callable[[], Awaitable[Any]]:
-        """A master call whose request is on its way when this returns; the async function
-        returned gives its reply (a send or reply that did not get through: the whole
-        call, retried, with the same request id)."""
-        try:
-            pending = await self.meta.send(method, request, attempt_timeout(self.vfs.core.cfg.client))
-        except Unreached:
-            done = await self.meta.call(method, request)
-
-            async def answered() -> Any:
-                return done
-            return answered
-
-        async def reply() -> Any:
-            try:
-                return await pending.reply()
-            except Unreached:
-                return await self.meta.call(method, request)
-        return reply
 
     @_fs_errors
     async def flush(self, fh: int) -> None:

@@ -41,6 +41,7 @@ from curvine_py.client.metaclient import MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Failed, Retry
+from curvine_py.pb import curvine_pb2 as pb
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_IDLE = 8            # connections kept open between calls (concurrent calls open more)
@@ -94,6 +95,30 @@ class _Conn:
         cid = self.next_id
         self.next_id = cid + 1 if cid < 0xFFFFFFFF else 1
         return cid
+
+
+class Hardening(typing.Protocol):
+    """A new file's writer waiting for its first block ids (client/writer.py FileWriter)."""
+
+    ino: int
+
+    def hardened(self, reply: typing.Any, error: BaseException | None) -> None: ...
+
+
+async def _hardened(w: Hardening, answer: typing.Callable[[], typing.Awaitable[typing.Any]]) -> None:
+    """A system task: whatever happens, the writer hears of it, and nothing but trio's own
+    cancellation escapes (an exception here would end the mount's loop)."""
+    reply, error = None, None
+    try:
+        reply = await answer()
+    except BaseException as e:   # cancelled too (the mount stopping): nobody may wait for it
+        error = e
+    try:
+        w.hardened(reply, error)
+    except Exception:
+        log.exception("the first block ids of inode %d", w.ino)
+    if error is not None and not isinstance(error, Exception):
+        raise error
 
 
 class AsyncMeta:
@@ -151,6 +176,38 @@ class AsyncMeta:
             conn.sock.close()
             raise Unreached(f"{method}: {e}") from None
         return Pending(self, conn, m, cid, timeout)
+
+    async def send_soon(self, method: str, request: typing.Any) -> typing.Callable[[], typing.Awaitable[typing.Any]]:
+        """A call whose request is on its way when this returns; the async function
+        returned gives its reply (a send or reply that did not get through: the whole
+        call, retried, with the same request id)."""
+        try:
+            pending = await self.send(method, request, attempt_timeout(self._meta.cfg))
+        except Unreached:
+            done = await self.call(method, request)
+
+            async def answered() -> typing.Any:
+                return done
+            return answered
+
+        async def reply() -> typing.Any:
+            try:
+                return await pending.reply()
+            except Unreached:
+                return await self.call(method, request)
+        return reply
+
+    async def harden(self, w: Hardening, request: pb.AllocateBlocksRequest) -> None:
+        """Send the AllocateBlocks that binds a new file's lease before the mount answers
+        its first write (so no other writer's later open can precede it at the master),
+        and take the answer in the background: the write does not wait ~1 ms for it.  A
+        send that does not get through makes the call whole first, as any."""
+        try:
+            answer = await self.send_soon("AllocateBlocks", request)
+        except BaseException as e:
+            w.hardened(None, e)
+            raise
+        trio.lowlevel.spawn_system_task(_hardened, w, answer, name="harden")
 
     def _give_back(self, conn: _Conn, reusable: bool) -> None:
         if reusable and len(self._idle) < MAX_IDLE:
