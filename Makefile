@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # import hook); sed gives the paths it prints back as the folders' own.
 MYPY_LINKS := $(VENV)/mypy-path/curvine_py
 
-.PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean
+.PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean image
 
 # ARGS: more `cv cluster start` flags, e.g. make run ARGS="--master-port 18995 --base-port 19000"
 run: install
@@ -45,6 +45,12 @@ $(STAMP): pyproject.toml deploy/build-pyfuse3.sh deploy/pyfuse3.patch | system-d
 	    $(PY) -m pip uninstall -q -y liburing >>$(VENV)/uring-build.log 2>&1; \
 	    echo "warning: io_uring binding not built: workers use the thread engine (log: $(VENV)/uring-build.log)" >&2; }
 	touch $(STAMP)
+
+# The container image curvine-py:VERSION (deploy/container/Containerfile) with buildah or
+# podman, installed from apt when neither is; from debian:bookworm-slim when a registry is
+# reachable, else from a local debootstrap base (deploy/build-image.sh).  TAG=name:tag to name it.
+image:
+	bash deploy/build-image.sh $(TAG)
 
 # Debian packages the mount needs (fusermount3 to mount; a compiler, curl and patch to build
 # libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh; the compiler also
