@@ -19,6 +19,7 @@ import hmac
 import logging
 import os
 import socket
+import time
 import typing
 
 from google.protobuf.message import DecodeError
@@ -26,7 +27,7 @@ from google.protobuf.message import DecodeError
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError, NotLeader, Unavailable
 from curvine_py.common.frames import send_all
-from curvine_py.common.listener import ConnectionServer
+from curvine_py.common.listener import BACKLOG, ConnectionServer
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -42,13 +43,14 @@ class FrameServer(ConnectionServer):
         self._address = (bind, port)
         lsock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a restarted master rebinds at once
-        super().__init__(lsock, "frames")
+        # a connection holds its socket and its thread's SQLite read connection (db + wal)
+        super().__init__(lsock, "frames", fds_per_conn=3)
 
     def start(self) -> "FrameServer":
         """Bind, listen and start accepting (OSError if the port is taken)."""
         try:
             self._listener.bind(self._address)
-            self._listener.listen(128)
+            self._listener.listen(BACKLOG)
         except OSError:
             self._listener.close()
             raise
@@ -64,28 +66,35 @@ class FrameServer(ConnectionServer):
         """Stop accepting and cut every connection (their threads then exit)."""
         self.close(grace_s=1.0)
 
-    def serve(self, conn: socket.socket, addr: object) -> None:
+    def greet(self, conn: socket.socket) -> bytes:
+        """The hello with a fresh nonce, sent by the accept thread: the connection gets a
+        thread once the client answers (common/listener.py)."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        nonce = os.urandom(mf.NONCE_LEN)
+        conn.sendall(mf.hello(nonce))   # a few bytes into an empty send buffer
+        return nonce
+
+    def serve(self, conn: socket.socket, addr: object) -> None:
+        state = self.conn_of(conn)
+        state.reading()   # the MAC is due: a peer stalled in it may be evicted
         try:
             reader = mf.FrameReader(conn)
-            if self._handshake(conn, reader):
+            if self._handshake(conn, reader, state.greeting):
                 self._loop(conn, reader)
         except (OSError, mf.Closed):
-            pass   # the client went away (or the server is stopping)
-        except Exception:
-            log.exception("frame connection failed")
+            pass   # the client went away (or the server is stopping, or the listener cut it)
+        except Exception as e:   # one line per 10 s, not one per connection
+            self._failures.note("a frame connection failed", e, trace=True)
 
-    def _handshake(self, conn: socket.socket, reader: mf.FrameReader) -> bool:
-        """Hello with a fresh nonce; the client must answer HMAC(secret, nonce)."""
-        nonce = os.urandom(mf.NONCE_LEN)
+    def _handshake(self, conn: socket.socket, reader: mf.FrameReader, nonce: bytes) -> bool:
+        """The client must answer the hello (greet) with HMAC(secret, nonce)."""
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
-        conn.sendall(mf.hello(nonce))
         answer = bytes(reader.fill(mf.MAC_LEN))
         if not hmac.compare_digest(answer, mf.mac(self._secret, nonce)):
             self._refuse(conn)
             return False
-        conn.settimeout(None)   # idle client connections live as long as their thread
+        conn.settimeout(None)   # the listener closes idle and half-open connections (IDLE_S, PARTIAL_S)
         reader.consume(mf.MAC_LEN)   # a request sent right behind the MAC stays in reader
         return True
 
@@ -96,15 +105,23 @@ class FrameServer(ConnectionServer):
         message = mf.refusal("master").encode()
         conn.sendall(mf.reply_header(0, mf.UNAUTHENTICATED, len(message)) + message)
         conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(1.0)
+        deadline = time.monotonic() + 1.0   # a peer that keeps sending is not read forever
         try:
-            while conn.recv(65536):
-                pass
+            while (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
+                if not conn.recv(65536):
+                    break
         except OSError:
             pass
 
     def _loop(self, conn: socket.socket, reader: mf.FrameReader) -> None:
+        state = self.conn_of(conn)
         while True:
+            if reader.end == reader.start:   # nothing of the next request here yet: idle
+                state.waiting()
+                reader.short_of(mf.REQUEST.size)
+                reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
+            state.reading()                  # the rest is due within the listener's PARTIAL_S
             head = reader.fill(mf.REQUEST.size)
             length, call_id, method_id = mf.REQUEST.unpack(head)
             if length < mf.REQUEST_REST:
@@ -113,6 +130,7 @@ class FrameServer(ConnectionServer):
                 self._send(conn, call_id, errno.EINVAL, f"frame of {length} bytes exceeds {mf.MAX_FRAME}".encode())
                 return   # skipping it would mean reading up to 4 GiB of whatever this is
             body = reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]
+            state.working()
             status, payload = self._dispatch(method_id, body)
             reader.consume(mf.LENGTH.size + length)
             self._send(conn, call_id, status, payload)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from curvine_py.common import config, metrics
+from curvine_py.common import config, listener, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
@@ -74,7 +74,7 @@ def build_server(cfg: config.Config) -> Servers:
     frames = start_frames(cfg, service)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.master.rpc_threads,
                                                     thread_name_prefix="rpc"),
-                         options=server_options(),
+                         options=server_options() + listener.grpc_server_options(),
                          interceptors=[SecretCheck(cfg.cluster.secret, "master")])
     pb_grpc.add_MasterServiceServicer_to_server(grpc_servicer(LeaderOnly(service), "MasterService"), server)
     try:

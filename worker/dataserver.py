@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 from curvine_py.common import frames
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
-from curvine_py.common.listener import ConnectionServer
+from curvine_py.common.listener import BACKLOG, ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockfile import BlockReader, FileRange
@@ -149,10 +149,10 @@ class DataServer(ConnectionServer):
         self.ufs: UfsFetcher | None = None   # READs of UFS blocks not here (set by worker/main.py)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
-        listener = socket.create_server((bind, port), backlog=256, reuse_port=False)
+        listener = socket.create_server((bind, port), backlog=BACKLOG, reuse_port=False)
         frames.set_congestion(listener, congestion)   # accepted connections inherit it
         self.address: tuple[str, int] = listener.getsockname()[:2]
-        super().__init__(listener, "data")
+        super().__init__(listener, "data", fds_per_conn=2)   # its socket + a block file or a downstream one
 
     @property
     def port(self) -> int:
@@ -173,21 +173,26 @@ class DataServer(ConnectionServer):
     def serve(self, sock: socket.socket, addr: object) -> None:
         """Serve requests on one connection until the peer closes or breaks the protocol."""
         frames.tune(sock)
+        conn = self.conn_of(sock)
         try:
             while not self.closing:
+                conn.waiting()                       # idle: the listener may evict it
                 sock.settimeout(self.idle_timeout_s)
+                sock.recv(1, socket.MSG_PEEK)        # a request begins (or EOF, which recv_header raises)
+                conn.reading()                       # the header is due within the listener's partial_s
                 h = frames.recv_header(sock)
+                conn.working()
                 sock.settimeout(self.io_timeout_s)
                 self._dispatch(sock, h)
         except frames.ChannelClosed as e:
             if not isinstance(e, _Protocol):
                 log.debug("data connection from %s ended: %s", addr, e)
-            else:
-                log.warning("data connection from %s closed: %s", addr, e)
+            else:   # one line per 10 s, not one per connection of a peer sending garbage
+                self._failures.note("a peer broke the protocol", e)
         except OSError as e:
             log.debug("data connection from %s failed: %s", addr, e)
-        except Exception:
-            log.exception("data connection from %s crashed", addr)
+        except Exception as e:
+            self._failures.note("a data connection crashed", e, trace=True)
 
     def _dispatch(self, sock: socket.socket, h: data_pb2.DataHeader) -> None:
         if h.op == Op.WRITE_OPEN:

@@ -36,7 +36,7 @@ from curvine_py.common import frames
 from curvine_py.common.blockmeta import LEGACY_CHUNK
 from curvine_py.common.buffers import ALIGN
 from curvine_py.common.errors import CurvineError
-from curvine_py.common.listener import ConnectionServer
+from curvine_py.common.listener import BACKLOG, ConnectionServer
 from curvine_py.common.security import BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker import metrics
@@ -61,11 +61,11 @@ class LocalWriteServer(ConnectionServer):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(self.name)
-            listener.listen(64)
+            listener.listen(BACKLOG)   # a burst of connections waits here, not refused (EAGAIN)
         except OSError:
             listener.close()
             raise
-        super().__init__(listener, "local-write")
+        super().__init__(listener, "local-write", fds_per_conn=2)   # its socket + the staging file
         self.blocks = 0   # blocks installed through this path
 
     def start(self) -> "LocalWriteServer":
@@ -73,10 +73,15 @@ class LocalWriteServer(ConnectionServer):
         return self
 
     def serve(self, sock: socket.socket, addr: object) -> None:
+        conn = self.conn_of(sock)
         try:
             while not self.closing:
+                conn.waiting()                       # idle: the listener may evict it
                 sock.settimeout(self.idle_timeout_s)
+                sock.recv(1, socket.MSG_PEEK)        # a request begins (or EOF, which recv_header raises)
+                conn.reading()
                 h = frames.recv_header(sock)
+                conn.working()
                 sock.settimeout(self.io_timeout_s)
                 if h.op != Op.WRITE_OPEN or h.payload_len:
                     frames.reply(sock, errno.EINVAL, f"unexpected op {h.op} on the local write socket")
@@ -84,8 +89,8 @@ class LocalWriteServer(ConnectionServer):
                 self._write(sock, h)
         except (frames.ChannelClosed, OSError) as e:
             log.debug("local write connection ended: %s", e)
-        except Exception:
-            log.exception("local write connection crashed")
+        except Exception as e:   # one line per 10 s, not one per connection
+            self._failures.note("a local write connection crashed", e, trace=True)
 
     def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
         """One block: open a staging file, pass its descriptor, install on commit."""

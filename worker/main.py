@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from curvine_py.common import config, metrics
+from curvine_py.common import config, listener, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.security import SecretCheck
 from curvine_py.common.signals import StopSignals
@@ -165,7 +165,7 @@ class Worker:
         w = self.cfg.worker
         assert self.store is not None and self.data is not None
         self.rpc = grpc.server(ThreadPoolExecutor(max_workers=w.rpc_threads, thread_name_prefix="rpc"),
-                               options=[("grpc.so_reuseport", 0)],
+                               options=[("grpc.so_reuseport", 0), *listener.grpc_server_options()],
                                interceptors=[SecretCheck(self.cfg.cluster.secret, "worker")])
         data = self.data
         service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host,
