@@ -90,6 +90,16 @@ class Replicator:
             if w is not None:
                 self._suspects.update(w.blocks)
 
+    def worker_restarted(self, wid: int) -> None:
+        """wid registered (again): a copy ordered to or from its old process will never be
+        made (its source's push to a dead port failed, silently); order those blocks again
+        now, instead of when the orders expire (order_timeout_s, 15 s)."""
+        with self._lock:
+            dead = [b for b, o in self._orders.items() if wid in (o.source, o.target)]
+            for b in dead:
+                del self._orders[b]
+            self._suspects.update(dead)
+
     def take(self, wid: int) -> list[pb.ReplicateCommand]:
         """Orders for worker wid to carry out (sent in its heartbeat reply)."""
         with self._lock:
@@ -197,9 +207,10 @@ class Replicator:
         """A live worker with room on a host holding no copy, by the ring's order for bid."""
         live = self.registry.live_workers()
         hosts = {w.host for w in live if w.worker_id in holders}
+        refused = self.registry.unreachable()   # a client could not reach it since its last heartbeat
         exclude = frozenset(w.worker_id for w in live
                             if w.host in hosts or w.available < length or bid in w.pending_deletes
-                            or busy.get(("t", w.worker_id), 0) >= PER_TARGET)
+                            or busy.get(("t", w.worker_id), 0) >= PER_TARGET or w.worker_id in refused)
         picked = self.placement.ring().place_block(bid, 1, exclude)
         return picked[0] if picked else None
 

@@ -450,6 +450,7 @@ class MasterService:
             raise err(errno.EINVAL, "registration needs storage_id, ip and data_port")
         result = self.group.submit(RegisterWorker(storage_id=request.storage_id, host=request.host))
         self.registry.register(result["worker_id"], request)
+        self.replicator.worker_restarted(result["worker_id"])
         return pb.RegisterReply(worker_id=result["worker_id"], heartbeat_ms=self.cfg.master.heartbeat_ms)
 
     @handler
