@@ -37,8 +37,12 @@ Handler = typing.Callable[[typing.Any], typing.Any]
 class FrameServer(ConnectionServer):
     """Listens on the frame port and serves MasterService calls until stop()."""
 
-    def __init__(self, service: object, secret: str, bind: str, port: int) -> None:
+    def __init__(self, service: object, secret: str, bind: str, port: int,
+                 thread_done: typing.Callable[[], None] = lambda: None) -> None:
+        """thread_done: called by a connection's thread as it ends (the service closes the
+        SQLite reader that thread opened, instead of leaving its 2 files to the GC)."""
         self._handlers: list[Handler] = [getattr(service, m.name) for m in mf.METHODS]
+        self._thread_done = thread_done
         self._secret = secret
         self._address = (bind, port)
         lsock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
@@ -86,6 +90,8 @@ class FrameServer(ConnectionServer):
             pass   # the client went away (or the server is stopping, or the listener cut it)
         except Exception as e:   # one line per 10 s, not one per connection
             self._failures.note("a frame connection failed", e, trace=True)
+        finally:
+            self._thread_done()
 
     def _handshake(self, conn: socket.socket, reader: mf.FrameReader, nonce: bytes) -> bool:
         """The client must answer the hello (greet) with HMAC(secret, nonce)."""

@@ -125,6 +125,14 @@ class MasterService:
             self._local.ns = ns
         return ns
 
+    def close_thread_reader(self) -> None:
+        """This thread's read connection closed (a frame connection's thread ending): each
+        holds 2 files (the db and its WAL), which the GC would close only some time later."""
+        ns = getattr(self._local, "ns", None)
+        if ns is not None:
+            self._local.ns = None
+            ns.conn.close()
+
     def serving(self) -> None:
         """Let a call through on the ready leader only; a follower answers NotLeader with the
         leader it knows (docs/ha.md).  The first call of a new term first drops what a
