@@ -313,6 +313,8 @@ def test_a_taken_worker_or_metrics_port_moves_to_a_free_one(tmp_path: Path) -> N
     try:
         for port in taken:
             s = socket.socket()
+            # (a connection of an earlier test may have left the port in TIME_WAIT: free to listen on)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
             holders.append(s)
