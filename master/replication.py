@@ -82,11 +82,8 @@ class Replicator:
         """wid's blocks need copies; orders to or from it will never be carried out."""
         w = self.registry.get(wid)
         with self._lock:
-            dead = [b for b, o in self._orders.items() if wid in (o.source, o.target)]
-            for b in dead:
-                del self._orders[b]
+            self._drop_orders_of(wid)
             self._outbox.pop(wid, None)
-            self._suspects.update(dead)
             if w is not None:
                 self._suspects.update(w.blocks)
 
@@ -95,10 +92,14 @@ class Replicator:
         made (its source's push to a dead port failed, silently); order those blocks again
         now, instead of when the orders expire (order_timeout_s, 15 s)."""
         with self._lock:
-            dead = [b for b, o in self._orders.items() if wid in (o.source, o.target)]
-            for b in dead:
-                del self._orders[b]
-            self._suspects.update(dead)
+            self._drop_orders_of(wid)
+
+    def _drop_orders_of(self, wid: int) -> None:
+        """Forget the orders to or from wid and judge their blocks again (caller holds _lock)."""
+        dead = [b for b, o in self._orders.items() if wid in (o.source, o.target)]
+        for b in dead:
+            del self._orders[b]
+        self._suspects.update(dead)
 
     def take(self, wid: int) -> list[pb.ReplicateCommand]:
         """Orders for worker wid to carry out (sent in its heartbeat reply)."""
