@@ -331,6 +331,8 @@ class VFS:
         return None
 
     def _learn_dirs(self, dirs: list[pb.Attr]) -> None:
+        if not self.opens.dir_attr_ttl:   # the SDK keeps none (cached_dir_attr would never answer)
+            return
         now = time.monotonic()
         for a in dirs:
             self._dir_attrs[a.ino] = (now, a)
