@@ -39,7 +39,7 @@ import trio
 from curvine_py.client import metrics
 from curvine_py.client.metaclient import MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.errors import Broken, CurvineError, NoServer, Unreached
 from curvine_py.common.retry import Failed, Retry
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -49,15 +49,6 @@ MAX_IDLE = 8            # connections kept open between calls (concurrent calls 
 
 log = logging.getLogger(__name__)
 Route = tuple[str, int, str]   # (host, frame port, secret)
-
-
-class Unreached(Exception):
-    """This attempt did not reach the master (retried; code is raised when the retries
-    run out: ETIMEDOUT for a timeout, else EHOSTDOWN)."""
-
-    def __init__(self, message: str, code: int = errno.EHOSTDOWN) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class _AsyncReader(mf.FrameReader):
@@ -149,7 +140,7 @@ class AsyncMeta:
         try:
             return await self._retry.acall(self._once, m, timeout, payload)
         except Unreached as e:
-            raise self._meta.unreachable_error(e.code, str(e)) from None
+            raise self._meta.unreachable_error(e) from None
         finally:
             if start:
                 metrics.meta_seconds(method).observe(time.perf_counter() - start)
@@ -174,7 +165,7 @@ class AsyncMeta:
                 await conn.send(mf.request_frame(cid, m.id, payload))
         except (OSError, trio.TooSlowError) as e:
             conn.sock.close()
-            raise Unreached(f"{method}: {e}") from None
+            raise Broken(f"{method}: {e}") from None
         return Pending(self, conn, m, cid, timeout)
 
     async def send_soon(self, method: str, request: typing.Any) -> typing.Callable[[], typing.Awaitable[typing.Any]]:
@@ -225,7 +216,7 @@ class AsyncMeta:
     async def _take(self, timeout: float) -> _Conn:
         where = self._route()
         if where is None:   # not learned yet, or the master moved: GetRing over gRPC, in a thread
-            where = await trio.to_thread.run_sync(self._learn, timeout)
+            where = await trio.to_thread.run_sync(self._meta.learn_route, timeout)
         if where != self._where:          # the master moved (restart on a new port): start over
             self.close()
             self._where = where
@@ -251,18 +242,9 @@ class AsyncMeta:
         except (OSError, mf.Closed, trio.TooSlowError) as e:
             sock.close()
             self._meta.route_failed(port)   # the next attempt asks the master for its port again
-            raise Unreached(f"cannot connect to {host}:{port}: {e}",
-                            errno.ETIMEDOUT if isinstance(e, trio.TooSlowError) else errno.EHOSTDOWN) from None
+            raise NoServer(f"cannot connect to {host}:{port}: {e}",
+                           errno.ETIMEDOUT if isinstance(e, trio.TooSlowError) else errno.EHOSTDOWN) from None
         return conn
-
-    def _learn(self, timeout: float) -> Route:
-        """The frame route from the threads' client, learning it first (a thread: blocks)."""
-        try:
-            return self._meta.learn_route(timeout)
-        except CurvineError as e:
-            if e.errno in (errno.EHOSTDOWN, errno.ETIMEDOUT):
-                raise Unreached(str(e), e.errno) from None
-            raise
 
     # ------------------------------------------------------------------ one exchange
     async def _answer(self, conn: _Conn, m: mf.Method, timeout: float, payload: bytes | None = None,
@@ -278,16 +260,19 @@ class AsyncMeta:
                 reply = await self._receive(conn, m, cid)
                 reusable = True
                 return reply
-            raise Unreached(f"{m.name} took longer than {timeout:g} s", errno.ETIMEDOUT)
+            raise Broken(f"{m.name} took longer than {timeout:g} s", errno.ETIMEDOUT)
         except CurvineError as e:
             reusable = e.errno != errno.EACCES   # an answer; a refused secret closes the connection
             raise
-        except mf.NotLeader as e:   # an answer too: the next attempt goes to the leader, at once
-            reusable = True         # (kept only while the route stays this master's)
-            self._meta.route_not_leader(conn.where[0], conn.where[1], e.leader)
+        except Broken:
+            raise
+        except Unreached as e:   # UNAVAILABLE or NOT_LEADER, an answer too (the connection is kept
+            reusable = True      # while the route stays this master's); a follower's: to the leader, at once
+            if e.leader is not None:
+                self._meta.route_not_leader(conn.where[0], conn.where[1], e.leader)
             raise Unreached(f"{m.name} at {conn.where[0]}:{conn.where[1]}: {e}") from None
-        except (OSError, mf.Closed, mf.Unavailable) as e:
-            raise Unreached(f"{m.name}: {e}") from None
+        except (OSError, mf.Closed) as e:
+            raise Broken(f"{m.name}: {e}") from None
         finally:
             self._give_back(conn, reusable)
 

@@ -5,12 +5,13 @@ receive on the caller's own socket, with no lock, no executor hop and no HTTP/2 
 the master answers each connection's requests one at a time, in order.  Connections
 are made lazily; a thread that ends drops its connection with its thread-local storage.
 
-Failures are sorted for the retry loop in ``metaclient.MasterClient``:
-- ``FrameConnectError``: no frame server could be reached at all (refused, not one of
-  ours): the caller asks the master for its port again (it may have moved);
-- ``FrameUnreachable``: the call may not have been answered (socket error, timeout,
-  the master's UNAVAILABLE, a follower's NOT_LEADER with the leader it names): retried
-  with the same request id;
+Failures are sorted for the retry loop in ``metaclient.MasterClient`` (the family of
+``common/errors.Unreached``):
+- ``NoServer``: no frame server could be reached at all (refused, not one of ours): the
+  caller asks the master for its port again (it may have moved);
+- ``Unreached`` (``Broken`` for a failed connection): the call may not have been
+  answered (socket error, timeout, the master's UNAVAILABLE, a follower's NOT_LEADER
+  with the leader it names): retried with the same request id;
 - ``CurvineError``: the master's answer (an errno, or EACCES for a wrong secret).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typing
 import weakref
 
 from curvine_py.common import metaframes as mf
+from curvine_py.common.errors import Broken, NoServer
 
 CONNECT_TIMEOUT_S = 5.0
 # Like the gRPC channel's keepalive (10 s + 5 s): a master cut off the network fails a call in ~15 s.
@@ -38,29 +40,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-class FrameConnectError(Exception):
-    """No frame server answered at the address (nothing listens, or not our protocol)."""
-
-
-class FrameUnreachable(Exception):
-    """The call may not have been answered; retry it (with the same request id).  leader:
-    not None when a follower answered NOT_LEADER (docs/ha.md): the leader it named, ""
-    when it knew none; the caller then makes the call on another master."""
-
-    def __init__(self, code: int, message: str, leader: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code   # EHOSTDOWN or ETIMEDOUT, raised when the retries run out
-        self.leader = leader
-
-
-class _Broken(Exception):
-    """The connection failed during an exchange; it is closed and not used again."""
-
-    def __init__(self, message: str, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
 
 
 class _Conn:
@@ -108,24 +87,24 @@ class FramedClient:
         return f"FramedClient({self.host}:{self.port})"
 
     def call(self, method: mf.Method, request: typing.Any, timeout: float) -> typing.Any:
-        """One call; raises FrameConnectError, FrameUnreachable or CurvineError."""
+        """One call; raises NoServer, Unreached (Broken) or CurvineError."""
         payload = request.SerializeToString()
         conn, fresh = self._conn(timeout)
         try:
             return self._exchange(conn, method, payload, timeout)
-        except _Broken as e:
+        except Broken as e:
             self._drop(conn)
-            if fresh or e.timed_out:
-                raise FrameUnreachable(errno.ETIMEDOUT if e.timed_out else errno.EHOSTDOWN, str(e)) from None
+            if fresh or e.code == errno.ETIMEDOUT:
+                raise
         # A kept connection found dead (typically: the master restarted since this thread's
         # last call): reconnect at once rather than after a retry back-off.  Resending is
         # safe: a mutation carries its request id, which the master's retry cache knows.
         conn, _ = self._conn(timeout)
         try:
             return self._exchange(conn, method, payload, timeout)
-        except _Broken as e:
+        except Broken:
             self._drop(conn)
-            raise FrameUnreachable(errno.ETIMEDOUT if e.timed_out else errno.EHOSTDOWN, str(e)) from None
+            raise
 
     def close(self) -> None:
         """Close every thread's connection (at shutdown; calls in flight then fail)."""
@@ -153,25 +132,25 @@ class FramedClient:
 
     def _connect(self, timeout: float) -> _Conn:
         if self._closed:
-            raise FrameConnectError(f"{self!r} is closed")
+            raise NoServer(f"{self!r} is closed")
         try:
             sock = socket.create_connection((self.host, self.port), timeout=min(timeout, CONNECT_TIMEOUT_S))
         except OSError as e:
-            raise FrameConnectError(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
+            raise NoServer(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
         try:
             _tune(sock)
             sock.settimeout(timeout)
             reader = mf.FrameReader(sock)
             magic, version, nonce = mf.HELLO.unpack(reader.fill(mf.HELLO.size))
             if magic != mf.MAGIC or version != mf.VERSION:
-                raise FrameConnectError(f"{self.host}:{self.port} is not a curvine frame server "
+                raise NoServer(f"{self.host}:{self.port} is not a curvine frame server "
                                         f"(hello {bytes(magic)!r} v{version})")
             reader.consume(mf.HELLO.size)
             sock.sendall(mf.mac(self._secret, bytes(nonce)))
         except (OSError, mf.Closed) as e:
             sock.close()
-            raise FrameConnectError(f"no hello from {self.host}:{self.port}: {e}") from None
-        except FrameConnectError:
+            raise NoServer(f"no hello from {self.host}:{self.port}: {e}") from None
+        except NoServer:
             sock.close()
             raise
         conn = _Conn(sock, reader, timeout)
@@ -188,12 +167,12 @@ class FramedClient:
             conn.sock.sendall(mf.request_frame(cid, method.id, payload))
             length, got_id, status = mf.REPLY.unpack(conn.reader.fill(mf.REPLY.size))
             if not mf.REPLY_REST <= length <= mf.MAX_FRAME:
-                raise _Broken(f"bad reply frame length {length}")
+                raise Broken(f"bad reply frame length {length}")
             body = conn.reader.fill(mf.LENGTH.size + length)[mf.REPLY.size:]
         except TimeoutError:
-            raise _Broken(f"{method.name} timed out after {timeout:g} s", timed_out=True) from None
+            raise Broken(f"{method.name} timed out after {timeout:g} s", errno.ETIMEDOUT) from None
         except (OSError, mf.Closed) as e:
-            raise _Broken(f"{method.name}: {e}") from None
+            raise Broken(f"{method.name}: {e}") from None
         try:
             return self._result(conn, method, cid, got_id, status, body)
         finally:
@@ -204,14 +183,10 @@ class FramedClient:
         """The reply message, or the error the status stands for (metaframes.reply_of)."""
         if status == mf.UNAUTHENTICATED:
             self._drop(conn)   # the server closes it after the refusal
-        try:
+        try:   # UNAVAILABLE, NOT_LEADER: Unreached, an answer (the connection stays good)
             return mf.reply_of(method, cid, got_id, status, body)
-        except mf.NotLeader as e:   # an answer: the connection stays good, the caller moves on
-            raise FrameUnreachable(errno.EHOSTDOWN, str(e), e.leader) from None
-        except mf.Unavailable as e:
-            raise FrameUnreachable(errno.EHOSTDOWN, str(e)) from None
         except mf.Closed as e:
-            raise _Broken(str(e)) from None
+            raise Broken(str(e)) from None
 
 
 def _tune(sock: socket.socket) -> None:

@@ -37,10 +37,11 @@ from typing import Any, Callable, TypeVar
 import grpc
 
 from curvine_py.client import metrics
-from curvine_py.client.framedclient import FrameConnectError, FramedClient, FrameUnreachable
+from curvine_py.client.framedclient import FramedClient
 from curvine_py.common import metaframes
 from curvine_py.common.config import ClientConfig
-from curvine_py.common.errors import RETRYABLE, ConfigError, CurvineError, from_rpc_error, leader_of
+from curvine_py.common.errors import (RETRYABLE, ConfigError, CurvineError, NoServer, Unreached, from_rpc_error,
+                                     leader_of)
 from curvine_py.common.leader import Leader
 from curvine_py.common.retry import Exponential, Failed, Retry
 from curvine_py.common.rpc import channel
@@ -67,17 +68,6 @@ READ_ONLY = frozenset({"Lookup", "GetAttr", "ResolvePath", "ReadDir", "Readlink"
                        "StatFs", "GetBlockLocations", "GetRing", "Report", "RenewLeases"})
 
 
-class _Unreachable(Exception):
-    """This attempt did not reach the master `at` (or it was not the leader); code is
-    raised when the retries run out."""
-
-    def __init__(self, code: int, details: str, at: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.at = at
-
-
 @dataclass(frozen=True)
 class _PortFailure:
     """The frame port that could not be connected to, and why (for the final error)."""
@@ -87,7 +77,7 @@ class _PortFailure:
 
 
 def _is_unreachable(e: BaseException) -> bool:
-    return isinstance(e, _Unreachable)
+    return isinstance(e, Unreached)
 
 
 class Identity:
@@ -166,20 +156,20 @@ class MasterClient:
         timeout = timeout or attempt_timeout(self.cfg)
         try:
             return self._retry.call(self._attempt, method, request, timeout)
-        except _Unreachable as e:
-            raise self.unreachable_error(e.code, e.details, e.at) from None
+        except Unreached as e:
+            raise self.unreachable_error(e) from None
 
-    def unreachable_error(self, code: int, details: str, at: str = "") -> CurvineError:
+    def unreachable_error(self, e: Unreached) -> CurvineError:
         """The one-line error of a call no master answered until client.retry_s ran out:
         it names the master, or every master of the group and the last one tried."""
         if len(self.masters.addresses) == 1:
-            return CurvineError(code, f"master {self.address} unreachable: {details}")
-        last = f" (last {at}: {details})" if at else f": {details}"
-        return CurvineError(code, f"no master of {self.masters} answered{last}")
+            return CurvineError(e.code, f"master {self.address} unreachable: {e}")
+        last = f" (last {e.at}: {e})" if e.at else f": {e}"
+        return CurvineError(e.code, f"no master of {self.masters} answered{last}")
 
     def _retrying(self, failed: Failed) -> None:
         error = failed.error
-        at = error.at if isinstance(error, _Unreachable) else self.address
+        at = error.at if isinstance(error, Unreached) and error.at else self.address
         log.info("master %s: %s; retrying %s on %s", at, error, failed.args[0], self.masters.current())
 
     def frame_route(self) -> tuple[str, int, str] | None:
@@ -190,12 +180,9 @@ class MasterClient:
 
     def learn_route(self, timeout: float) -> tuple[str, int, str]:
         """frame_route(), asking the master for its frame port first if it is not known
-        (GetRing: blocks; the mount's loop calls this in a thread).  CurvineError, with
-        EHOSTDOWN or ETIMEDOUT when the master could not be reached."""
-        try:
-            frames = self._frames or self._learn_port(timeout)
-        except _Unreachable as e:
-            raise self.unreachable_error(e.code, e.details, e.at) from None
+        (GetRing: blocks; the mount's loop calls this in a thread, and retries it): one
+        attempt, Unreached when the master could not be reached."""
+        frames = self._frames or self._learn_port(timeout)
         return frames.host, frames.port, self._secret
 
     def route_failed(self, port: int) -> None:
@@ -217,20 +204,20 @@ class MasterClient:
 
     # ------------------------------------------------------------------ transport
     def _attempt(self, method: str, request: Any, timeout: float) -> Any:
-        """One try; _Unreachable if the master was not reached, or was not the leader
+        """One try; Unreached if the master was not reached, or was not the leader
         (the next try then goes to the master self.masters names)."""
         for _ in range(2):   # at most: a stale port, then the port the master names now
             frames = self._frames or self._learn_port(timeout)
             try:
                 return frames.call(metaframes.BY_NAME[method], request, timeout)
-            except FrameConnectError as e:
+            except NoServer as e:
                 failed = self._forget(frames, e)
-            except FrameUnreachable as e:
+            except Unreached as e:
                 self._switch(frames.master, e.leader)
-                raise _Unreachable(e.code, str(e), frames.master) from None
+                raise e.on(frames.master) from None
         self._switch(failed.master, None)
-        raise _Unreachable(errno.EHOSTDOWN, f"its metadata port {failed.port} (master.frame_port) does not answer: "
-                                            f"{failed.error}", failed.master)
+        raise Unreached(f"its metadata port {failed.port} (master.frame_port) does not answer: {failed.error}",
+                        at=failed.master)
 
     def _learn_port(self, timeout: float) -> FramedClient:
         """Ask the current master for its frame port: the one call made over gRPC
@@ -245,8 +232,8 @@ class MasterClient:
             except grpc.RpcError as e:
                 if e.code() in RETRYABLE and not _has_errno(e):
                     self._switch(at, leader_of(e))
-                    raise _Unreachable(errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT,
-                                       e.details() or str(e.code()), at) from None
+                    code = errno.EHOSTDOWN if e.code() == grpc.StatusCode.UNAVAILABLE else errno.ETIMEDOUT
+                    raise Unreached(e.details() or str(e.code()), code, at=at) from None
                 raise from_rpc_error(e) from None
             if ring.frame_port == 0:
                 raise CurvineError(errno.EPROTO, f"master {at} serves no framed metadata port, which "
@@ -275,7 +262,7 @@ class MasterClient:
         if frames is not None and frames.master == at:
             self._drop(frames)
 
-    def _forget(self, frames: FramedClient, e: FrameConnectError) -> "_PortFailure":
+    def _forget(self, frames: FramedClient, e: NoServer) -> "_PortFailure":
         """Connecting to the frame port failed: the next attempt asks the master for its
         port again (a master restarted on a new ephemeral port names the new one)."""
         if self._frames is frames and frames.verified:

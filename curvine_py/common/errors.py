@@ -123,6 +123,48 @@ class NotLeader(Unavailable):
         self.leader = leader
 
 
+class Unreached(Exception):
+    """A call the master may not have answered: the clients' one "master unreachable" type.
+
+    Nothing listened, the connection broke or timed out, or the master declined the call
+    (UNAVAILABLE, or a follower's NOT_LEADER).  Every client's retry loop makes the call
+    again, with the same request id (the master's retry cache answers a repeat), until
+    ``client.retry_s`` runs out, and then raises a CurvineError with ``code``.  The
+    servers raise Unavailable and NotLeader above; a client receives either as this.
+
+    code: EHOSTDOWN, or ETIMEDOUT when the attempt timed out.
+    at: the master tried, its gRPC "host:port" ("" when the raiser does not know it).
+    leader: None unless a follower answered NOT_LEADER: the leader it named ("" = none known).
+    """
+
+    def __init__(self, message: str, code: int = errno.EHOSTDOWN, *, at: str = "",
+                 leader: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.at, self.leader = code, at, leader
+
+    @classmethod
+    def not_leader(cls, leader: str) -> "Unreached":
+        """A follower's NOT_LEADER answer, naming leader ("" = none known)."""
+        return cls(f"not the leader; the leader is {leader}" if leader else "not the leader; no leader known",
+                   leader=leader)
+
+    def on(self, at: str) -> "Unreached":
+        """This failure, as one on master `at` (the retry loop's final error names it)."""
+        self.at = at
+        return self
+
+
+class NoServer(Unreached):
+    """Nothing at the frame port took the connection (refused, silent, or not a curvine
+    frame server): the master may have restarted on another port, so the client asks
+    it for the port again before the next attempt."""
+
+
+class Broken(Unreached):
+    """A connection failed in the middle of an exchange (reset, closed, timed out, or a
+    frame that does not fit): it is closed and never used again."""
+
+
 def leader_of(e: grpc.RpcError) -> str | None:
     """The leader a follower named in a failed gRPC call: its address, "" when the follower
     knew none, None when the call did not come from a follower."""

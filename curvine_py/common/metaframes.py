@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
-from curvine_py.common.errors import CurvineError
+from curvine_py.common.errors import CurvineError, Unreached
 from curvine_py.common.frames import LEN
 from curvine_py.common.rpc import MAX_MESSAGE
 from curvine_py.pb import curvine_pb2
@@ -107,23 +107,11 @@ class Closed(ConnectionError):
     """The peer closed the connection (or sent a frame that cannot be parsed)."""
 
 
-class Unavailable(Exception):
-    """The master answered UNAVAILABLE (it cannot answer yet): retry the call."""
-
-
-class NotLeader(Unavailable):
-    """The master is a follower: retry the call on leader ("host:port" of its gRPC port;
-    "" = unknown, try the group's other masters)."""
-
-    def __init__(self, leader: str) -> None:
-        super().__init__(f"not the leader; the leader is {leader}" if leader else "not the leader; no leader known")
-        self.leader = leader
-
-
 def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
     """The reply message a frame carries, or the error its status stands for: the
-    master's answer as CurvineError (an errno; EACCES for a refused secret), Unavailable,
-    or Closed for a frame that does not fit this call (the connection is unusable)."""
+    master's answer as CurvineError (an errno; EACCES for a refused secret), Unreached
+    for the master's UNAVAILABLE or a follower's NOT_LEADER (an answer: the connection
+    stays good), or Closed for a frame that does not fit this call (it is unusable)."""
     if status == UNAUTHENTICATED:
         raise CurvineError(errno.EACCES, bytes(body).decode("utf-8", "replace"))
     if got_id != cid:
@@ -135,9 +123,9 @@ def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryvie
             raise CurvineError(errno.EIO, f"{method.name}: undecodable reply from the master") from None
     message = bytes(body).decode("utf-8", "replace")
     if status == NOT_LEADER:
-        raise NotLeader(message)
+        raise Unreached.not_leader(message)
     if status == UNAVAILABLE:
-        raise Unavailable(message)
+        raise Unreached(message)
     if status > 0:
         raise CurvineError(status, message)
     raise Closed(f"{method.name}: unknown reply status {status}")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from curvine_py.client.asyncmeta import AsyncMeta, Unreached
+from curvine_py.client.asyncmeta import AsyncMeta
+from curvine_py.common.errors import Unreached
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.errors import CurvineError
 from curvine_py.cluster.local import LocalCluster
