@@ -182,7 +182,7 @@ class Client:
         self.meta = self.core.meta
         self.vfs = VFS(self.core)   # every operation below goes through it, as the mount's do
         self._me = self.meta.identity
-        self.ufs = UfsAdmin(self)   # UFS mounts, load, free (curvine_py/sdk/ufsadmin.py)
+        self.ufs = UfsAdmin(self.meta, self.config.ufs)   # UFS mounts, load, free (curvine_py/sdk/ufsadmin.py)
 
     def __enter__(self) -> "Client":
         return self

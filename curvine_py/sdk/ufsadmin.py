@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from curvine_py.client.metaclient import MasterClient
+from curvine_py.common.config import UfsConfig
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
-
-if TYPE_CHECKING:
-    from curvine_py.sdk import Client
 
 
 @dataclass(frozen=True)
@@ -77,40 +76,42 @@ class FreeResult:
 
 @dataclass
 class UfsAdmin:
-    """UFS calls of one Client."""
+    """UFS calls of one Client, over its master client (the SDK's Client needs nothing
+    else of it, so the two modules do not import each other)."""
 
-    client: "Client"
+    meta: MasterClient
+    defaults: UfsConfig          # the [ufs] section: metadata_ttl_s of a mount that names none
     poll_s: float = field(default=0.2)
 
     def mount(self, uri: str, path: str, options: dict[str, str] | None = None, write_mode: str = "through",
               metadata_ttl_s: float | None = None, ttl_s: float = 0) -> UfsMountInfo:
         """Mount uri at path (made if missing; an existing one must be an empty directory)."""
-        ttl = self.client.config.ufs.metadata_ttl_s if metadata_ttl_s is None else metadata_ttl_s
+        ttl = self.defaults.metadata_ttl_s if metadata_ttl_s is None else metadata_ttl_s
         m = pb.UfsMount(path=path, uri=uri, options=options or {}, write_mode=write_mode,
                         metadata_ttl_ms=int(ttl * 1000), ttl_ms=int(ttl_s * 1000))
-        req = pb.UfsMountRequest(caller=self.client.meta.caller(mutation=True), mount=m)
+        req = pb.UfsMountRequest(caller=self.meta.caller(mutation=True), mount=m)
         return UfsMountInfo.of(self._call(path, "UfsMountAdd", req))
 
     def umount(self, path: str, force: bool = False) -> None:
         """Drop the mount and its cache; the UFS is not touched."""
-        req = pb.UfsPathRequest(caller=self.client.meta.caller(mutation=True), path=path, force=force)
+        req = pb.UfsPathRequest(caller=self.meta.caller(mutation=True), path=path, force=force)
         self._call(path, "UfsMountRemove", req)
 
     def mounts(self) -> list[UfsMountInfo]:
-        return [UfsMountInfo.of(m) for m in self.client.meta.call("UfsMountList", pb.Empty()).mounts]
+        return [UfsMountInfo.of(m) for m in self.meta.call("UfsMountList", pb.Empty()).mounts]
 
     def stat(self, path: str) -> UfsFileStatus:
-        req = pb.PathRequest(caller=self.client.meta.caller(), path=path, follow_symlinks=True)
+        req = pb.PathRequest(caller=self.meta.caller(), path=path, follow_symlinks=True)
         r = self._call(path, "UfsStat", req)
         return UfsFileStatus(path, r.attr.size, r.ufs.uri, r.ufs.state, r.ufs.cached_bytes, r.ufs.etag)
 
     def load(self, path: str, recursive: bool = False) -> LoadJobStatus:
         """Start caching path (a tree with recursive); returns the job at its start."""
-        req = pb.LoadRequest(caller=self.client.meta.caller(), path=path, recursive=recursive)
+        req = pb.LoadRequest(caller=self.meta.caller(), path=path, recursive=recursive)
         return LoadJobStatus.of(self._call(path, "Load", req))
 
     def jobs(self, job_id: int = 0) -> list[LoadJobStatus]:
-        reply = self.client.meta.call("LoadStatus", pb.LoadJobRequest(job_id=job_id))
+        reply = self.meta.call("LoadStatus", pb.LoadJobRequest(job_id=job_id))
         return [LoadJobStatus.of(j) for j in reply.jobs]
 
     def wait(self, job_id: int, timeout_s: float | None = None) -> LoadJobStatus:
@@ -124,12 +125,12 @@ class UfsAdmin:
 
     def free(self, path: str, recursive: bool = False) -> FreeResult:
         """Drop the cached blocks of UFS files at path; they stay readable (from the UFS)."""
-        req = pb.FreeRequest(caller=self.client.meta.caller(mutation=True), path=path, recursive=recursive)
+        req = pb.FreeRequest(caller=self.meta.caller(mutation=True), path=path, recursive=recursive)
         r = self._call(path, "Free", req)
         return FreeResult(r.files, r.bytes, r.skipped)
 
     def _call(self, path: str, method: str, request: object) -> Any:
         try:
-            return self.client.meta.call(method, request)
+            return self.meta.call(method, request)
         except CurvineError as e:
             raise e.with_path(path) from None

@@ -91,6 +91,59 @@ def test_no_forbidden_imports() -> None:
     assert violations() == []
 
 
+def module_graph(folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """module -> the modules of the same folders it imports (TYPE_CHECKING imports too:
+    a cycle hidden behind one is still two modules that cannot be read apart)."""
+    mods: dict[str, Path] = {}
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {m: {n for _, n in imported_modules(p) if n in mods and n != m} for m, p in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(comp) > 1:
+                found.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# The client side reads apart: no two of its modules import each other, even through a
+# chain (issue 38 removed cli/fs <-> cli/policy and sdk <-> ufsadmin).
+CLIENT_SIDE = ("curvine_py/client", "curvine_py/sdk", "curvine_py/cli", "curvine_py/cluster",
+               "curvine_py/common", "curvine_py/csi", "curvine_py/ufs", "curvine_py/kv")
+
+
+def test_the_client_side_has_no_import_circles() -> None:
+    assert cycles(module_graph(tuple(f for f in CLIENT_SIDE if (ROOT / f).is_dir()))) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("from curvine_py.worker import blockstore\nimport curvine_py.master.namespace\n")
