@@ -91,6 +91,7 @@ $(LMCACHE_VENV)/.installed: tests/kvclients/lmcache-requirements.txt | install
 # Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
 proto:
 	$(PY) -m grpc_tools.protoc -Icurvine_py/pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/curvine.proto proto/data.proto proto/csi.proto
+	$(PY) proto/gen_methods.py
 
 bench: install
 	$(PY) bench/sdk_bench.py

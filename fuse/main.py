@@ -21,6 +21,7 @@ from curvine_py.common import config, metrics
 from curvine_py.common.errors import ConfigError, CurvineError
 from curvine_py.common.mounttable import detach, is_mounted
 from curvine_py.cluster.processes import pid_alive
+from curvine_py.pb.methods import Master
 
 if typing.TYPE_CHECKING:
     from curvine_py.client.core import ClientCore
@@ -223,7 +224,7 @@ def _reach_master(cfg: config.Config, ready_fd: int | None) -> ClientCore | None
         retry_s = core.meta.cfg.retry_s      # (core.meta.cfg is cfg.client: restore the value itself)
         core.meta.cfg.retry_s = min(retry_s, 10.0)
         try:
-            core.meta.call("StatFs", pb.Empty())
+            core.meta.call(Master.StatFs, pb.Empty())
         finally:
             core.meta.cfg.retry_s = retry_s
     except CurvineError as e:

@@ -25,6 +25,7 @@ from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, Op, Opened
+from curvine_py.client.reader import LentView
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import (
@@ -35,6 +36,7 @@ from curvine_py.fuse import metrics, passthrough
 from curvine_py.fuse.passthrough import Passthrough
 from curvine_py.fuse.watchdog import CURRENT, Abandoned, Request, Requests, hop, landed
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Method
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,11 +102,6 @@ def _close_fd(fd: int | None) -> None:
     """An abandoned passthrough hop's block file descriptor: nobody will hand it to the kernel."""
     if fd is not None:
         os.close(fd)
-
-
-def _unpin(pinned: tuple[memoryview, Callable[[], None]]) -> None:
-    """An abandoned read's view into the block cache: let the cache have it back."""
-    pinned[1]()
 
 
 class CurvineOps(pyfuse3.Operations):
@@ -202,7 +199,7 @@ class CurvineOps(pyfuse3.Operations):
         return e
 
     # ------------------------------------------------------------------ metadata
-    async def _master(self, method: str, request: Any) -> Any:
+    async def _master(self, method: Method[Any, Any], request: Any) -> Any:
         """One master call of a VFS operation: on the loop, over the framed channel
         (client/asyncmeta.py: no thread hop, the client's retries)."""
         return await self.meta.call(method, request)
@@ -406,20 +403,19 @@ class CurvineOps(pyfuse3.Operations):
 
     @_fs_errors
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        pinned = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
-        if pinned is None:   # waits for the bytes (through fetched: else mypy solves _run's T as pinned's Optional)
-            fetched = await self._run(self.vfs.read_view, fh, off, size, discard=_unpin)
-            pinned = fetched
+        lent = self.vfs.view_nowait(fh, off, size)   # already here: no thread hop, no copy
+        if lent is None:   # waits for the bytes (an abandoned wait's late view: released)
+            waited = await self._run(self.vfs.read_view, fh, off, size, discard=LentView.release)
+            lent = waited
         elif self.timed:
             cmetrics.MEMORY_READS.inc()
-            cmetrics.MEMORY_BYTES.inc(len(pinned[0]))
-        view, unpin = pinned
+            cmetrics.MEMORY_BYTES.inc(len(lent.view))
         if self.timed:
-            metrics.READ_BYTES.inc(len(view))
+            metrics.READ_BYTES.inc(len(lent.view))
         # pyfuse3 copies the reply to the kernel right after this returns, within the same
         # trio step; a run_sync_soon callback runs only after that step: the view stays valid.
-        trio.lowlevel.current_trio_token().run_sync_soon(unpin)
-        return view
+        trio.lowlevel.current_trio_token().run_sync_soon(lent.release)
+        return lent.view
 
     @_fs_errors
     async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:

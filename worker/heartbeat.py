@@ -33,6 +33,7 @@ from curvine_py.common.retry import Exponential
 from curvine_py.pb import curvine_pb2
 from curvine_py.worker.blockstore import BlockEntry, BlockStore
 from curvine_py.worker.masterlink import MasterLink
+from curvine_py.pb.methods import Master
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class Heartbeat:
                                           rpc_port=self.rpc_port, data_port=self.data_port,
                                           dirs=data_dirs(self.store), storage_id=self.storage_id,
                                           io_engine=self.io_engine, metrics_port=self.metrics_port)
-        reply = self.link.attempt("RegisterWorker", req, RPC_TIMEOUT_S)
+        reply = self.link.attempt(Master.RegisterWorker, req, RPC_TIMEOUT_S)
         self.worker_id = reply.worker_id
         if reply.heartbeat_ms:
             self.interval_s = reply.heartbeat_ms / 1000.0
@@ -203,7 +204,7 @@ class Heartbeat:
             for i, batch in enumerate(_batches(entries, self.report_batch)):
                 report = curvine_pb2.BlockReport(worker_id=self.worker_id, full=(i == 0),
                                                  added=block_infos(batch))
-                self.link.attempt("ReportBlocks", report, RPC_TIMEOUT_S * 3)
+                self.link.attempt(Master.ReportBlocks, report, RPC_TIMEOUT_S * 3)
         except BaseException:
             self.store.requeue_changes(entries, [])  # the next attempt re-snapshots anyway
             raise
@@ -219,7 +220,7 @@ class Heartbeat:
         req = curvine_pb2.HeartbeatRequest(worker_id=self.worker_id, dirs=data_dirs(self.store),
                                            report=report)
         try:
-            reply = self.link.attempt("Heartbeat", req, RPC_TIMEOUT_S)
+            reply = self.link.attempt(Master.Heartbeat, req, RPC_TIMEOUT_S)
         except BaseException:
             self.store.requeue_changes(added, removed)
             raise

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import grpc
 
@@ -30,6 +29,7 @@ from curvine_py.common import rpc
 from curvine_py.common.errors import ERRNO_KEY, RETRYABLE, leader_of
 from curvine_py.common.leader import Backoff, Leader
 from curvine_py.pb import curvine_pb2_grpc
+from curvine_py.pb.methods import Method, Rep, Req
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,18 @@ class MasterLink:
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, curvine_pb2_grpc.MasterServiceStub]] = {}
 
-    def attempt(self, method: str, request: Any, timeout: float) -> Any:
+    def attempt(self, method: Method[Req, Rep], request: Req, timeout: float) -> Rep:
         """One try of MasterService.<method> on the current master; its grpc.RpcError
         raised as it is, after moving to the master to try next when it says so."""
         at = self.tried = self.masters.current()
         try:
-            return getattr(self._stub(at), method)(request, timeout=timeout)
+            reply: Rep = getattr(self._stub(at), method.name)(request, timeout=timeout)
+            return reply
         except grpc.RpcError as e:
             self._failed(at, e)
             raise
 
-    def call(self, method: str, request: Any, timeout: float) -> Any:
+    def call(self, method: Method[Req, Rep], request: Req, timeout: float) -> Rep:
         """Tries at once, following the leader, until a master answers or a whole round
         of the list failed (then the last grpc.RpcError).  Each try waits at most timeout."""
         failures = 0

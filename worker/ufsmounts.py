@@ -18,13 +18,14 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import grpc
 
 from curvine_py.common.errors import CurvineError, from_rpc_error
 from curvine_py.pb import curvine_pb2
 from curvine_py.ufs.base import Ufs
+from curvine_py.pb.methods import Master, Method, Rep, Req
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class Opener(Protocol):
 class _Master(Protocol):
     """The part of worker/masterlink.py MasterLink the resolver needs."""
 
-    def call(self, method: str, request: Any, timeout: float) -> Any: ...
+    def call(self, method: Method[Req, Rep], request: Req, timeout: float) -> Rep: ...
 
 
 def default_opener(uri: str, options: dict[str, str], timeout_s: float) -> Ufs:
@@ -54,9 +55,7 @@ def master_resolver(master: _Master, timeout_s: float) -> Resolver:
     for an unknown id)."""
     def resolve(mount_id: int) -> curvine_pb2.UfsMount:
         try:
-            reply: curvine_pb2.UfsMount = master.call("UfsMountGet", curvine_pb2.UfsMountIdRequest(mount_id=mount_id),
-                                                      timeout_s)
-            return reply
+            return master.call(Master.UfsMountGet, curvine_pb2.UfsMountIdRequest(mount_id=mount_id), timeout_s)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
     return resolve

@@ -42,6 +42,7 @@ from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import Broken, CurvineError, NoServer, Unreached
 from curvine_py.common.retry import Failed, Retry
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master, Method, Rep, Req
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_IDLE = 8            # connections kept open between calls (concurrent calls open more)
@@ -129,23 +130,22 @@ class AsyncMeta:
                             deadline_s=lambda: meta.cfg.retry_s, before_sleep=self._retrying,
                             async_sleep=trio.sleep)
 
-    async def call(self, method: str, request: typing.Any, timeout: float | None = None) -> typing.Any:
+    async def call(self, method: Method[Req, Rep], request: Req, timeout: float | None = None) -> Rep:
         """The reply to one call, retried as the module says; the master's CurvineError,
         or EHOSTDOWN/ETIMEDOUT once client.retry_s ran out.  Each attempt is sent and
         answered under one timeout (a trio cancel scope costs ~10% of a lookup)."""
-        m = mf.BY_NAME[method]
         payload = request.SerializeToString()
         timeout = timeout or attempt_timeout(self._meta.cfg)
         start = time.perf_counter() if metrics.on else 0.0
         try:
-            return await self._retry.acall(self._once, m, timeout, payload)
+            return typing.cast(Rep, await self._retry.acall(self._once, method, timeout, payload))
         except Unreached as e:
             raise self._meta.unreachable_error(e) from None
         finally:
             if start:
-                metrics.meta_seconds(method).observe(time.perf_counter() - start)
+                metrics.meta_seconds(method.name).observe(time.perf_counter() - start)
 
-    async def _once(self, m: mf.Method, timeout: float, payload: bytes) -> typing.Any:
+    async def _once(self, m: Method[Req, Rep], timeout: float, payload: bytes) -> Rep:
         return await self._answer(await self._take(timeout), m, timeout, payload)
 
     def _retrying(self, failed: Failed) -> None:
@@ -153,22 +153,21 @@ class AsyncMeta:
             self.before_wait()
         log.info("master %s unreachable; retrying %s: %s", self._meta.address, failed.args[0].name, failed.error)
 
-    async def send(self, method: str, request: typing.Any, timeout: float) -> "Pending":
+    async def send(self, method: Method[Req, Rep], request: Req, timeout: float) -> "Pending[Rep]":
         """Put one call's request frame on the wire now; its reply is awaited later
         (Pending.reply), so a caller can answer the kernel in between."""
-        m = mf.BY_NAME[method]
         payload = request.SerializeToString()
         conn = await self._take(timeout)
         cid = conn.call_id()
         try:
             with trio.fail_after(timeout):
-                await conn.send(mf.request_frame(cid, m.id, payload))
+                await conn.send(mf.request_frame(cid, method.id, payload))
         except (OSError, trio.TooSlowError) as e:
             conn.sock.close()
-            raise Broken(f"{method}: {e}") from None
-        return Pending(self, conn, m, cid, timeout)
+            raise Broken(f"{method.name}: {e}") from None
+        return Pending(self, conn, method, cid, timeout)
 
-    async def send_soon(self, method: str, request: typing.Any) -> typing.Callable[[], typing.Awaitable[typing.Any]]:
+    async def send_soon(self, method: Method[Req, Rep], request: Req) -> typing.Callable[[], typing.Awaitable[Rep]]:
         """A call whose request is on its way when this returns; the async function
         returned gives its reply (a send or reply that did not get through: the whole
         call, retried, with the same request id)."""
@@ -177,11 +176,11 @@ class AsyncMeta:
         except Unreached:
             done = await self.call(method, request)
 
-            async def answered() -> typing.Any:
+            async def answered() -> Rep:
                 return done
             return answered
 
-        async def reply() -> typing.Any:
+        async def reply() -> Rep:
             try:
                 return await pending.reply()
             except Unreached:
@@ -194,7 +193,7 @@ class AsyncMeta:
         and take the answer in the background: the write does not wait ~1 ms for it.  A
         send that does not get through makes the call whole first, as any."""
         try:
-            answer = await self.send_soon("AllocateBlocks", request)
+            answer = await self.send_soon(Master.AllocateBlocks, request)
         except BaseException as e:
             w.hardened(None, e)
             raise
@@ -247,8 +246,8 @@ class AsyncMeta:
         return conn
 
     # ------------------------------------------------------------------ one exchange
-    async def _answer(self, conn: _Conn, m: mf.Method, timeout: float, payload: bytes | None = None,
-                      cid: int = 0) -> typing.Any:
+    async def _answer(self, conn: _Conn, m: Method[Req, Rep], timeout: float, payload: bytes | None = None,
+                      cid: int = 0) -> Rep:
         """Send payload (None: it went as call cid already) and receive its reply; the
         connection goes back to the idle ones when the exchange completed."""
         reusable = False   # the exchange completed: the connection is in a clean state
@@ -277,7 +276,7 @@ class AsyncMeta:
             self._give_back(conn, reusable)
 
     @staticmethod
-    async def _receive(conn: _Conn, m: mf.Method, cid: int) -> typing.Any:
+    async def _receive(conn: _Conn, m: Method[Req, Rep], cid: int) -> Rep:
         length, got_id, status = mf.REPLY.unpack(await conn.reader.afill(mf.REPLY.size))
         if not mf.REPLY_REST <= length <= mf.MAX_FRAME:
             raise mf.Closed(f"bad reply frame length {length}")
@@ -288,16 +287,16 @@ class AsyncMeta:
             conn.reader.consume(mf.LENGTH.size + length)
 
 
-class Pending:
+class Pending(typing.Generic[Rep]):
     """A call whose request is on the wire: reply() awaits its answer, once."""
 
     __slots__ = ("_meta", "_conn", "_m", "_cid", "_timeout", "_start")
 
-    def __init__(self, meta: AsyncMeta, conn: _Conn, m: mf.Method, cid: int, timeout: float) -> None:
+    def __init__(self, meta: AsyncMeta, conn: _Conn, m: Method[typing.Any, Rep], cid: int, timeout: float) -> None:
         self._meta, self._conn, self._m, self._cid, self._timeout = meta, conn, m, cid, timeout
         self._start = time.perf_counter()   # the request went out just now: its latency runs from here
 
-    async def reply(self) -> typing.Any:
+    async def reply(self) -> Rep:
         """The reply; Unreached (the caller makes the whole call again) or the master's CurvineError."""
         try:
             reply = await self._meta._answer(self._conn, self._m, self._timeout, cid=self._cid)

@@ -18,6 +18,7 @@ from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 
 MAX_BATCH = 64
 
@@ -61,7 +62,7 @@ class BlockIds:
             request = self.core.meta.allocate_request(self.ino, self.lease_id, count, exclude, ident=self.ident,
                                                       unreachable=self.core.unreachable_workers())
         try:
-            reply = self.core.meta.call("AllocateBlocks", request)
+            reply = self.core.meta.call(Master.AllocateBlocks, request)
         except CurvineError as e:
             if e.errno != errno.ESTALE:   # the master may have applied it (and made the lease hard)
                 self._bound()

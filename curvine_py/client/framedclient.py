@@ -20,11 +20,11 @@ import errno
 import os
 import socket
 import threading
-import typing
 import weakref
 
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import Broken, NoServer
+from curvine_py.pb.methods import Method, Rep, Req
 
 CONNECT_TIMEOUT_S = 5.0
 # Like the gRPC channel's keepalive (10 s + 5 s): a master cut off the network fails a call in ~15 s.
@@ -86,7 +86,7 @@ class FramedClient:
     def __repr__(self) -> str:
         return f"FramedClient({self.host}:{self.port})"
 
-    def call(self, method: mf.Method, request: typing.Any, timeout: float) -> typing.Any:
+    def call(self, method: Method[Req, Rep], request: Req, timeout: float) -> Rep:
         """One call; raises NoServer, Unreached (Broken) or CurvineError."""
         payload = request.SerializeToString()
         conn, fresh = self._conn(timeout)
@@ -160,7 +160,7 @@ class FramedClient:
         return conn
 
     # ------------------------------------------------------------------ one exchange
-    def _exchange(self, conn: _Conn, method: mf.Method, payload: bytes, timeout: float) -> typing.Any:
+    def _exchange(self, conn: _Conn, method: Method[Req, Rep], payload: bytes, timeout: float) -> Rep:
         cid = conn.call_id()
         try:
             conn.set_timeout(timeout)
@@ -178,8 +178,8 @@ class FramedClient:
         finally:
             conn.reader.consume(mf.LENGTH.size + length)
 
-    def _result(self, conn: _Conn, method: mf.Method, cid: int, got_id: int, status: int,
-                body: memoryview) -> typing.Any:
+    def _result(self, conn: _Conn, method: Method[Req, Rep], cid: int, got_id: int, status: int,
+                body: memoryview) -> Rep:
         """The reply message, or the error the status stands for (metaframes.reply_of)."""
         if status == mf.UNAUTHENTICATED:
             self._drop(conn)   # the server closes it after the refusal

@@ -32,13 +32,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import grpc
 
 from curvine_py.client import metrics
 from curvine_py.client.framedclient import FramedClient
-from curvine_py.common import metaframes
 from curvine_py.common.config import ClientConfig
 from curvine_py.common.errors import (RETRYABLE, ConfigError, CurvineError, NoServer, Unreached, from_rpc_error,
                                      leader_of)
@@ -47,8 +46,11 @@ from curvine_py.common.retry import Exponential, Failed, Retry
 from curvine_py.common.rpc import channel
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+from curvine_py.pb.methods import Master, Method, Rep, Req
 
 log = logging.getLogger(__name__)
+# The replies that carry the directories a mutation changed (MasterClient.saw_dirs).
+WithDirs = TypeVar("WithDirs", pb.AttrReply, pb.DirsReply, pb.OpenReply)
 # A master (or a whole round of a group's masters) that did not answer: the same request
 # again after 0.05 s, doubling to 2 s (the threads' client and the mount loop's,
 # client/asyncmeta.py, wait alike).
@@ -62,10 +64,6 @@ def attempt_timeout(cfg: ClientConfig) -> float:
     least MIN_ATTEMPT_S): a caller who allows 5 s of retries must not wait 30 s for one
     attempt on a master that accepted the connection and went silent (SIGSTOP, a frozen VM)."""
     return min(cfg.rpc_timeout_s, max(cfg.retry_s, MIN_ATTEMPT_S))
-
-# Calls that change nothing: no request id needed, safe to retry blindly.
-READ_ONLY = frozenset({"Lookup", "GetAttr", "ResolvePath", "ReadDir", "Readlink", "GetXattr", "ListXattr",
-                       "StatFs", "GetBlockLocations", "GetRing", "Report", "RenewLeases"})
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ class MasterClient:
         for chan, _ in bootstraps:
             chan.close()
 
-    def saw_dirs(self, reply: Any) -> Any:
+    def saw_dirs(self, reply: WithDirs) -> WithDirs:
         if self.dirs_listener is not None and reply.dirs:
             self.dirs_listener(list(reply.dirs))
         return reply
@@ -138,7 +136,7 @@ class MasterClient:
         return pb.Caller(uid=ident.uid, gid=ident.gid, groups=ident.groups, client_id=self.client_id,
                          request_id=uuid.uuid4().hex if mutation else "")
 
-    def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+    def call(self, method: Method[Req, Rep], request: Req, timeout: float | None = None) -> Rep:
         """Invoke a MasterService method with retries; raises CurvineError.  Its latency,
         retries included, goes to curvine_client_meta_rpc_duration_seconds."""
         if not metrics.on:
@@ -147,9 +145,9 @@ class MasterClient:
         try:
             return self._call(method, request, timeout)
         finally:
-            metrics.meta_seconds(method).observe(time.perf_counter() - start)
+            metrics.meta_seconds(method.name).observe(time.perf_counter() - start)
 
-    def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+    def _call(self, method: Method[Req, Rep], request: Req, timeout: float | None) -> Rep:
         """call() without the clock.  The first attempt runs without tenacity (Retry.call):
         building its Retrying costs ~15 us, a quarter of a framed call, and is only needed
         once the master did not answer."""
@@ -170,7 +168,7 @@ class MasterClient:
     def _retrying(self, failed: Failed) -> None:
         error = failed.error
         at = error.at if isinstance(error, Unreached) and error.at else self.address
-        log.info("master %s: %s; retrying %s on %s", at, error, failed.args[0], self.masters.current())
+        log.info("master %s: %s; retrying %s on %s", at, error, failed.args[0].name, self.masters.current())
 
     def frame_route(self) -> tuple[str, int, str] | None:
         """(host, frame port, secret) once the frame port is known, else None: the mount's
@@ -203,13 +201,13 @@ class MasterClient:
             self._switch(frames.master, leader)
 
     # ------------------------------------------------------------------ transport
-    def _attempt(self, method: str, request: Any, timeout: float) -> Any:
+    def _attempt(self, method: Method[Req, Rep], request: Req, timeout: float) -> Rep:
         """One try; Unreached if the master was not reached, or was not the leader
         (the next try then goes to the master self.masters names)."""
         for _ in range(2):   # at most: a stale port, then the port the master names now
             frames = self._frames or self._learn_port(timeout)
             try:
-                return frames.call(metaframes.BY_NAME[method], request, timeout)
+                return frames.call(method, request, timeout)
             except NoServer as e:
                 failed = self._forget(frames, e)
             except Unreached as e:
@@ -308,27 +306,27 @@ class MasterClient:
 
     # ------------------------------------------------------------------ conveniences
     def resolve(self, path: str, follow: bool = True, ident: Identity | None = None) -> pb.Attr:
-        return self.call("ResolvePath", pb.PathRequest(caller=self.caller(ident), path=path,
+        return self.call(Master.ResolvePath, pb.PathRequest(caller=self.caller(ident), path=path,
                                                        follow_symlinks=follow)).attr
 
     def lookup(self, parent: int, name: str, ident: Identity | None = None) -> pb.Attr:
-        return self.call("Lookup", self.lookup_request(parent, name, ident)).attr
+        return self.call(Master.Lookup, self.lookup_request(parent, name, ident)).attr
 
     def getattr(self, ino: int, ident: Identity | None = None) -> pb.Attr:
-        return self.call("GetAttr", self.getattr_request(ino, ident)).attr
+        return self.call(Master.GetAttr, self.getattr_request(ino, ident)).attr
 
     def mknod(self, parent: int, name: str, mode: int, umask: int = 0, rdev: int = 0, target: str = "",
               block_size: int = 0, ident: Identity | None = None) -> pb.Attr:
         req = self.mknod_request(parent, name, mode, umask, rdev, target, block_size, ident)
-        return self.saw_dirs(self.call("Mknod", req)).attr
+        return self.saw_dirs(self.call(Master.Mknod, req)).attr
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int = 0, exclusive: bool = False,
                block_size: int = 0, ident: Identity | None = None) -> pb.OpenReply:
         req = self.create_request(parent, name, mode, flags, umask, exclusive, block_size, ident)
-        return self.saw_dirs(self.call("Create", req))
+        return self.saw_dirs(self.call(Master.Create, req))
 
     def open(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenReply:
-        return self.call("Open", self.open_request(ino, flags, write, ident))
+        return self.call(Master.Open, self.open_request(ino, flags, write, ident))
 
     def open_request(self, ino: int, flags: int, write: bool, ident: Identity | None = None) -> pb.OpenRequest:
         return pb.OpenRequest(caller=self.caller(ident, write), ino=ino, flags=flags, write=write)
@@ -344,7 +342,7 @@ class MasterClient:
 
     def commit(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                mtime_ns: int = 0, ident: Identity | None = None) -> pb.Attr:
-        return self.call("Commit", self.commit_request(ino, lease_id, size, blocks, release, mtime_ns, ident)).attr
+        return self.call(Master.Commit, self.commit_request(ino, lease_id, size, blocks, release, mtime_ns, ident)).attr
 
     def commit_request(self, ino: int, lease_id: int, size: int, blocks: list[pb.BlockInfo], release: bool,
                        mtime_ns: int = 0, ident: Identity | None = None) -> pb.CommitRequest:
@@ -352,30 +350,30 @@ class MasterClient:
                                 blocks=blocks, release=release, mtime_ns=mtime_ns)
 
     def unlink(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Unlink", self.unlink_request(parent, name, ident)))
+        self.saw_dirs(self.call(Master.Unlink, self.unlink_request(parent, name, ident)))
 
     def rmdir(self, parent: int, name: str, ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Rmdir", self.unlink_request(parent, name, ident)))
+        self.saw_dirs(self.call(Master.Rmdir, self.unlink_request(parent, name, ident)))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int = 0,
                ident: Identity | None = None) -> None:
-        self.saw_dirs(self.call("Rename", self.rename_request(parent, name, new_parent, new_name, flags, ident)))
+        self.saw_dirs(self.call(Master.Rename, self.rename_request(parent, name, new_parent, new_name, flags, ident)))
 
     def readdir(self, ino: int, offset: int = 0, limit: int = 1000, plus: bool = False,
                 ident: Identity | None = None) -> pb.ReadDirReply:
-        return self.call("ReadDir", pb.ReadDirRequest(caller=self.caller(ident), ino=ino, offset=offset,
+        return self.call(Master.ReadDir, pb.ReadDirRequest(caller=self.caller(ident), ino=ino, offset=offset,
                                                       limit=limit, plus=plus))
 
     def block_locations(self, ino: int, ident: Identity | None = None) -> pb.BlockLocationsReply:
-        return self.call("GetBlockLocations", pb.BlockLocationsRequest(caller=self.caller(ident), ino=ino))
+        return self.call(Master.GetBlockLocations, pb.BlockLocationsRequest(caller=self.caller(ident), ino=ino))
 
     def report_bad_block(self, block_id: int, worker_id: int, reason: str) -> None:
         """Tell the master a replica's bytes failed their checksum (it is then re-copied)."""
-        self.call("ReportBadBlock", pb.BadBlockRequest(caller=self.caller(), block_id=block_id,
+        self.call(Master.ReportBadBlock, pb.BadBlockRequest(caller=self.caller(), block_id=block_id,
                                                        worker_id=worker_id, reason=reason[:200]))
 
     def renew(self, lease_ids: list[int]) -> list[int]:
-        return list(self.call("RenewLeases", pb.LeaseRequest(caller=self.caller(), lease_ids=lease_ids)).expired)
+        return list(self.call(Master.RenewLeases, pb.LeaseRequest(caller=self.caller(), lease_ids=lease_ids)).expired)
 
 
 def _host_of(address: str) -> str:

@@ -19,6 +19,7 @@ from curvine_py.common.errors import leader_of
 from curvine_py.common.rpc import channel
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
+from curvine_py.pb.methods import Method, Rep, Req
 
 STATUS_TIMEOUT_S = 1.0
 
@@ -117,7 +118,7 @@ class MasterGroup:
         ready = [(r.term, i) for i, r in enumerate(replies) if r is not None and r.role == "leader" and r.ready]
         return max(ready)[1] if ready else None
 
-    def call(self, method: str, request: typing.Any, timeout: float = STATUS_TIMEOUT_S) -> typing.Any | None:
+    def call(self, method: Method[Req, Rep], request: Req, timeout: float = STATUS_TIMEOUT_S) -> Rep | None:
         """method(request) answered by the leader, or None when no master answered it
         (no leader yet, every master down, or the leader not ready)."""
         order = [self._last] + [i for i in range(len(self._stubs)) if i != self._last]
@@ -128,7 +129,7 @@ class MasterGroup:
                 continue
             tried.add(i)
             try:
-                reply = getattr(self._stubs[i], method)(request, timeout=timeout)
+                reply: Rep = getattr(self._stubs[i], method.name)(request, timeout=timeout)
             except grpc.RpcError as e:
                 named = leader_of(e)
                 if named in self.addresses:

@@ -160,9 +160,30 @@ def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap)
     return entry
 
 
-def no_unpin() -> None:
-    """The unpin of a view that pins nothing (a copy, or no bytes)."""
-    return None
+class LentView:
+    """Bytes of a read, lent out of a reader's block cache without a copy.
+
+    `view` stays valid until `release()`: the cached block is pinned meanwhile, so the
+    cache neither evicts nor reuses its buffer (the mount hands the view to FUSE's reply
+    and releases it once the kernel has copied it).  A read served from a copy (a hole,
+    a range across blocks, a small random read) pins nothing: `copied`."""
+
+    __slots__ = ("view", "_reader", "_entry")
+
+    def __init__(self, view: memoryview, reader: "FileReader | None" = None,
+                 entry: "CachedBlock | None" = None) -> None:
+        self.view, self._reader, self._entry = view, reader, entry
+
+    @classmethod
+    def copied(cls, data: bytes | bytearray | memoryview) -> "LentView":
+        return cls(memoryview(data))
+
+    def release(self) -> None:
+        """Give the block back to the cache (once; a copy has nothing to give back)."""
+        reader, entry = self._reader, self._entry
+        self._reader = self._entry = None
+        if reader is not None and entry is not None:
+            reader._unpin(entry)
 
 
 class CachedBlock:
@@ -334,23 +355,23 @@ class FileReader:
         return self._fresh(self._read_bytes, offset, size)
 
     def _read_bytes(self, offset: int, size: int) -> bytes:
-        view, unpin = self._view_wait(offset, size)
+        lent = self._view_wait(offset, size)
         try:
-            return bytes(view)
+            return bytes(lent.view)
         finally:
-            unpin()
+            lent.release()
 
-    def view_nowait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
-        """Up to size already fetched bytes at offset as a view into the block cache (no copy,
-        no waiting) and the function that unpins the block once the view is no longer used;
-        None when they are not fetched yet or cross a block boundary.
+    def view_nowait(self, offset: int, size: int) -> LentView | None:
+        """Up to size already fetched bytes at offset, lent out of the block cache (no copy,
+        no waiting) until released; None when they are not fetched yet or cross a block
+        boundary.
 
         The mount calls this on its event loop thread before paying for a worker thread,
         and hands the view straight to FUSE's reply, so the kernel's copy is the only
         one (a bytes object per 1 MiB request was a second copy, into fresh memory).
         """
         if offset >= self.size or size <= 0:
-            return memoryview(b""), no_unpin
+            return LentView.copied(b"")
         size = min(size, self.size - offset)
         idx, within = divmod(offset, self.bs)
         if within + size > self.bs or not self._lock.acquire(blocking=False):
@@ -364,35 +385,35 @@ class FileReader:
         finally:
             self._lock.release()
         self._note(offset, idx)
-        return entry.view[within:within + size], lambda: self._unpin(entry)
+        return LentView(entry.view[within:within + size], self, entry)
 
-    def view_wait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
-        """view_nowait that waits for the bytes (in a worker thread): the view and its unpin.
-        A range not inside one fetched block (a hole, across blocks, past a short block)
-        comes back as a copy with nothing to unpin."""
+    def view_wait(self, offset: int, size: int) -> LentView:
+        """view_nowait that waits for the bytes (in a worker thread).  A range not inside
+        one fetched block (a hole, across blocks, past a short block) comes back as a
+        copy, which pins nothing."""
         return self._fresh(self._view_wait, offset, size)
 
-    def _view_wait(self, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
+    def _view_wait(self, offset: int, size: int) -> LentView:
         if offset >= self.size or size <= 0:
-            return memoryview(b""), no_unpin
+            return LentView.copied(b"")
         size = min(size, self.size - offset)
         idx, within = divmod(offset, self.bs)
         block = self.blocks.get(idx)
         if block is None or within + size > min(self.bs, block.length):
             buf = bytearray(size)   # a hole, across blocks, past a short block: gathered
             self._pread(offset, memoryview(buf))
-            return memoryview(buf), no_unpin
+            return LentView.copied(buf)
         if self._random(idx, offset, size):   # its range alone, not its whole block
             buf = bytearray(size)
             self._fill(block, within, memoryview(buf))
-            return memoryview(buf), no_unpin
+            return LentView.copied(buf)
         entry = self._acquire(idx, offset)
         try:
             entry.wait_for(within + size)
         except BaseException:
             self._unpin(entry)
             raise
-        return entry.view[within:within + size], lambda: self._unpin(entry)
+        return LentView(entry.view[within:within + size], self, entry)
 
     def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
         block = self.blocks.get(idx)

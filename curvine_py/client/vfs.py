@@ -38,13 +38,14 @@ from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.reader import FileReader, no_unpin
+from curvine_py.client.reader import FileReader, LentView
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master, Method, Rep, Req
 
-MasterCall = Callable[[str, Any], Awaitable[Any]]   # (method, request) -> reply
+MasterCall = Callable[[Method[Any, Any], Any], Awaitable[Any]]   # (method, request) -> reply
 T = TypeVar("T")
 
 
@@ -70,8 +71,15 @@ class Landed(Blocking):
         self.futures = futures
 
 
-Step = tuple[str, Any] | Blocking
+Step = tuple[Method[Any, Any], Any] | Blocking
 Op = Generator[Step, Any, T]   # an operation: its steps, then its result
+
+
+def ask(method: Method[Req, Rep], request: Req) -> Generator[Step, Any, Rep]:
+    """One master call as a step of an operation (``reply = yield from ask(Master.Lookup,
+    req)``): the driver makes the call, this gives its reply back typed."""
+    reply: Rep = yield method, request
+    return reply
 
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
@@ -234,7 +242,7 @@ class VFS:
         """Run op here, blocking: master calls through MasterClient.call (its retries),
         Blocking steps called in this thread.  The one driver (drive) with steps that
         never suspend, so its coroutine completes in a single send."""
-        async def call(method: str, request: Any) -> Any:
+        async def call(method: Method[Any, Any], request: Any) -> Any:
             return self.meta.call(method, request)
 
         async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
@@ -283,18 +291,19 @@ class VFS:
         cached = self.cached_dir_attr(ino)
         if cached is not None:
             return cached
-        return self.overlay((yield "GetAttr", self.meta.getattr_request(ino, ident)).attr)
+        return self.overlay((yield from ask(Master.GetAttr, self.meta.getattr_request(ino, ident))).attr)
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         request = self.meta.lookup_request(self._in(parent), name, ident)
         request.one_block = self.opens.one_block
-        reply = yield "Lookup", request
+        reply = yield from ask(Master.Lookup, request)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
     def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
         """The kernel asks for security.capability before every write(2) to a file."""
-        reply = yield "GetXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
+        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
+        reply = yield from ask(Master.GetXattr, req)
         return bytes(reply.value)
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity,
@@ -304,7 +313,7 @@ class VFS:
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=block_size or self.core.cfg.client.block_size, ident=ident)
-        opened = self._open_writer(self.meta.saw_dirs((yield "Create", req)), flags, ident)
+        opened = self._open_writer(self.meta.saw_dirs((yield from ask(Master.Create, req))), flags, ident)
         w = self._writer_of(opened.attr.ino)
         if w is not None:
             w.label = f"{path or repr(name)} (inode {opened.attr.ino})"
@@ -355,7 +364,7 @@ class VFS:
                     return (yield from self.getattr(ino, ident))
         req.caller.CopyFrom(self.meta.caller(ident, mutation=True))
         self._dir_attrs.pop(ino, None)
-        return self.overlay((yield "SetAttr", req).attr)
+        return self.overlay((yield from ask(Master.SetAttr, req)).attr)
 
     # ------------------------------------------------------------------ namespace
     def mknod(self, parent: int, name: str, mode: int, rdev: int, umask: int, ident: Identity,
@@ -364,12 +373,12 @@ class VFS:
         bs = self.core.cfg.client.block_size if stat.S_ISREG(mode) else 0
         req = self.meta.mknod_request(self._in(parent), name, mode, umask=umask, rdev=rdev, target=target,
                                       block_size=bs, ident=ident)
-        return self.meta.saw_dirs((yield "Mknod", req)).attr
+        return self.meta.saw_dirs((yield from ask(Master.Mknod, req))).attr
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> Op[pb.Attr]:
         req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=self._in(new_parent),
                              new_name=new_name)
-        return self.overlay(self.meta.saw_dirs((yield "Link", req)).attr)
+        return self.overlay(self.meta.saw_dirs((yield from ask(Master.Link, req))).attr)
 
     def unlink(self, parent: int, name: str, ident: Identity) -> Op[None]:
         """POSIX keeps an unlinked file readable while it is open: the request carries the
@@ -380,10 +389,10 @@ class VFS:
         if keep is not None:
             req = self.meta.unlink_request(parent, name, ident)
             req.keep.extend(keep)
-            if not self.meta.saw_dirs((yield "Unlink", req)).kept:
+            if not self.meta.saw_dirs((yield from ask(Master.Unlink, req))).kept:
                 return
         if not (yield from self._hide_if_open(parent, name, ident)):
-            self.meta.saw_dirs((yield "Unlink", self.meta.unlink_request(parent, name, ident)))
+            self.meta.saw_dirs((yield from ask(Master.Unlink, self.meta.unlink_request(parent, name, ident))))
 
     def _hide_if_open(self, parent: int, name: str, ident: Identity) -> Op[bool]:
         """Like libfuse's 'hard_remove' off, a file open here is renamed to a hidden name
@@ -391,7 +400,7 @@ class VFS:
         if not self._inodes:
             return False
         try:
-            attr = (yield "Lookup", self.meta.lookup_request(parent, name, ident)).attr
+            attr = (yield from ask(Master.Lookup, self.meta.lookup_request(parent, name, ident))).attr
         except CurvineError:
             return False
         with self._lock:
@@ -400,11 +409,13 @@ class VFS:
                 return False
         hidden = f"{HIDDEN_PREFIX}{attr.ino:x}_{next(self._fhs):x}"
         # as the caller: unlink's permissions
-        self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, name, parent, hidden, 0, ident)))
+        self.meta.saw_dirs((yield from ask(Master.Rename,
+                                           self.meta.rename_request(parent, name, parent, hidden, 0, ident))))
         st.hidden = (parent, hidden, ident)
         try:   # then out of the directory, so that it can be removed as on ext4
             trash = yield from self._trash()
-            self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, hidden, trash, hidden, 0, ROOT)))
+            self.meta.saw_dirs((yield from ask(Master.Rename,
+                                               self.meta.rename_request(parent, hidden, trash, hidden, 0, ROOT))))
             st.hidden = (trash, hidden, ROOT)
         except CurvineError as e:
             log.warning("could not move %s to the trash directory: %s", hidden, e)
@@ -414,15 +425,15 @@ class VFS:
         """The root-owned directory where files unlinked while open wait for their last close."""
         try:
             req = self.meta.mknod_request(ROOT_INO, TRASH_NAME, stat.S_IFDIR | 0o700, ident=ROOT)
-            return int(self.meta.saw_dirs((yield "Mknod", req)).attr.ino)
+            return int(self.meta.saw_dirs((yield from ask(Master.Mknod, req))).attr.ino)
         except CurvineError as e:
             if e.errno != errno.EEXIST:
                 raise
-            return int((yield "Lookup", self.meta.lookup_request(ROOT_INO, TRASH_NAME, ROOT)).attr.ino)
+            return int((yield from ask(Master.Lookup, self.meta.lookup_request(ROOT_INO, TRASH_NAME, ROOT))).attr.ino)
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> Op[None]:
         self._dir_attrs.clear()   # the removed directory's own entry must not outlive it
-        self.meta.saw_dirs((yield "Rmdir", self.meta.unlink_request(self._in(parent), name, ident)))
+        self.meta.saw_dirs((yield from ask(Master.Rmdir, self.meta.unlink_request(self._in(parent), name, ident))))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int,
                ident: Identity) -> Op[None]:
@@ -434,19 +445,19 @@ class VFS:
         if keep is not None:
             req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
             req.keep.extend(keep)
-            if not self.meta.saw_dirs((yield "Rename", req)).kept:
+            if not self.meta.saw_dirs((yield from ask(Master.Rename, req))).kept:
                 return
         yield from self._hide_if_open(new_parent, new_name, ident)
-        self.meta.saw_dirs((yield "Rename", self.meta.rename_request(parent, name, new_parent, new_name, flags,
-                                                                       ident)))
+        req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
+        self.meta.saw_dirs((yield from ask(Master.Rename, req)))
 
     def readlink(self, ino: int, ident: Identity) -> Op[str]:
-        return str((yield "Readlink", pb.InodeRequest(caller=self.meta.caller(ident), ino=ino)).target)
+        return str((yield from ask(Master.Readlink, pb.InodeRequest(caller=self.meta.caller(ident), ino=ino))).target)
 
     def readdir(self, ino: int, offset: int, ident: Identity, limit: int = 1000) -> Op[pb.ReadDirReply]:
         ino = self._in(ino)
-        reply = yield "ReadDir", pb.ReadDirRequest(caller=self.meta.caller(ident), ino=ino, offset=offset,
-                                                   limit=limit, plus=True)
+        reply = yield from ask(Master.ReadDir, pb.ReadDirRequest(caller=self.meta.caller(ident), ino=ino,
+                                                                 offset=offset, limit=limit, plus=True))
         if any(e.name.startswith(HIDDEN_PREFIX) for e in reply.entries):
             kept = [e for e in reply.entries if not e.name.startswith(HIDDEN_PREFIX)]
             last = reply.entries[-1].offset
@@ -456,17 +467,19 @@ class VFS:
         return reply
 
     def statfs(self) -> Op[pb.StatFsReply]:
-        return (yield "StatFs", pb.Empty())
+        return (yield from ask(Master.StatFs, pb.Empty()))
 
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> Op[None]:
-        yield "SetXattr", pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name,
-                                          value=value, flags=flags)
+        yield from ask(Master.SetXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
+                                                        name=name, value=value, flags=flags))
 
     def listxattr(self, ino: int, ident: Identity) -> Op[list[str]]:
-        return list((yield "ListXattr", pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino))).names)
+        req = pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino))
+        return list((yield from ask(Master.ListXattr, req)).names)
 
     def removexattr(self, ino: int, name: str, ident: Identity) -> Op[None]:
-        yield "RemoveXattr", pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino), name=name)
+        yield from ask(Master.RemoveXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
+                                                           name=name))
 
     # ------------------------------------------------------------------ open files
     def open(self, ino: int, flags: int, ident: Identity, prefetch: bool = True) -> Op[Opened]:
@@ -476,16 +489,16 @@ class VFS:
         write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
-            reply = yield "Open", self.meta.open_request(ino, flags, write=True, ident=ident)
+            reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
             return self._open_writer(reply, flags, ident)
-        reply = yield "Open", self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident)
+        reply = yield from ask(Master.Open, self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident))
         if write and shared is not None:   # (always shared: a write without one returned above)
             if flags & os.O_TRUNC:
                 try:
                     yield Blocking(shared.truncate, 0)
                 except WriterClosed:   # closed meanwhile by another descriptor's close: a lease of our own
                     yield Blocking(shared.wait_closing)
-                    reply = yield "Open", self.meta.open_request(ino, flags, write=True, ident=ident)
+                    reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
                     return self._open_writer(reply, flags, ident)
             return self._new_handle(ino, flags, reply, True, ident)
         return self._new_handle(ino, flags, reply, False, ident, prefetch)
@@ -653,17 +666,17 @@ class VFS:
             w.abort()
         self.run(self.release(fh))
 
-    def read_view(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]]:
-        """read() as a view into the block cache where it can be (waiting for the bytes, not
-        for the whole block), with the function to call once the view has been used."""
+    def read_view(self, fh: int, offset: int, size: int) -> LentView:
+        """read() lent out of the block cache where it can be (waiting for the bytes, not for
+        the whole block); released once the view has been used."""
         reader = self._settled_reader(self.handle(fh))
         if reader is None:
-            return memoryview(self.read(fh, offset, size)), no_unpin
+            return LentView.copied(self.read(fh, offset, size))
         return reader.view_wait(offset, size)
 
-    def view_nowait(self, fh: int, offset: int, size: int) -> tuple[memoryview, Callable[[], None]] | None:
-        """The bytes as a view into the block cache if they can be had without blocking (already
-        fetched), with the function to call once it has been used; else None."""
+    def view_nowait(self, fh: int, offset: int, size: int) -> LentView | None:
+        """The bytes lent out of the block cache if they can be had without blocking (already
+        fetched); else None."""
         h = self._handles.get(fh)
         reader = None if h is None else self._settled_reader(h)
         return None if reader is None else reader.view_nowait(offset, size)
@@ -759,7 +772,7 @@ class VFS:
             req = w.close_request_nowait()
             if req is not None:
                 try:
-                    yield "Commit", req
+                    yield from ask(Master.Commit, req)
                 except BaseException:   # a failure, or the drive closed (cancelled): kept for the next
                     w.close_sent(ok=False)
                     raise
@@ -810,7 +823,7 @@ class VFS:
         if st.handles == 0 and st.hidden is not None:
             parent, name, ident = st.hidden
             try:
-                self.meta.saw_dirs((yield "Unlink", self.meta.unlink_request(parent, name, ident)))
+                self.meta.saw_dirs((yield from ask(Master.Unlink, self.meta.unlink_request(parent, name, ident))))
             except CurvineError as e:
                 log.warning("removing hidden %s: %s", name, e)
 

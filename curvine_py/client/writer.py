@@ -44,6 +44,7 @@ from curvine_py.client.reader import FileReader, slots
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = 2          # blocks being shipped at once per writer
@@ -367,7 +368,7 @@ class FileWriter:
         infos = self.uncommitted + self._wait_all()
         self._check()
         try:
-            attr = self.core.meta.call("Commit", self._commit_request(infos, release)).attr
+            attr = self.core.meta.call(Master.Commit, self._commit_request(infos, release)).attr
         except BaseException:
             self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
             raise

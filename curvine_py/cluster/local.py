@@ -66,6 +66,7 @@ from curvine_py.cluster.processes import (  # noqa: F401  (re-exported: the CLI 
     port_in_use, terminate, wait_dead, wait_stopped,
 )
 from curvine_py.pb import curvine_pb2
+from curvine_py.pb.methods import Master
 
 DEFAULT_MASTER_PORT = 8995
 DEFAULT_WORKERS = 2
@@ -149,7 +150,7 @@ def query_report(address: str, timeout: float = 1.0, secret: str = "") -> curvin
     """The leader's Report (address: one master, or every master comma-separated); None
     when no master answers it within timeout."""
     with MasterGroup(cfgmod.addresses(address), secret) as group:
-        return group.call("Report", curvine_pb2.Empty(), timeout)
+        return group.call(Master.Report, curvine_pb2.Empty(), timeout)
 
 
 # ---------------------------------------------------------------- the cluster
@@ -522,7 +523,7 @@ class LocalCluster:
     def report(self, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:
         """The leader's Report, or None when no master answers it within timeout."""
         return typing.cast("curvine_pb2.ReportReply | None",
-                           self.group.call("Report", curvine_pb2.Empty(), timeout))
+                           self.group.call(Master.Report, curvine_pb2.Empty(), timeout))
 
     def master_status(self, i: int, timeout: float = 1.0) -> curvine_pb2.MasterStatusReply | None:
         """Master i's MasterStatus (role, term, indexes), or None when it does not answer."""

@@ -29,15 +29,13 @@ import hashlib
 import hmac
 import struct
 import typing
-from dataclasses import dataclass
 
-from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from curvine_py.common.errors import CurvineError, Unreached
 from curvine_py.common.frames import LEN
 from curvine_py.common.rpc import MAX_MESSAGE
-from curvine_py.pb import curvine_pb2
+from curvine_py.pb import methods
 
 MAGIC = b"CVMF"
 VERSION = 2   # 2: big-endian (1 was little-endian); a client of the other order sees a wrong version
@@ -65,24 +63,9 @@ def refusal(service: str = "master") -> str:
             "(set [cluster] secret in the config file, as on the servers)")
 
 
-@dataclass(frozen=True)
-class Method:
-    """One MasterService method: its id on the wire and its message classes."""
-    id: int
-    name: str
-    request: typing.Any
-    reply: typing.Any
-
-
-def _methods() -> tuple[Method, ...]:
-    service = curvine_pb2.DESCRIPTOR.services_by_name["MasterService"]
-    return tuple(Method(i, m.name, message_factory.GetMessageClass(m.input_type),
-                        message_factory.GetMessageClass(m.output_type))
-                 for i, m in enumerate(service.methods))
-
-
-METHODS: tuple[Method, ...] = _methods()
-BY_NAME: dict[str, Method] = {m.name: m for m in METHODS}
+# The methods and their ids: curvine_py/pb/methods.py, generated from the proto (make proto).
+Method = methods.Method
+METHODS = methods.METHODS
 
 
 def mac(secret: str, nonce: bytes) -> bytes:
@@ -107,7 +90,8 @@ class Closed(ConnectionError):
     """The peer closed the connection (or sent a frame that cannot be parsed)."""
 
 
-def reply_of(method: Method, cid: int, got_id: int, status: int, body: memoryview) -> typing.Any:
+def reply_of(method: Method[typing.Any, methods.Rep], cid: int, got_id: int, status: int,
+             body: memoryview) -> methods.Rep:
     """The reply message a frame carries, or the error its status stands for: the
     master's answer as CurvineError (an errno; EACCES for a refused secret), Unreached
     for the master's UNAVAILABLE or a follower's NOT_LEADER (an answer: the connection

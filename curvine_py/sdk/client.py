@@ -19,7 +19,7 @@ import typing
 from typing import Callable, Iterator, TypeVar
 
 from curvine_py.client.core import ClientCore
-from curvine_py.client.vfs import VFS, Op, Opened
+from curvine_py.client.vfs import VFS, Op, Opened, ask
 from curvine_py.common import config as config_mod
 from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
@@ -30,6 +30,7 @@ from curvine_py.client.metagroup import STATUS_TIMEOUT_S, MasterGroup
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk.results import BlockLocation, CachePolicy, FileStatus, MasterInfo, Report, StatFs, WorkerRef
 from curvine_py.sdk.ufsadmin import UfsAdmin
+from curvine_py.pb.methods import Master
 
 if typing.TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -280,7 +281,7 @@ class Client:
     def _mkdir(self, parent: int, name: str, mode: int, block_size: int) -> Op[pb.Attr]:
         """A directory whose block_size is given (the VFS's mknod takes the parent's)."""
         req = self.meta.mknod_request(parent, name, stat.S_IFDIR | mode, umask=0, block_size=block_size)
-        return self.meta.saw_dirs((yield "Mknod", req)).attr
+        return self.meta.saw_dirs((yield from ask(Master.Mknod, req))).attr
 
     def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = True) -> None:
         self.mkdir(path, mode, parents=True, exist_ok=exist_ok)
@@ -483,7 +484,7 @@ class Client:
     def report(self) -> Report:
         """The cluster as the leader sees it: workers, ring epoch, pool, replication; and
         every master of the group as it sees itself (``masters()``)."""
-        return Report.from_pb(self.meta.call("Report", pb.Empty()), self.masters())
+        return Report.from_pb(self.meta.call(Master.Report, pb.Empty()), self.masters())
 
     def masters(self, timeout: float = STATUS_TIMEOUT_S) -> tuple[MasterInfo, ...]:
         """Each master of this client's list as it reports itself (role, term, commit and

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.config import UfsConfig
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master, Method, Rep, Req
 
 
 @dataclass(frozen=True)
@@ -90,28 +90,28 @@ class UfsAdmin:
         m = pb.UfsMount(path=path, uri=uri, options=options or {}, write_mode=write_mode,
                         metadata_ttl_ms=int(ttl * 1000), ttl_ms=int(ttl_s * 1000))
         req = pb.UfsMountRequest(caller=self.meta.caller(mutation=True), mount=m)
-        return UfsMountInfo.of(self._call(path, "UfsMountAdd", req))
+        return UfsMountInfo.of(self._call(path, Master.UfsMountAdd, req))
 
     def umount(self, path: str, force: bool = False) -> None:
         """Drop the mount and its cache; the UFS is not touched."""
         req = pb.UfsPathRequest(caller=self.meta.caller(mutation=True), path=path, force=force)
-        self._call(path, "UfsMountRemove", req)
+        self._call(path, Master.UfsMountRemove, req)
 
     def mounts(self) -> list[UfsMountInfo]:
-        return [UfsMountInfo.of(m) for m in self.meta.call("UfsMountList", pb.Empty()).mounts]
+        return [UfsMountInfo.of(m) for m in self.meta.call(Master.UfsMountList, pb.Empty()).mounts]
 
     def stat(self, path: str) -> UfsFileStatus:
         req = pb.PathRequest(caller=self.meta.caller(), path=path, follow_symlinks=True)
-        r = self._call(path, "UfsStat", req)
+        r = self._call(path, Master.UfsStat, req)
         return UfsFileStatus(path, r.attr.size, r.ufs.uri, r.ufs.state, r.ufs.cached_bytes, r.ufs.etag)
 
     def load(self, path: str, recursive: bool = False) -> LoadJobStatus:
         """Start caching path (a tree with recursive); returns the job at its start."""
         req = pb.LoadRequest(caller=self.meta.caller(), path=path, recursive=recursive)
-        return LoadJobStatus.of(self._call(path, "Load", req))
+        return LoadJobStatus.of(self._call(path, Master.Load, req))
 
     def jobs(self, job_id: int = 0) -> list[LoadJobStatus]:
-        reply = self.meta.call("LoadStatus", pb.LoadJobRequest(job_id=job_id))
+        reply = self.meta.call(Master.LoadStatus, pb.LoadJobRequest(job_id=job_id))
         return [LoadJobStatus.of(j) for j in reply.jobs]
 
     def wait(self, job_id: int, timeout_s: float | None = None) -> LoadJobStatus:
@@ -126,10 +126,10 @@ class UfsAdmin:
     def free(self, path: str, recursive: bool = False) -> FreeResult:
         """Drop the cached blocks of UFS files at path; they stay readable (from the UFS)."""
         req = pb.FreeRequest(caller=self.meta.caller(mutation=True), path=path, recursive=recursive)
-        r = self._call(path, "Free", req)
+        r = self._call(path, Master.Free, req)
         return FreeResult(r.files, r.bytes, r.skipped)
 
-    def _call(self, path: str, method: str, request: object) -> Any:
+    def _call(self, path: str, method: Method[Req, Rep], request: Req) -> Rep:
         try:
             return self.meta.call(method, request)
         except CurvineError as e:

@@ -19,6 +19,7 @@ from curvine_py.client.metaclient import MasterClient
 from curvine_py.common.errors import CurvineError
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 from tests.conftest import client_config, start_cluster
 
 if typing.TYPE_CHECKING:
@@ -28,25 +29,25 @@ if typing.TYPE_CHECKING:
 def test_answers_match_the_thread_client(client: "Client", remote_dir: str) -> None:
     client.put_bytes(f"{remote_dir}/f", b"x" * 1000)
     parent = client.stat(remote_dir).ino
-    client.meta.call("StatFs", pb.Empty())   # the threads' client learns the frame route
+    client.meta.call(Master.StatFs, pb.Empty())   # the threads' client learns the frame route
     route = client.meta.frame_route()
     assert route is not None and route[1] > 0
     fast = AsyncMeta(client.meta)
 
     async def main() -> None:
         for _ in range(3):   # the connection is reused between calls
-            got = (await fast.call("Lookup", client.meta.lookup_request(parent, "f"), 5)).attr
+            got = (await fast.call(Master.Lookup, client.meta.lookup_request(parent, "f"), 5)).attr
             assert got == client.meta.lookup(parent, "f")
         assert len(fast._idle) == 1
-        attr = (await fast.call("GetAttr", client.meta.getattr_request(parent), 5)).attr
+        attr = (await fast.call(Master.GetAttr, client.meta.getattr_request(parent), 5)).attr
         assert attr.ino == parent and attr.mode == client.stat(remote_dir).mode
         with pytest.raises(CurvineError) as e:   # an answer, not a transport failure
-            await fast.call("Lookup", client.meta.lookup_request(parent, "missing"), 5)
+            await fast.call(Master.Lookup, client.meta.lookup_request(parent, "missing"), 5)
         assert e.value.errno == errno.ENOENT
         assert len(fast._idle) == 1            # and the connection is still good
 
         async def one(i: int) -> None:
-            assert (await fast.call("Lookup", client.meta.lookup_request(parent, "f"), 5)).attr.size == 1000
+            assert (await fast.call(Master.Lookup, client.meta.lookup_request(parent, "f"), 5)).attr.size == 1000
         async with trio.open_nursery() as nursery:   # concurrent calls: one connection each
             for i in range(5):
                 nursery.start_soon(one, i)
@@ -58,12 +59,12 @@ def test_a_sent_call_is_answered_later_and_its_connection_reused(client: "Client
     """send() puts the request on the wire and returns; the master applies it whether or
     not the reply is awaited yet (the mount answers the kernel in between)."""
     parent = client.stat(remote_dir).ino
-    client.meta.call("StatFs", pb.Empty())
+    client.meta.call(Master.StatFs, pb.Empty())
     fast = AsyncMeta(client.meta)
     req = client.meta.mknod_request(parent, "made", 0o100644, 0, 0)
 
     async def main() -> None:
-        pending = await fast.send("Mknod", req, 5)
+        pending = await fast.send(Master.Mknod, req, 5)
         assert len(fast._idle) == 0   # the connection is the pending call's until its reply
         with trio.fail_after(5):      # applied before anyone awaits the reply
             while True:
@@ -75,7 +76,7 @@ def test_a_sent_call_is_answered_later_and_its_connection_reused(client: "Client
         assert (await pending.reply()).attr.ino == client.meta.lookup(parent, "made").ino
         assert len(fast._idle) == 1
         with pytest.raises(CurvineError) as e:   # the same name again: the master's answer, later
-            await (await fast.send("Mknod", client.meta.mknod_request(parent, "made", 0o100644, 0, 0), 5)).reply()
+            await (await fast.send(Master.Mknod, client.meta.mknod_request(parent, "made", 0o100644, 0, 0), 5)).reply()
         assert e.value.errno == errno.EEXIST and len(fast._idle) == 1
         fast.close()
     trio.run(main)
@@ -89,7 +90,7 @@ def test_a_client_that_knows_no_route_learns_it_itself(shared_cluster: LocalClus
 
     async def main() -> None:
         fast = AsyncMeta(meta)
-        assert (await fast.call("GetAttr", meta.getattr_request(1))).attr.ino == 1
+        assert (await fast.call(Master.GetAttr, meta.getattr_request(1))).attr.ino == 1
         assert meta.frame_route() is not None
         fast.close()
     trio.run(main)
@@ -111,7 +112,7 @@ def test_no_server_is_retried_until_retry_s_then_one_error(client: "Client") -> 
         fast.before_wait = lambda: waits.append(1)
         t0 = trio.current_time()
         with pytest.raises(CurvineError) as e:
-            await fast.call("GetAttr", req, 5)
+            await fast.call(Master.GetAttr, req, 5)
         assert e.value.errno == errno.EHOSTDOWN and f"127.0.0.1:{port}" in str(e.value)
         assert 0.4 < trio.current_time() - t0 < 3 and len(waits) >= 2
 
@@ -119,9 +120,9 @@ def test_no_server_is_retried_until_retry_s_then_one_error(client: "Client") -> 
             raise RuntimeError("given up")
         fast.before_wait = give_up
         with pytest.raises(RuntimeError):
-            await fast.call("GetAttr", req, 5)
+            await fast.call(Master.GetAttr, req, 5)
         with pytest.raises(Unreached):   # send() is one attempt
-            await fast.send("GetAttr", req, 5)
+            await fast.send(Master.GetAttr, req, 5)
     try:
         trio.run(main)
     finally:
@@ -129,7 +130,7 @@ def test_no_server_is_retried_until_retry_s_then_one_error(client: "Client") -> 
 
 
 def test_wrong_secret_is_an_error_not_a_fallback(shared_cluster: LocalCluster, client: "Client") -> None:
-    client.meta.call("StatFs", pb.Empty())
+    client.meta.call(Master.StatFs, pb.Empty())
     route = client.meta.frame_route()
     assert route is not None
     fast = AsyncMeta(client.meta, lambda: (route[0], route[1], "not-the-secret"))
@@ -138,7 +139,7 @@ def test_wrong_secret_is_an_error_not_a_fallback(shared_cluster: LocalCluster, c
     async def main() -> None:
         for _ in range(2):
             with pytest.raises(CurvineError) as e:
-                await fast.call("GetAttr", req, 5)
+                await fast.call(Master.GetAttr, req, 5)
             assert e.value.errno == errno.EACCES and "secret" in str(e.value)
             assert not fast._idle   # the refused connection is not kept
     trio.run(main)
@@ -157,7 +158,7 @@ def test_a_silent_server_is_a_timeout_retried_then_etimedout(client: "Client") -
             with trio.fail_after(5):
                 with pytest.raises(CurvineError) as e:
                     await AsyncMeta(client.meta, lambda: ("127.0.0.1", port, "")).call(
-                        "GetAttr", pb.InodeRequest(ino=1), 0.3)
+                        Master.GetAttr, pb.InodeRequest(ino=1), 0.3)
                 assert e.value.errno == errno.ETIMEDOUT
         try:
             trio.run(main)
@@ -177,19 +178,19 @@ def test_an_attempt_waits_no_longer_than_retry_s_on_a_stopped_master(tmp_path: P
         assert cfg.client.rpc_timeout_s >= 30
         meta = MasterClient(cluster.master_address, cfg.client, cfg.cluster.secret)
         fast = AsyncMeta(meta)
-        meta.call("GetAttr", meta.getattr_request(1))       # the route is learned, a connection kept
-        trio.run(fast.call, "GetAttr", meta.getattr_request(1))
+        meta.call(Master.GetAttr, meta.getattr_request(1))       # the route is learned, a connection kept
+        trio.run(fast.call, Master.GetAttr, meta.getattr_request(1))
         cluster.kill_master(signal.SIGSTOP, wait=False)
         try:
             t0 = time.monotonic()
             with pytest.raises(CurvineError) as e:
-                meta.call("GetAttr", meta.getattr_request(1))
+                meta.call(Master.GetAttr, meta.getattr_request(1))
             assert e.value.errno == errno.ETIMEDOUT and time.monotonic() - t0 < 6, time.monotonic() - t0
 
             async def main() -> None:
                 with trio.fail_after(6):
                     with pytest.raises(CurvineError) as e:
-                        await fast.call("GetAttr", meta.getattr_request(1))
+                        await fast.call(Master.GetAttr, meta.getattr_request(1))
                     assert e.value.errno == errno.ETIMEDOUT
             trio.run(main)
         finally:

@@ -31,6 +31,7 @@ from curvine_py.master.main import Servers, build_server
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 from curvine_py.cluster.processes import free_ports
+from curvine_py.pb.methods import Master, Method, Rep, Req
 from tests.conftest import client_config
 
 SECRET = "frames-test-secret"
@@ -66,10 +67,11 @@ def caller(mutation: bool = False) -> pb.Caller:
     return pb.Caller(uid=0, gid=0, client_id="frames-test", request_id=str(time.monotonic_ns()) if mutation else "")
 
 
-def grpc_call(m: MasterClient, method: str, request: typing.Any) -> typing.Any:
+def grpc_call(m: MasterClient, method: Method[Req, Rep], request: Req) -> Rep:
     """The same call over the master's gRPC service (which clients no longer use)."""
     stub = pb_grpc.MasterServiceStub(channel(m.address, SECRET))
-    return getattr(stub, method)(request, timeout=10)
+    reply: Rep = getattr(stub, method.name)(request, timeout=10)
+    return reply
 
 
 # ---------------------------------------------------------------- same answers
@@ -77,32 +79,32 @@ def test_frames_answer_as_grpc_does(master: tuple[Servers, Config]) -> None:
     servers, cfg = master
     m = client_of(servers, cfg)
     try:
-        root = m.call("GetAttr", pb.InodeRequest(caller=caller(), ino=1))
+        root = m.call(Master.GetAttr, pb.InodeRequest(caller=caller(), ino=1))
         assert m.frame_route() is not None
-        assert root == grpc_call(m, "GetAttr", pb.InodeRequest(caller=caller(), ino=1))
-        made = m.call("Create", pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644,
+        assert root == grpc_call(m, Master.GetAttr, pb.InodeRequest(caller=caller(), ino=1))
+        made = m.call(Master.Create, pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644,
                                                 open_flags=0o1))
         assert made.lease_id and made.attr.ino > 1 and made.dirs
-        m.call("Commit", pb.CommitRequest(caller=caller(True), ino=made.attr.ino, lease_id=made.lease_id,
+        m.call(Master.Commit, pb.CommitRequest(caller=caller(True), ino=made.attr.ino, lease_id=made.lease_id,
                                           size=0, release=True))
-        m.call("Mknod", pb.MknodRequest(caller=caller(True), parent=1, name="d", mode=0o040755))
+        m.call(Master.Mknod, pb.MknodRequest(caller=caller(True), parent=1, name="d", mode=0o040755))
         for method, request in [
-            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="f")),
-            ("GetAttr", pb.InodeRequest(caller=caller(), ino=made.attr.ino)),
-            ("ResolvePath", pb.PathRequest(caller=caller(), path="/d", follow_symlinks=True)),
-            ("ReadDir", pb.ReadDirRequest(caller=caller(), ino=1, limit=100, plus=True)),
-            ("StatFs", pb.Empty()),
-            ("GetBlockLocations", pb.BlockLocationsRequest(caller=caller(), ino=made.attr.ino)),
+            (Master.Lookup, pb.LookupRequest(caller=caller(), parent=1, name="f")),
+            (Master.GetAttr, pb.InodeRequest(caller=caller(), ino=made.attr.ino)),
+            (Master.ResolvePath, pb.PathRequest(caller=caller(), path="/d", follow_symlinks=True)),
+            (Master.ReadDir, pb.ReadDirRequest(caller=caller(), ino=1, limit=100, plus=True)),
+            (Master.StatFs, pb.Empty()),
+            (Master.GetBlockLocations, pb.BlockLocationsRequest(caller=caller(), ino=made.attr.ino)),
         ]:
-            assert m.call(method, request) == grpc_call(m, method, request), method
-        ring = m.call("GetRing", pb.Empty())
+            assert m.call(method, request) == grpc_call(m, method, request), method.name
+        ring = m.call(Master.GetRing, pb.Empty())
         assert ring.frame_port == servers.service.frame_port != 0
         # errors: the same errno and message on both transports
         for method, request, code in [
-            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="missing"), errno.ENOENT),
-            ("Mknod", pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644), errno.EEXIST),
-            ("Rmdir", pb.UnlinkRequest(caller=caller(True), parent=1, name="f"), errno.ENOTDIR),
-            ("Lookup", pb.LookupRequest(caller=caller(), parent=1, name="a/b"), errno.EINVAL),
+            (Master.Lookup, pb.LookupRequest(caller=caller(), parent=1, name="missing"), errno.ENOENT),
+            (Master.Mknod, pb.MknodRequest(caller=caller(True), parent=1, name="f", mode=0o100644), errno.EEXIST),
+            (Master.Rmdir, pb.UnlinkRequest(caller=caller(True), parent=1, name="f"), errno.ENOTDIR),
+            (Master.Lookup, pb.LookupRequest(caller=caller(), parent=1, name="a/b"), errno.EINVAL),
         ]:
             with pytest.raises(CurvineError) as framed:
                 m.call(method, request)
@@ -152,7 +154,7 @@ def test_a_wrong_secret_is_refused_with_eacces(master: tuple[Servers, Config]) -
                "(set [cluster] secret in the config file, as on the servers)")
     framed = FramedClient(HOST, servers.service.frame_port, "not-the-secret")
     with pytest.raises(CurvineError) as e:
-        framed.call(mf.BY_NAME["GetAttr"], pb.InodeRequest(caller=caller(), ino=1), 5)
+        framed.call(Master.GetAttr, pb.InodeRequest(caller=caller(), ino=1), 5)
     assert e.value.errno == errno.EACCES and e.value.strerror == message
     wrong = client_of(servers, cfg, "not-the-secret")
     with pytest.raises(PermissionError) as e2:
@@ -166,7 +168,7 @@ def test_a_wrong_secret_is_refused_with_eacces(master: tuple[Servers, Config]) -
     assert status == mf.UNAUTHENTICATED and text == message
     sock.close()
     assert FramedClient(HOST, servers.service.frame_port, SECRET).call(
-        mf.BY_NAME["GetAttr"], pb.InodeRequest(caller=caller(), ino=1), 5).attr.ino == 1
+        Master.GetAttr, pb.InodeRequest(caller=caller(), ino=1), 5).attr.ino == 1
 
 
 def test_an_open_cluster_still_shakes_hands(tmp_path: Path) -> None:
@@ -210,7 +212,7 @@ def read_reply(sock: socket.socket) -> tuple[int, int, str | bytes]:
 
 def good_call(sock: socket.socket, call_id: int = 7) -> None:
     body = pb.InodeRequest(caller=caller(), ino=1).SerializeToString()
-    sock.sendall(struct.pack(">IIH", 6 + len(body), call_id, mf.BY_NAME["GetAttr"].id) + body)
+    sock.sendall(struct.pack(">IIH", 6 + len(body), call_id, Master.GetAttr.id) + body)
     got_id, status, payload = read_reply(sock)
     assert (got_id, status) == (call_id, 0)
     assert pb.AttrReply.FromString(payload).attr.ino == 1
@@ -234,12 +236,12 @@ def test_garbage_gets_einval_or_a_closed_connection(master: tuple[Servers, Confi
     assert (call_id, status) == (2, errno.EINVAL) and "unknown method" in str(text)
     good_call(sock, 3)
     # undecodable protobuf: EINVAL, usable
-    sock.sendall(struct.pack(">IIH", 6 + 4, 4, mf.BY_NAME["GetAttr"].id) + b"\xff\xff\xff\xff")
+    sock.sendall(struct.pack(">IIH", 6 + 4, 4, Master.GetAttr.id) + b"\xff\xff\xff\xff")
     call_id, status, text = read_reply(sock)
     assert (call_id, status) == (4, errno.EINVAL) and "undecodable" in str(text)
     good_call(sock, 5)
     # a length past the 64 MiB cap: EINVAL for that call id, then the connection closes
-    sock.sendall(struct.pack(">IIH", (64 << 20) + 1, 6, mf.BY_NAME["GetAttr"].id))
+    sock.sendall(struct.pack(">IIH", (64 << 20) + 1, 6, Master.GetAttr.id))
     call_id, status, text = read_reply(sock)
     assert (call_id, status) == (6, errno.EINVAL) and "exceeds" in str(text)
     assert closed(sock)

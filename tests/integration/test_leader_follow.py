@@ -39,6 +39,7 @@ from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.heartbeat import Heartbeat
 from curvine_py.worker.threadio import ThreadIO
 from curvine_py.worker.ufsmounts import master_resolver
+from curvine_py.pb.methods import Master
 
 SECRET = "leader-test-secret"
 HOST = "127.0.0.1"
@@ -168,7 +169,7 @@ def test_a_master_that_does_not_answer_is_skipped_once(master: Servers) -> None:
 
         async def loop() -> None:   # the mount's client follows the same route
             fast = AsyncMeta(m)
-            assert (await fast.call("Lookup", m.lookup_request(1, "f3"), 5)).attr.ino == m.lookup(1, "f3").ino
+            assert (await fast.call(Master.Lookup, m.lookup_request(1, "f3"), 5)).attr.ino == m.lookup(1, "f3").ino
             fast.close()
         trio.run(loop)
         assert m._frames is route
@@ -190,7 +191,7 @@ def test_one_error_names_every_master_when_none_answers() -> None:
 
         async def loop() -> None:
             with pytest.raises(CurvineError) as e:
-                await AsyncMeta(m).call("GetAttr", m.getattr_request(1))
+                await AsyncMeta(m).call(Master.GetAttr, m.getattr_request(1))
             assert e.value.errno == errno.EHOSTDOWN
             assert str(e.value).startswith(f"no master of {a}, {b} answered"), str(e.value)
         trio.run(loop)
@@ -272,10 +273,10 @@ def test_the_mount_loop_follows_not_leader_at_once(pair: tuple[Served, Served]) 
         req = m.mknod_request(1, "loop-made", 0o100644)
 
         async def loop() -> float:
-            assert (await fast.call("GetAttr", m.getattr_request(1), 5)).attr.ino == 1
+            assert (await fast.call(Master.GetAttr, m.getattr_request(1), 5)).attr.ino == 1
             a.role.leader = b.address
             t0 = time.monotonic()
-            attr = (await fast.call("Mknod", req, 5)).attr
+            attr = (await fast.call(Master.Mknod, req, 5)).attr
             took = time.monotonic() - t0
             assert attr.ino > 1
             fast.close()
@@ -316,7 +317,7 @@ def test_a_worker_registers_with_the_master_that_answers(master: Servers, engine
     try:
         assert hb.registered.wait(10)
         assert hb.link.masters.current() == live
-        assert [w.address.host for w in m.call("Report", pb.Empty()).workers] == ["leader-test"]
+        assert [w.address.host for w in m.call(Master.Report, pb.Empty()).workers] == ["leader-test"]
     finally:
         hb.stop()
         m.close()
@@ -455,9 +456,9 @@ def test_the_mount_loop_follows_a_new_raft_leader(raft_group: list[RaftMaster]) 
         fast = AsyncMeta(m)
 
         async def loop() -> None:
-            await fast.call("Mknod", m.mknod_request(1, "loop-before", 0o100644))
+            await fast.call(Master.Mknod, m.mknod_request(1, "loop-before", 0o100644))
             leader.proc.kill()
-            await fast.call("Mknod", m.mknod_request(1, "loop-after", 0o100644))
+            await fast.call(Master.Mknod, m.mknod_request(1, "loop-after", 0o100644))
             fast.close()
         trio.run(loop)
         leader.proc.wait()
@@ -479,7 +480,7 @@ def test_a_worker_registers_again_with_a_new_raft_leader(raft_group: list[RaftMa
         new = wait_leader([r for r in raft_group if r is not leader])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            workers = m.call("Report", pb.Empty()).workers
+            workers = m.call(Master.Report, pb.Empty()).workers
             if hb.link.masters.current() == new.address and any(w.address.host == "leader-test" for w in workers):
                 break
             time.sleep(0.2)

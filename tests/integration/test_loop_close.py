@@ -12,6 +12,7 @@ import pytest
 
 from curvine_py.client.writer import FileWriter
 from curvine_py.common.errors import CurvineError
+from curvine_py.pb.methods import Master, Method
 
 if typing.TYPE_CHECKING:
     from curvine_py.sdk import Client
@@ -29,7 +30,7 @@ def test_an_unwritten_file_closes_with_one_commit(client: "Client", remote_dir: 
     w = new_writer(client, f"{remote_dir}/empty")
     req = w.close_request_nowait()
     assert req is not None and req.release and w.closed
-    client.meta.call("Commit", req)
+    client.meta.call(Master.Commit, req)
     w.close_sent(ok=True)
     assert w.closed and w.lease_id not in client.core.leases
     st = client.stat(f"{remote_dir}/empty")
@@ -50,7 +51,7 @@ def test_landed_blocks_are_committed_by_it(client: "Client", remote_dir: str) ->
     w.flush()
     req = w.close_request_nowait()
     assert req is not None and req.size == len(data) + 1
-    client.meta.call("Commit", req)
+    client.meta.call(Master.Commit, req)
     w.close_sent(ok=True)
     assert client.get_bytes(f"{remote_dir}/landed") == data + b"!"
 
@@ -65,7 +66,7 @@ def test_a_failed_commit_reopens_the_writer_for_an_ordinary_close(client: "Clien
     assert req is not None
     req.lease_id += 1000                       # the master refuses a lease that is not this file's
     with pytest.raises(CurvineError) as e:
-        client.meta.call("Commit", req)
+        client.meta.call(Master.Commit, req)
     assert e.value.errno in (errno.EBADF, errno.EPERM, errno.EBUSY, errno.ESTALE, errno.EINVAL)
     w.close_sent(ok=False)
     assert not w.closed and w.lease_id in client.core.leases
@@ -89,7 +90,7 @@ def test_a_close_after_in_order_writes_lands_its_streamed_blocks_without_a_flush
         f.result(30)
     req = w.close_request_nowait()
     assert req is not None and req.size == len(data)
-    client.meta.call("Commit", req)
+    client.meta.call(Master.Commit, req)
     w.close_sent(ok=True)
     assert client.get_bytes(f"{remote_dir}/streamed") == data
 
@@ -119,8 +120,8 @@ def test_the_vfs_close_of_a_chunk_written_in_order_is_landed_then_committed(clie
         vfs.write(opened.fh, off, data[off:off + 256 * 1024])
     steps: list[str] = []
 
-    async def call(method: str, request: typing.Any) -> typing.Any:
-        steps.append(method)
+    async def call(method: Method[typing.Any, typing.Any], request: typing.Any) -> typing.Any:
+        steps.append(method.name)
         return client.meta.call(method, request)
 
     async def blocking(fn: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:

@@ -27,6 +27,7 @@ from curvine_py.client.vfs import VFS
 from curvine_py.cluster.local import LocalCluster, fuse_available
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.sdk import Client
+from curvine_py.pb.methods import Master
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
 from tests.integration.test_verify_ahead import lookup, opens_of
 from tests.pyfuse3_features import needs_passthrough
@@ -140,7 +141,7 @@ def test_a_lookup_without_a_read_token_stages_nothing(stage_vfs: VFS, client: Cl
     meta = stage_vfs.meta
     request = meta.lookup_request(client.stat(remote_dir).ino, "chunk")
     request.one_block = True
-    reply = meta.call("Lookup", request)
+    reply = meta.call(Master.Lookup, request)
     assert stage_vfs.core.cfg.cluster.secret and reply.blocks[0].token
     tokenless = pb.BlockInfo()
     tokenless.CopyFrom(reply.blocks[0])

@@ -16,6 +16,7 @@ from curvine_py.client.mount.policy import MountOpens
 from curvine_py.client.vfs import VFS
 from curvine_py.common.types import ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master, Method
 from tests.integration.test_shortcircuit import local_block_files
 
 if typing.TYPE_CHECKING:
@@ -30,7 +31,7 @@ ONE_BLOCK = 3 * MiB + 5          # under the default 4 MiB block size
 def lookup(vfs: VFS, path: str) -> pb.Attr:
     """Resolve path one name at a time with the mount's own lookup, driven on a trio loop
     as the mount drives it (VFS.drive)."""
-    async def call(method: str, request: typing.Any) -> typing.Any:
+    async def call(method: Method[typing.Any, typing.Any], request: typing.Any) -> typing.Any:
         return vfs.meta.call(method, request)
 
     async def blocking(fn: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:
@@ -77,7 +78,7 @@ def test_lookup_returns_the_block_of_one_block_files_only(client: "Client", remo
     def blocks(name: str, one_block: bool = True) -> list[pb.BlockInfo]:
         request = meta.lookup_request(parent, name)
         request.one_block = one_block
-        return list(meta.call("Lookup", request).blocks)
+        return list(meta.call(Master.Lookup, request).blocks)
 
     (b,) = blocks("one")
     want = meta.block_locations(client.stat(f"{remote_dir}/one").ino).blocks[0]
@@ -90,7 +91,7 @@ def test_lookup_returns_the_block_of_one_block_files_only(client: "Client", remo
     request.one_block = True
     request.caller.uid = request.caller.gid = 4242
     del request.caller.groups[:]
-    (other,) = meta.call("Lookup", request).blocks
+    (other,) = meta.call(Master.Lookup, request).blocks
     assert other.block_id == b.block_id and other.token == ""   # ...only for a caller who may read the file
     assert blocks("two") == []
     assert blocks("empty") == []

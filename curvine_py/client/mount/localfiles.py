@@ -29,6 +29,7 @@ from curvine_py.client.mount.checker import Checker
 from curvine_py.client.core import ClientCore
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class LocalFiles:
         if self.ahead:
             self._checker.start()
         try:
-            ring = self.core.meta.call("GetRing", pb.Empty())
+            ring = self.core.meta.call(Master.GetRing, pb.Empty())
         except CurvineError as e:
             log.info("workers not learned ahead of the first open (%s)", e)
             return
