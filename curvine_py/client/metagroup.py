@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from curvine_py.common.errors import leader_of
+from curvine_py.common.leader import Leader
 from curvine_py.common.rpc import channel
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
@@ -70,14 +71,15 @@ class MasterGroup:
     """Channels to every master of a list, opened once (start-up polls call many times).
 
     ``call`` makes a call on the leader: the master that answered last first, then the
-    one a follower names (NotLeader's ``curvine-leader``), then the rest in list order.
+    one a follower names (NotLeader's ``curvine-leader``), then the rest in list order
+    (``common/leader.py``, the one place that decides which master to call).
     """
 
     def __init__(self, addresses: typing.Sequence[str], secret: str = "") -> None:
         self.addresses = tuple(addresses)
         self._channels = [channel(a, secret) for a in self.addresses]
         self._stubs = [pb_grpc.MasterServiceStub(c) for c in self._channels]
-        self._last = 0   # index of the master that answered last
+        self.masters = Leader(self.addresses, lambda _round: 0.0)   # which one leads, as last found
 
     def close(self) -> None:
         for c in self._channels:
@@ -120,21 +122,25 @@ class MasterGroup:
 
     def call(self, method: Method[Req, Rep], request: Req, timeout: float = STATUS_TIMEOUT_S) -> Rep | None:
         """method(request) answered by the leader, or None when no master answered it
-        (no leader yet, every master down, or the leader not ready)."""
-        order = [self._last] + [i for i in range(len(self._stubs)) if i != self._last]
-        tried: set[int] = set()
-        while order:
-            i = order.pop(0)
-            if i in tried:
+        within one round of the group (no leader yet, every master down, or the leader
+        not ready).  Which master to try is common/leader.py's ``Leader``, as for the
+        client and the workers: the one that answered last, a follower's hint, the next."""
+        tried: set[str] = set()
+        for _ in range(2 * len(self.addresses)):   # a hint outside the list costs a turn, no call
+            at = self.masters.current()
+            if at in tried:
+                break   # each master asked once: a round without an answer
+            if at not in self.addresses:   # tools call only the listed masters
+                self.masters.unreachable(at)
                 continue
-            tried.add(i)
+            tried.add(at)
             try:
-                reply: Rep = getattr(self._stubs[i], method.name)(request, timeout=timeout)
+                reply: Rep = getattr(self._stubs[self.addresses.index(at)], method.name)(request, timeout=timeout)
+                return reply
             except grpc.RpcError as e:
                 named = leader_of(e)
-                if named in self.addresses:
-                    order.insert(0, self.addresses.index(named))
-                continue
-            self._last = i
-            return reply
+                if named is None:
+                    self.masters.unreachable(at)
+                else:
+                    self.masters.not_leader(at, named)
         return None
