@@ -233,11 +233,9 @@ class AsyncMeta:
             with trio.fail_after(timeout):
                 await sock.connect((host, port))
                 sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-                magic, version, nonce = mf.HELLO.unpack(await conn.reader.afill(mf.HELLO.size))
-                if magic != mf.MAGIC or version != mf.VERSION:
-                    raise mf.Closed(f"{host}:{port} is not a curvine frame server")
+                answer = mf.answer_hello(await conn.reader.afill(mf.HELLO.size), secret, f"{host}:{port}")
                 conn.reader.consume(mf.HELLO.size)
-                await _send_all(sock, mf.mac(secret, bytes(nonce)))
+                await _send_all(sock, answer)
         except (OSError, mf.Closed, trio.TooSlowError) as e:
             sock.close()
             self._meta.route_failed(port)   # the next attempt asks the master for its port again

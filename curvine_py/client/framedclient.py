@@ -141,18 +141,12 @@ class FramedClient:
             _tune(sock)
             sock.settimeout(timeout)
             reader = mf.FrameReader(sock)
-            magic, version, nonce = mf.HELLO.unpack(reader.fill(mf.HELLO.size))
-            if magic != mf.MAGIC or version != mf.VERSION:
-                raise NoServer(f"{self.host}:{self.port} is not a curvine frame server "
-                                        f"(hello {bytes(magic)!r} v{version})")
+            answer = mf.answer_hello(reader.fill(mf.HELLO.size), self._secret, f"{self.host}:{self.port}")
             reader.consume(mf.HELLO.size)
-            sock.sendall(mf.mac(self._secret, bytes(nonce)))
-        except (OSError, mf.Closed) as e:
+            sock.sendall(answer)
+        except OSError as e:   # mf.Closed too: closed before its hello, or not one of ours
             sock.close()
             raise NoServer(f"no hello from {self.host}:{self.port}: {e}") from None
-        except NoServer:
-            sock.close()
-            raise
         conn = _Conn(sock, reader, timeout)
         with self._lock:
             self._conns.add(conn)

@@ -77,6 +77,16 @@ def hello(nonce: bytes) -> bytes:
     return HELLO.pack(MAGIC, VERSION, nonce)
 
 
+def answer_hello(hello_bytes: bytes | memoryview, secret: str, where: str) -> bytes:
+    """The client's side of the handshake, for both clients (the threads' and the mount
+    loop's): the server's HELLO.size-byte hello checked, and the MAC to send back.
+    Closed when the server is not a curvine frame server of this wire version."""
+    magic, version, nonce = HELLO.unpack(hello_bytes)
+    if magic != MAGIC or version != VERSION:
+        raise Closed(f"{where} is not a curvine frame server (hello {bytes(magic)!r} v{version})")
+    return mac(secret, bytes(nonce))
+
+
 def request_frame(call_id: int, method_id: int, payload: bytes) -> bytes:
     """Header and payload in one bytes object (metadata requests are small: one send)."""
     return REQUEST.pack(REQUEST_REST + len(payload), call_id, method_id) + payload
