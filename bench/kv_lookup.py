@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""LMCache's lookup through a mount with no replica on its host: 32 stats in a row, timed.
+
+Starts a local cluster (1 master + 2 workers, a mount) per setting, all at once, with
+short-circuit off in the mount so that no replica counts as local (every block is remote
+to it, as for a reader on a host with no worker; tests/integration/test_staging.py does
+the same).  The settings' rounds alternate (a change of the machine's load meets them
+alike).  Each round writes `--files` fresh chunk files through the SDK (one block each), drops the
+kernel's caches and the mount's copies (`cv bench --drop-caches`), then, as LMCache's
+retrieve does, stats every chunk in order (the lookup, timed as a whole), then opens and
+reads each whole (the read, timed as a whole; it is where fetch_ahead pays off), right
+after the lookup or `--gap-ms` later (vLLM's scheduler asks LMCache's lookup, its worker
+reads a step later).
+
+Settings (`--settings`, default all):
+- defaults: fetch_ahead off (nothing fetched at lookups).
+- ahead: fuse.fetch_ahead on (client/mount/fetchahead.py: a pool buffer per lookup).
+- kv: the KV mount settings of bench/compare: direct_io_reads, fetch_ahead, stage_remote
+  (client/mount/staging.py: the lookup stages the block for the kernel).
+
+    .venv/bin/python bench/kv_lookup.py [--rounds 20] [--files 32] [--size 2MiB] [--gap-ms 0]
+        [--settings defaults,ahead,kv] [--json]
+
+Needs root (a FUSE mount, drop_caches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from curvine_py.cli.bench.workloads import drop_caches
+from curvine_py.cluster.local import LocalCluster, fuse_available
+from curvine_py.common import config as cfgmod
+from curvine_py.sdk import Client
+
+SETTINGS = {
+    "defaults": {},
+    "ahead": {"CURVINE_FUSE_FETCH_AHEAD": "true"},
+    "kv": {"CURVINE_FUSE_DIRECT_IO_READS": "true", "CURVINE_FUSE_FETCH_AHEAD": "true",
+           "CURVINE_FUSE_STAGE_REMOTE": "true"},
+}
+SETTLE_S = 0.3     # after the writes and the drop, before the lookup
+
+
+def sdk(cluster: LocalCluster) -> Client:
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, cluster.config_path)
+    cfg.client.master = cluster.master_address
+    return Client(master=cluster.master_address, config=cfg)
+
+
+def one_round(client: Client, mnt: Path, r: int, files: int, size: int, gap_s: float = 0.0) -> tuple[float, float]:
+    """(lookup ms, read ms) of one round over fresh chunk files, gap_s between them."""
+    names = [f"model@1@0@{r:04x}{i:04x}@bfloat16.data" for i in range(files)]
+    for i, name in enumerate(names):
+        client.put_bytes(f"/kv/{name}", os.urandom(size - i))
+    drop_caches(mnt)
+    time.sleep(SETTLE_S)
+    paths = [mnt / "kv" / n for n in names]
+    t = time.perf_counter()
+    sizes = [os.stat(p).st_size for p in paths]
+    lookup = time.perf_counter() - t
+    time.sleep(gap_s)
+    buf = memoryview(bytearray(size))
+    t = time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            got = f.readinto(buf[:4096]) or 0
+            while got < size:
+                n = f.readinto(buf[got:])
+                if not n:
+                    break
+                got += n
+    read = time.perf_counter() - t
+    assert sizes == [size - i for i in range(files)], sizes
+    return lookup * 1e3, read * 1e3
+
+
+def p90(xs: list[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
+
+
+def start(setting: str, work: Path) -> tuple[LocalCluster, Path]:
+    mnt = work / f"mnt-{setting}"
+    env = {"CURVINE_CLIENT_SHORT_CIRCUIT": "false", **SETTINGS[setting]}
+    cluster = LocalCluster(work / f"cluster-{setting}", workers=2, mount=str(mnt), die_with_parent=True,
+                           extra_master_flags=("--master-heartbeat-ms", "200"), env=env)
+    return cluster.start(timeout=60), mnt
+
+
+def measure(settings: list[str], work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Every setting's cluster at once, their rounds alternated (round r of each setting
+    one after the other), so that a change of this machine's load meets them all alike."""
+    clusters: dict[str, tuple[LocalCluster, Path]] = {}
+    try:
+        for setting in settings:
+            clusters[setting] = start(setting, work)
+        clients = {setting: sdk(c) for setting, (c, _mnt) in clusters.items()}
+        lookups: dict[str, list[float]] = {s: [] for s in settings}
+        reads: dict[str, list[float]] = {s: [] for s in settings}
+        try:
+            for setting, client in clients.items():
+                client.mkdir("/kv")
+                one_round(client, clusters[setting][1], 0xFFFF, args.files, args.size)   # warm-up, not counted
+            for r in range(args.rounds):
+                for setting, client in clients.items():
+                    lk, rd = one_round(client, clusters[setting][1], r, args.files, args.size, args.gap_ms / 1e3)
+                    lookups[setting].append(lk)
+                    reads[setting].append(rd)
+        finally:
+            for client in clients.values():
+                client.close()
+        out = {}
+        for setting, (cluster, _mnt) in clusters.items():
+            log = Path(next(p.log for p in cluster.processes if p.name == "fuse"))
+            lk, rd = lookups[setting], reads[setting]
+            out[setting] = {"lookup_median_ms": statistics.median(lk), "lookup_p90_ms": p90(lk),
+                            "read_median_ms": statistics.median(rd), "read_p90_ms": p90(rd)}
+            if "not staged" in log.read_text():
+                out[setting]["staging_unavailable"] = 1.0
+        return out
+    finally:
+        for cluster, _mnt in clusters.values():
+            cluster.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--files", type=int, default=32)
+    ap.add_argument("--size", type=cfgmod.parse_size, default=2 << 20, help="bytes per chunk (one block: <= 4 MiB)")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="between the lookup and the read (LMCache looks up in the scheduler, reads later)")
+    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not fuse_available() or os.geteuid() != 0:
+        print("needs root and FUSE", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="kv-lookup-"))
+    try:
+        results = measure(args.settings.split(","), work, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for setting, f in results.items():
+        print(f"{setting:9} lookup of {args.files}: median {f['lookup_median_ms']:6.1f} ms  "
+              f"p90 {f['lookup_p90_ms']:6.1f} ms   read: median {f['read_median_ms']:6.1f} ms  "
+              f"p90 {f['read_p90_ms']:6.1f} ms" + ("  (staging unavailable)" if "staging_unavailable" in f else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
