@@ -24,6 +24,7 @@ client/reader.py and client/writer.py.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import itertools
 import logging
@@ -139,6 +140,7 @@ class OpenPolicy(typing.Protocol):
     def one_block(self) -> bool: ...
     @property
     def staged_bytes(self) -> int: ...
+    def looking_up(self) -> typing.ContextManager[object]: ...
     def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None: ...
     def opened(self, ino: int, reader: FileReader, reply: pb.OpenReply, flags: int,
                prefetch: bool) -> tuple[pb.BlockInfo | None, Any]: ...
@@ -155,6 +157,9 @@ class SdkOpens:
     dir_attr_ttl = 0.0
     direct_reads = direct_creates = one_block = False
     staged_bytes = 0
+
+    def looking_up(self) -> typing.ContextManager[object]:
+        return contextlib.nullcontext()
 
     def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None:
         pass
@@ -296,7 +301,8 @@ class VFS:
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         request = self.meta.lookup_request(self._in(parent), name, ident)
         request.one_block = self.opens.one_block
-        reply = yield from ask(Master.Lookup, request)
+        with self.opens.looking_up():   # (a mount starts no fetch ahead meanwhile)
+            reply = yield from ask(Master.Lookup, request)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 

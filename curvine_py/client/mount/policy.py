@@ -12,7 +12,7 @@ import typing
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.mount import staging
-from curvine_py.client.mount.fetchahead import FetchAhead
+from curvine_py.client.mount.fetchahead import FetchAhead, Lookups
 from curvine_py.client.mount.localfiles import LocalFiles
 from curvine_py.client.mount.staging import Staged, StagedBlocks
 from curvine_py.client.reader import FileReader
@@ -32,7 +32,8 @@ class MountOpens:
         self.direct_reads = fuse.direct_io_reads
         self.direct_creates = fuse.direct_io_creates
         self.local = LocalFiles(core, fuse.verify_ahead)   # files the kernel may read itself
-        self.ahead = FetchAhead(core) if fuse.fetch_ahead else None   # blocks fetched at lookups
+        self.lookups = Lookups()   # running ones: the fetches ahead start in their pauses
+        self.ahead = FetchAhead(core, lookups=self.lookups) if fuse.fetch_ahead else None   # blocks fetched at lookups
         self.stage: StagedBlocks | None = None   # remote blocks staged for the kernel (start_passthrough)
 
     def start_passthrough(self) -> None:
@@ -41,7 +42,7 @@ class MountOpens:
         self.local.enabled = True
         self.core.executor.submit(self.local.warm)
         if self.core.cfg.fuse.stage_remote:
-            self.stage = staging.start(self.core)
+            self.stage = staging.start(self.core, self.lookups)
 
     @property
     def one_block(self) -> bool:
@@ -52,6 +53,10 @@ class MountOpens:
     def staged_bytes(self) -> int:
         """Bytes of remote blocks staged for the kernel now (curvine_client_staged_bytes)."""
         return self.stage.staged_bytes if self.stage is not None else 0
+
+    def looking_up(self) -> Lookups:
+        """The context of a lookup's call to the master: no fetch ahead starts meanwhile."""
+        return self.lookups
 
     def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None:
         self.local.after_lookup(attr, blocks)
@@ -66,6 +71,7 @@ class MountOpens:
         the kernel will read by itself, a local replica's or a staged copy (or neither)."""
         if self.ahead is not None:
             self.ahead.hand_over(reader)
+        self.lookups.opened()   # the reads begin: the other fetches ahead need not wait out a pause
         local = self.local.block_of(reply.attr, reply.blocks, flags)
         if local is not None or not prefetch or self.stage is None:
             return local, None

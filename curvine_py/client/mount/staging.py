@@ -37,6 +37,8 @@ Two fetches at once, where FetchAhead runs one: a staged read costs the mount no
 the reader waits for the fetches alone (one 14 MiB fetch over the test hosts' veth took
 9-12 ms while the reader read in ~2, and waited), and two from alternate workers were
 faster in 3 alternated runs of bench/compare (docs/performance-log.md "Session 21").
+As FetchAhead's, a lookup's fetch starts in a pause of the lookups only (fetchahead.Lookups):
+the staging thread waits for it, and an open meanwhile takes the fetch over.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
+from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, Lookups, fetchable
 from curvine_py.client.mount.localfiles import one_block
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
@@ -120,11 +122,13 @@ def _failed(s: Staged) -> bool:
 class StagedBlocks:
     """The staged blocks of one mount, by block id, least recently used first."""
 
-    def __init__(self, core: ClientCore, dirfd: int, budget: int, ahead: bool) -> None:
+    def __init__(self, core: ClientCore, dirfd: int, budget: int, ahead: bool,
+                 lookups: Lookups | None = None) -> None:
         self.core = core
         self.dirfd = dirfd
         self.budget = budget
         self.ahead = ahead            # fuse.fetch_ahead: lookups stage their block
+        self.lookups = lookups if lookups is not None else Lookups()   # their fetches wait for a pause
         self._lock = threading.Lock()
         self._table: OrderedDict[int, Staged] = OrderedDict()
         self._later: OrderedDict[int, tuple[int, pb.BlockInfo, float]] = OrderedDict()   # lookups with no room yet
@@ -280,8 +284,10 @@ class StagedBlocks:
                 self._drop(s)
 
     def _fetch_queued(self, s: Staged) -> None:
-        """A lookup's fetch, in the queue's turn (skipped when dropped meanwhile)."""
+        """A lookup's fetch, in the queue's turn and the next pause of the lookups
+        (skipped when dropped meanwhile; taken over by an open meanwhile)."""
         try:
+            self.lookups.wait_quiet(lambda: self._closed or s.started or s.dropped)
             self._fetch(s)
         except Exception:   # a background hint: never let it die silently
             log.exception("staging block %d", s.block.block_id)
@@ -337,9 +343,10 @@ class StagedBlocks:
         os.close(self.dirfd)
 
 
-def start(core: ClientCore) -> StagedBlocks | None:
-    """The mount's staging (fuse.stage_remote), once passthrough works; None, said in one
-    log line, where its memory filesystem cannot be made."""
+def start(core: ClientCore, lookups: Lookups | None = None) -> StagedBlocks | None:
+    """The mount's staging (fuse.stage_remote), once passthrough works, its lookups'
+    fetches started in pauses of lookups; None, said in one log line, where its memory
+    filesystem cannot be made."""
     budget = core.cfg.fuse.stage_bytes
     try:
         dirfd = huge_tmpfs(2 * budget)   # room for files a reader's mmap keeps after they were dropped
@@ -348,4 +355,4 @@ def start(core: ClientCore) -> StagedBlocks | None:
                     "they are read through the mount", e.strerror)
         return None
     log.info("remote one-block files are staged in memory for the kernel to read (up to %d MiB)", budget >> 20)
-    return StagedBlocks(core, dirfd, budget, core.cfg.fuse.fetch_ahead)
+    return StagedBlocks(core, dirfd, budget, core.cfg.fuse.fetch_ahead, lookups)
