@@ -13,7 +13,7 @@ import socket
 from contextlib import contextmanager
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import xxhash
 
@@ -187,7 +187,7 @@ class BlockIO:
         return list(reply.acked) or [head.worker_id]
 
     def read_block(self, worker: pb.WorkerAddress, block_id: int, offset: int, into: memoryview,
-                   token: str = "", progress: Callable[[int], None] | None = None,
+                   token: str = "", progress: frames.Arrivals | None = None,
                    ufs_block: pb.BlockInfo | None = None, chain: list[pb.WorkerAddress] | None = None) -> int:
         """Read up to len(into) bytes of block_id from offset into `into`; returns bytes read.
         token: the block's access token from the master (BlockInfo.token); progress hears
@@ -256,9 +256,9 @@ class RemoteReader:
         return True
 
     def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
-             advance: Callable[[int], None] | None) -> int | None:
+             progress: frames.Arrivals | None) -> int | None:
         try:
-            n = self.io.read_block(addr, block.block_id, offset, into, block.token, advance,
+            n = self.io.read_block(addr, block.block_id, offset, into, block.token, progress,
                                    *self._ufs_args(block, addr))
         except CurvineError as e:
             if e.errno == errno.EREMOTEIO:   # every replica would ask the same UFS

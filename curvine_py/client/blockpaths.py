@@ -31,16 +31,16 @@ import collections
 import contextlib
 import logging
 import threading
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from curvine_py.client.blockio import BlockIO, RemoteReader, RemoteWriter, WorkerDirectory
 from curvine_py.client.localwrite import LocalFile, LocalFirstWriter, LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.common.connpool import ConnectionPool
+from curvine_py.common.frames import Arrivals
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
-Advance = Callable[[int], None]   # hears how many bytes of the read's buffer have arrived
 _U64 = (1 << 64) - 1
 
 
@@ -63,7 +63,7 @@ class BlockReader(Protocol):
         """May this way read addr's replica at all (e.g. is it on this host)?"""
 
     def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
-             advance: Advance | None) -> int | None:
+             progress: Arrivals | None) -> int | None:
         """Fill into (len(into) bytes from offset) from addr's replica: len(into), or None when
         this way cannot now (the same replica is then read the next way).  Raises
         CurvineError or OSError when the replica failed (the next replica is tried)."""

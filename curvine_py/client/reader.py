@@ -125,12 +125,11 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
     # verified before they are sent) may write over them, never a local file read unverified
     # (a local read announces each chunk once verified, so its head is served early too).
     ways = core.paths.readers(local_ok=progress is None or progress.got == 0)
-    advance = None if progress is None else progress.advance
     for addr in core.paths.replica_order(block):
         try:
             with core.paths.reading(addr):
                 for way in ways:
-                    if way.serves(addr) and way.read(addr, block, offset, into[:want], advance) is not None:
+                    if way.serves(addr) and way.read(addr, block, offset, into[:want], progress) is not None:
                         return want
         except UfsFailure:
             raise

@@ -37,6 +37,7 @@ from curvine_py.client import metrics
 from curvine_py.common import rpc
 from curvine_py.common.blockmeta import BlockMeta, block_file, mapped_chunk_sums
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.frames import Arrivals
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc
 
@@ -47,7 +48,7 @@ MAX_CACHED_BLOCKS = 4096
 CHECK_WAIT_S = 5.0             # an open waits this long for a check ahead of the same block
 Hasher = Callable[[int, BlockMeta], list[int]]   # (open block file, its meta) -> chunk sums
 PIECE = 256 << 10               # read + hash step: fits the L2 cache
-ANNOUNCE = 1 << 20              # `advance` hears of verified bytes at MiB boundaries (and the end)
+ANNOUNCE = 1 << 20              # `progress` hears of verified bytes at MiB boundaries (and the end)
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,10 @@ class ShortCircuit:
     serves = is_local   # as a BlockReader (client/blockpaths.py): only the replica on this host
 
     def read(self, addr: pb.WorkerAddress, block: pb.BlockInfo, offset: int, into: memoryview,
-             advance: Callable[[int], object] | None = None) -> int | None:
+             progress: Arrivals | None = None) -> int | None:
         """Fill `into` with block bytes from `offset` (len(into) <= block length - offset) out
         of the local file; returns len(into), or None when the network must be used.
-        `advance` hears how many bytes of `into` are in and verified, MiB by MiB, so a
+        `progress` hears how many bytes of `into` are in and verified, MiB by MiB, so a
         reader of the block's head need not wait for its tail (as over the network)."""
         key = (addr.worker_id, block.block_id)
         try:
@@ -98,7 +99,7 @@ class ShortCircuit:
             if local is None:
                 self._count_fallback()
                 return None
-            self._read_verified(local, offset, into, advance)
+            self._read_verified(local, offset, into, progress)
         except (OSError, ValueError, grpc.RpcError, CurvineError) as e:
             self._count_fallback()
             self._give_up(key, addr, block, e, "read")
@@ -306,10 +307,10 @@ class ShortCircuit:
         return dirs
 
     def _read_verified(self, local: LocalBlock, offset: int, into: memoryview,
-                       advance: Callable[[int], object] | None = None) -> None:
+                       progress: Arrivals | None = None) -> None:
         """Chunks the range covers whole are read straight into `into` and verified there; a
         partly covered chunk at either end is read whole into a per-thread scratch buffer
-        and verified there (a chunk is verified whole).  Raises on any mismatch; `advance`
+        and verified there (a chunk is verified whole).  Raises on any mismatch; `progress`
         hears of the verified bytes in `into` at each MiB boundary and at the end (not at
         every 128 KiB chunk: each call may wake a waiting reader)."""
         meta, cs, length = local.meta, local.meta.chunk_size, local.meta.length
@@ -326,8 +327,8 @@ class ShortCircuit:
                     _read_chunk(fd, meta, c, into[lo - offset:hi - offset])
                 else:
                     self._partial(fd, meta, c, max(offset, lo), min(end, hi), offset, into)
-                if advance is not None and (hi % ANNOUNCE == 0 or hi >= end):
-                    advance(min(end, hi) - offset)
+                if progress is not None and (hi % ANNOUNCE == 0 or hi >= end):
+                    progress.advance(min(end, hi) - offset)
         finally:
             os.close(fd)
 

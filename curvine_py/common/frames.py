@@ -116,12 +116,18 @@ def send_header_with_fd(sock: socket.socket, header: DataHeader, fd: int) -> Non
         sock.sendall(msg[sent:])
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview,
-                    progress: typing.Callable[[int], None] | None = None) -> None:
-    """Fill view completely from sock or raise ChannelClosed.
+class Arrivals(typing.Protocol):
+    """Who hears how far a read's buffer is filled (the block cache's entry for the
+    block, client/reader.py CachedBlock), so a reader can use the head of a block while
+    its tail is still on the wire or not yet verified."""
 
-    progress, if given, hears the count of bytes in view so far after each receive, so
-    a reader can use the head of a block while its tail is still on the wire."""
+    def advance(self, got: int) -> None:
+        """`got` bytes from the start of the buffer are in (called from the reading thread)."""
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, progress: Arrivals | None = None) -> None:
+    """Fill view completely from sock or raise ChannelClosed; progress, if given, hears
+    the count of bytes in view so far after each receive."""
     got = 0
     n = len(view)
     while got < n:
@@ -130,7 +136,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview,
             raise ChannelClosed(f"connection closed after {got} of {n} bytes")
         got += k
         if progress is not None:
-            progress(got)
+            progress.advance(got)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -182,6 +182,13 @@ def test_a_block_outside_the_layout_is_found_by_statblock(local_client: "Client"
     assert moved["reads"] == 3 and moved["fallbacks"] == 0
 
 
+class Heard(list[int]):
+    """What a reader's block-cache entry hears of a read's progress (frames.Arrivals)."""
+
+    def advance(self, got: int) -> None:
+        self.append(got)
+
+
 def test_a_local_read_announces_each_chunk_once_verified(shared_cluster: LocalCluster, local_client: "Client",
                                                          remote_dir: str) -> None:
     """The block's head is usable before its tail is read (the reader's `advance`), and
@@ -189,17 +196,17 @@ def test_a_local_read_announces_each_chunk_once_verified(shared_cluster: LocalCl
     data = payload(10)
     local_client.put_bytes(f"{remote_dir}/f", data)
     sc, w0, block = local_block(local_client, f"{remote_dir}/f", last=False)   # a whole 4 MiB block: 4 chunks
-    heard: list[int] = []
+    heard = Heard()
     into = memoryview(mmap.mmap(-1, block.length))
-    assert sc.read(w0, block, 0, into, heard.append) == block.length
+    assert sc.read(w0, block, 0, into, heard) == block.length
     assert heard == [MiB, 2 * MiB, 3 * MiB, 4 * MiB] and into == data[:block.length]
     heard.clear()
-    assert sc.read(w0, block, 5, into[:3 * MiB], heard.append) == 3 * MiB   # ends inside chunk 3
+    assert sc.read(w0, block, 5, into[:3 * MiB], heard) == 3 * MiB   # ends inside chunk 3
     assert heard == [MiB - 5, 2 * MiB - 5, 3 * MiB - 5, 3 * MiB] and into[:3 * MiB] == data[5:3 * MiB + 5]
     path = local_block_files(local_client, shared_cluster, f"{remote_dir}/f")[0]
     with open(path, "r+b") as f:   # one byte of chunk 2
         f.seek(2 * MiB + 3)
         f.write(bytes([data[2 * MiB + 3] ^ 1]))
     heard.clear()
-    assert sc.read(w0, block, 0, into, heard.append) is None    # the caller reads the network instead
+    assert sc.read(w0, block, 0, into, heard) is None    # the caller reads the network instead
     assert heard == [MiB, 2 * MiB]
