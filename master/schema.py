@@ -1,13 +1,18 @@
 """The SQLite schema of the master's durable store (docs/formats.md explains every column)."""
 from __future__ import annotations
 
+import logging
 import sqlite3
 import stat
 import time
 
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
 
-SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+
+# 2: the oplog keeps request id -> result only (version 1 stored every record's JSON in an
+# `op` column, and a row for records without a request id); see migrate().
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -51,8 +56,7 @@ CREATE TABLE IF NOT EXISTS workers (
   storage_id TEXT PRIMARY KEY, worker_id INTEGER NOT NULL UNIQUE, host TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS oplog (
-  seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,
-  op TEXT NOT NULL, result TEXT
+  seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, ts_ms INTEGER NOT NULL, result TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS oplog_req ON oplog(request_id) WHERE request_id != '';
 CREATE TABLE IF NOT EXISTS ufs_mounts (
@@ -107,6 +111,7 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     the root's times (the clock's by default; 0 for a master of a Raft group, whose
     replicas must hold the same root: the group's first LeaderAnnounce sets them)."""
     conn.executescript(SCHEMA)
+    migrate(conn)
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
@@ -117,3 +122,31 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
             " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
     conn.execute("COMMIT")
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a store of schema 1 to this one: its oplog is rebuilt without the `op` column
+    (every record's JSON, ~1 KB a mutation, which nothing read back), keeping the rows of
+    the retry cache (those with a request id) and their results.  Every master of a group
+    keeps the same rows, so their tables still agree.  Once per store, at open."""
+    if "op" not in [r[1] for r in conn.execute("PRAGMA table_info(oplog)")]:
+        return
+    start = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("CREATE TABLE oplog_v2 (seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL,"
+                     " ts_ms INTEGER NOT NULL, result TEXT NOT NULL)")
+        kept = conn.execute("INSERT INTO oplog_v2(seq, request_id, ts_ms, result) SELECT seq, request_id, ts_ms,"
+                            " COALESCE(result, '{}') FROM oplog WHERE request_id != ''").rowcount
+        conn.execute("DROP TABLE oplog")
+        conn.execute("ALTER TABLE oplog_v2 RENAME TO oplog")
+        conn.execute("CREATE INDEX oplog_req ON oplog(request_id) WHERE request_id != ''")
+        conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
+                     " ON CONFLICT(key) DO UPDATE SET value=excluded.value", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    log.info("meta.db: the oplog now keeps request ids and results only (%d retry-cache rows kept) in %.2f s",
+             kept, time.perf_counter() - start)
+

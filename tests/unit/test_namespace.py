@@ -288,15 +288,16 @@ def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
     conn = ns.ns.conn
     count = lambda: conn.execute("SELECT count(*) FROM oplog").fetchone()[0]  # noqa: E731
     assert count() == 6
-    # a record, as the housekeeping submits it; its own row (no request id, time 1 ms) is
-    # the log's newest, so it survives its own prune
+    ns.mkdir(ROOT_INO, "no-request-id")
+    assert count() == 6   # no request id, nothing for a retry to find: no row
+    # a record, as the housekeeping submits it (no request id: it leaves no row either)
     assert ns.do(PruneOplog, before_ms=3_000, now_ns=1_000_000)["pruned"] == 2   # t = 1 s and 2 s
     assert [r[0] for r in conn.execute("SELECT request_id FROM oplog ORDER BY seq")] == \
-        ["old-2", "old-3", "old-4", "new-1", ""]
-    ns.do(PruneOplog, before_ms=1 << 62, now_ns=1 << 61)   # everything expired (a later prune row stays)
-    assert count() == 1
+        ["old-2", "old-3", "old-4", "new-1"]
+    ns.do(PruneOplog, before_ms=1 << 62, now_ns=1 << 61)   # everything expired
+    assert count() == 0
     ns.do(PruneOplog, before_ms=1 << 62, now_ns=1 << 61)
-    assert count() == 1
+    assert count() == 0
 
 
 def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:

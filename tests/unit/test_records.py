@@ -1,7 +1,7 @@
 """Op records (master/records.py): built checked, encoded for the log, decoded back, replayed.
 
-A replay -- decode each oplog row and apply it to a fresh namespace -- is what every
-master of the Raft log (issue 23) will do, so it must rebuild the very same tables.
+A replay -- decode each record a journal applied and apply it to a fresh namespace -- is
+what every master of a Raft group does with the log, so it must rebuild the very same tables.
 """
 from __future__ import annotations
 
@@ -149,11 +149,11 @@ def test_lists_given_for_tuples_become_tuples() -> None:
 def test_the_journal_stamps_the_time_of_an_unstamped_record(tmp_path: Path) -> None:
     n = NS(tmp_path)
     try:
+        applied = record_applied(n)
         rec = Mknod(parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755)
         ino = n.journal.submit(rec)["attr"]["ino"]
         assert rec.now_ns == 0                                           # records are values
-        (text,) = [r[0] for r in n.ns.conn.execute("SELECT op FROM oplog")]
-        stamped = decode(text)
+        ((stamped, _),) = applied
         assert stamped.now_ns > 0 and replace(stamped, now_ns=0) == rec
         assert n.ns.inode(ino)["mtime_ns"] == stamped.now_ns
     finally:
@@ -161,6 +161,20 @@ def test_the_journal_stamps_the_time_of_an_unstamped_record(tmp_path: Path) -> N
 
 
 # ---------------------------------------------------------------------- replay
+
+def record_applied(n: NS) -> list[tuple[Record, Any]]:
+    """Every record n's journal applies from now on (as stamped), with its result or error:
+    the log a replay reads (the oplog keeps request ids and results only)."""
+    applied: list[tuple[Record, Any]] = []
+    apply_one = n.journal._apply_one
+
+    def recording(rec: Record) -> Any:
+        outcome = apply_one(rec)
+        applied.append((rec, outcome))
+        return outcome
+    n.journal._apply_one = recording  # type: ignore[method-assign]
+    return applied
+
 
 @pytest.fixture
 def ns(tmp_path: Path) -> Iterator[NS]:
@@ -246,8 +260,9 @@ def _tables(n: Namespace) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def test_a_replay_of_the_oplog_rebuilds_the_same_tables(ns: NS, tmp_path: Path) -> None:
+    applied = record_applied(ns)
     _workload(ns)
-    rows = [r[0] for r in ns.ns.conn.execute("SELECT op FROM oplog ORDER BY seq")]
+    rows = [rec.to_json() for rec, _ in applied]
     assert {decode(r).op for r in rows} == set(RECORDS)   # the workload has every op
     (tmp_path / "b").mkdir()
     fresh = NS(tmp_path / "b")
@@ -264,17 +279,20 @@ def test_a_replay_of_the_oplog_rebuilds_the_same_tables(ns: NS, tmp_path: Path) 
 
 
 def test_a_replay_fails_the_same_records_with_the_same_errors(ns: NS, tmp_path: Path) -> None:
+    applied = record_applied(ns)
     _workload(ns)
-    logged = {r[0]: json.loads(r[1]) for r in ns.ns.conn.execute(
-        "SELECT op, result FROM oplog WHERE result LIKE '{\"__errno%' ORDER BY seq")}
-    assert len(logged) == 2
+    failed = {rec.to_json(): e.errno for rec, e in applied if isinstance(e, CurvineError)}
+    assert len(failed) == 2
+    remembered = [json.loads(r[0]) for r in ns.ns.conn.execute(   # (both had a request id)
+        "SELECT result FROM oplog WHERE result LIKE '{\"__errno%' ORDER BY seq")]
+    assert [r["__errno"] for r in remembered] == list(failed.values())
     (tmp_path / "b").mkdir()
     fresh = NS(tmp_path / "b")
     try:
-        for text in [r[0] for r in ns.ns.conn.execute("SELECT op FROM oplog ORDER BY seq")]:
+        for text in [rec.to_json() for rec, _ in applied]:
             rec = decode(text)
-            if text in logged:
-                assert errno_of(lambda: fresh.journal.submit(rec)) == logged[text]["__errno"]
+            if text in failed:
+                assert errno_of(lambda: fresh.journal.submit(rec)) == failed[text]
             else:
                 fresh.journal.submit(rec)
     finally:
