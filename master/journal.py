@@ -14,8 +14,10 @@ twice.  It keeps nothing else: not the record (a single master is its own log; i
 group the Raft log is), no row for a record without a request id (the master's own
 records, lease renewals).  Rows are forgotten by a record too (``PruneOplog``, from the
 housekeeping), never by the clock, so that masters replaying the same log prune at the
-same point.  Records are checked when they are built (``records.py``), so the only error
-an op raises is its own ``CurvineError``, which fails that record alone.
+same point; the pages they free go back to the file system in bounded steps
+(``reclaim``, also from the housekeeping).  Records are checked when they are built
+(``records.py``), so the only error an op raises is its own ``CurvineError``, which
+fails that record alone.
 
 In a Raft group (docs/ha.md, ``master/raft.py``) no caller applies anything: Raft's
 thread applies each committed entry with ``apply_entry``, the same ``_apply_one`` in a
@@ -35,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from curvine_py.common.errors import CurvineError, Unavailable
-from curvine_py.master import metrics
+from curvine_py.master import metrics, schema
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.records import Record, decode, json_default
 from curvine_py.master.store import ATTR_COLS, Row
@@ -52,6 +54,13 @@ REMEMBER = "INSERT INTO oplog(request_id, ts_ms, result) VALUES (?,?,?)"
 # A store of schema 1 installed as a Raft snapshot an older master of the group sent
 # (schema.migrate runs at open only) still has the `op` column, NOT NULL.
 REMEMBER_V1 = "INSERT INTO oplog(request_id, ts_ms, result, op) VALUES (?,?,?,'')"
+# Reclaiming freed pages (``reclaim``): at most this many per step (~10-40 us a page when
+# live pages must move, so a step holds the writer a few ms), and only while more than
+# RECLAIM_SLACK of the file's pages (and at least RECLAIM_MIN_FREE) are free: the free
+# pages the next inserts would reuse are left alone (the pruned oplog's, in a steady state).
+RECLAIM_STEP_PAGES = 128
+RECLAIM_SLACK = 1 / 16
+RECLAIM_MIN_FREE = 16
 
 
 class Journal:
@@ -65,6 +74,8 @@ class Journal:
         self._stopped = False
         self.applied = 0
         self.raft_applied = self.stored_index()
+        self._vacuum_conn: sqlite3.Connection | None = None
+        self._checkpoint_due = False
 
     def start(self) -> None:
         """Nothing to start: callers apply records themselves (kept for the master's
@@ -75,6 +86,9 @@ class Journal:
         """Refuse new records; one being applied finishes first (it holds the lock)."""
         with self._lock:
             self._stopped = True
+            if self._vacuum_conn is not None:
+                self._vacuum_conn.close()
+                self._vacuum_conn = None
 
     def submit(self, rec: Record) -> Row:
         """Apply rec durably and return its result (raises the op's CurvineError).  A record
@@ -158,14 +172,15 @@ class Journal:
             return None
         rec = decode(text)
         start = time.perf_counter()
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            outcome = self._apply_one(rec)
-            self.conn.execute("UPDATE meta SET value=? WHERE key='raft_applied'", (index,))
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
+        with self._lock:   # uncontended but for a step of reclaim
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                outcome = self._apply_one(rec)
+                self.conn.execute("UPDATE meta SET value=? WHERE key='raft_applied'", (index,))
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
         self.raft_applied = index
         self._count([rec], start)
         return outcome
@@ -201,6 +216,47 @@ class Journal:
             self.conn.execute(REMEMBER, args)
         except sqlite3.IntegrityError:
             self.conn.execute(REMEMBER_V1, args)
+
+    # ------------------------------------------------------------------ the file's free pages
+    def reclaim(self, max_pages: int = RECLAIM_STEP_PAGES) -> int:
+        """One bounded step of giving the store's free pages (a pruned oplog's, deleted
+        files') back to the file system: an incremental vacuum of at most max_pages, when
+        more than RECLAIM_SLACK of the file is free; then a passive checkpoint, which is
+        what shortens meta.db in WAL mode (tried again each step until it got through).
+        Called by the housekeeping of every master, off the mutation path: it runs on a
+        connection of its own, holding the writer lock so that no mutation waits in
+        SQLite's busy handler (sleeps of 1 ms and more) behind it.  Returns the pages freed."""
+        if self._stopped:
+            return 0
+        conn = self._vacuum_connection()
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        n = min(free, max_pages) if free > max(RECLAIM_MIN_FREE, pages * RECLAIM_SLACK) else 0
+        if n and conn.execute("PRAGMA auto_vacuum").fetchone()[0] != schema.INCREMENTAL:
+            n = 0   # a store from before auto_vacuum (schema.incremental_vacuum_on said so at open)
+        if n:
+            with self._lock:
+                if self._stopped:
+                    return 0
+                # executescript steps the pragma to its end (execute() frees a single page)
+                conn.executescript(f"PRAGMA incremental_vacuum({n})")
+            self._checkpoint_due = True
+        if self._checkpoint_due:
+            _, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self._checkpoint_due = copied < wal_frames   # readers held part of the WAL: again next step
+        return n
+
+    def _vacuum_connection(self) -> sqlite3.Connection:
+        """The connection reclaim uses, opened on first use (the writer's own for a store
+        with no file).  Not the writer's: in a Raft group, Raft's thread also installs
+        snapshots into that one, without the writer lock."""
+        if self._vacuum_conn is None:
+            path = self.conn.execute("PRAGMA database_list").fetchone()[2]
+            if not path:
+                return self.conn
+            sync = "full" if self.conn.execute("PRAGMA synchronous").fetchone()[0] >= 2 else "normal"
+            self._vacuum_conn = schema.open_db(path, sync, reader=True)
+        return self._vacuum_conn
 
 
 ATTR_KEYS = tuple(ATTR_COLS.split(", ")) + ("target",)

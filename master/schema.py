@@ -86,6 +86,14 @@ COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lea
 WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation
 READER_CACHE_KIB = 4096           # each serving thread's read connection (see open_db)
 READER_MMAP_BYTES = 1 << 30
+# The WAL file is cut back to this size when it is reset after a checkpoint: a burst of
+# writes (or a VACUUM) that grew it does not keep the disk space.
+WAL_SIZE_LIMIT = 16 << 20
+# An existing store without incremental auto-vacuum (made before it was on) gets it at
+# open with a one-time VACUUM when its live data is at most this big (a copy of it:
+# ~0.1 s per 30 MB here); a bigger one is left as it is, with a warning.
+VACUUM_AT_OPEN_MAX_BYTES = 256 << 20
+INCREMENTAL = 2   # PRAGMA auto_vacuum's value for INCREMENTAL
 
 
 def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Connection:
@@ -97,7 +105,10 @@ def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Co
     page cache once, not a private 64 MiB cache each."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
+    if not reader:   # a new store only (it takes effect before its first table); see init_db
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB if reader else WRITER_CACHE_KIB}")
@@ -122,6 +133,7 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
             " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
     conn.execute("COMMIT")
+    incremental_vacuum_on(conn)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -150,3 +162,25 @@ def migrate(conn: sqlite3.Connection) -> None:
     log.info("meta.db: the oplog now keeps request ids and results only (%d retry-cache rows kept) in %.2f s",
              kept, time.perf_counter() - start)
 
+
+def incremental_vacuum_on(conn: sqlite3.Connection) -> None:
+    """Make sure the store can give freed pages back (auto_vacuum=INCREMENTAL; the master's
+    housekeeping then releases them in bounded steps, Journal.reclaim).  A new store has it
+    from open_db; an older one needs a VACUUM (a full copy), done here when its live data
+    is small enough, else logged with the way to do it offline."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
+        return
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages, free = conn.execute("PRAGMA page_count").fetchone()[0], conn.execute("PRAGMA freelist_count").fetchone()[0]
+    live = (pages - free) * page
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    if live > VACUUM_AT_OPEN_MAX_BYTES:
+        log.warning("%s holds %d MB and does not give freed space back (it was made before auto_vacuum): "
+                    "stop the master and run: sqlite3 %s 'PRAGMA auto_vacuum=INCREMENTAL; VACUUM'",
+                    path, live >> 20, path)
+        return
+    start, before = time.perf_counter(), conn.execute("PRAGMA page_count").fetchone()[0] * page
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    conn.execute("VACUUM")
+    log.info("%s: auto_vacuum=INCREMENTAL set by a one-time VACUUM in %.2f s (%d -> %d bytes)", path or "meta.db",
+             time.perf_counter() - start, before, conn.execute("PRAGMA page_count").fetchone()[0] * page)

@@ -47,6 +47,7 @@ from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than master.retry_cache_s this often
+#                        (or every master.retry_cache_s, when that is shorter)
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
                "block_size", "replicas", "generation")
 
@@ -611,10 +612,14 @@ class MasterService:
 
     # ------------------------------------------------------------------ housekeeping
     def housekeeping(self) -> None:
-        """Run by a timer thread on the leader: liveness of workers, expired write leases,
-        re-replication, the retry cache's pruning."""
-        if not self.leading():
-            return
+        """Run by a timer thread: on the leader, liveness of workers, expired write leases,
+        re-replication, the retry cache's pruning; then, on every master (followers prune
+        too, by the leader's records), a bounded step of giving meta.db's free pages back."""
+        if self.leading():
+            self._lead_housekeeping()
+        self.journal.reclaim()
+
+    def _lead_housekeeping(self) -> None:
         for wid in self.registry.check_liveness():
             self.replicator.worker_lost(wid)
         self.replicator.tick(self.ns.conn)
@@ -622,6 +627,6 @@ class MasterService:
         if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
                                 (now_ms,)).fetchone():
             self.submit(ExpireLeases())
-        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+        if time.monotonic() - self._last_prune >= min(PRUNE_EVERY_S, self.cfg.master.retry_cache_s):
             self._last_prune = time.monotonic()
             self.submit(PruneOplog(before_ms=now_ms - int(self.cfg.master.retry_cache_s * 1000)))
