@@ -12,6 +12,11 @@ from curvine_py.common.types import ROOT_INO
 Row = dict[str, Any]
 ATTR_COLS = ("ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, "
              "replicas, complete, generation, lease_id, lease_client, lease_expiry_ms")
+# A name's inode in one statement (a lookup, and every mutation's checks of its names).
+CHILD = ("SELECT " + ", ".join(f"i.{c.strip()}" for c in ATTR_COLS.split(",")) + ", i.target"
+         " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name=?")
+# UPDATE ... RETURNING (SQLite 3.35+) takes a counter's values in one statement, not two.
+RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 def to_i64(u: int) -> int:
@@ -40,8 +45,7 @@ class Store:
         return row
 
     def child(self, parent: int, name: str) -> Row | None:
-        r = self.conn.execute("SELECT ino FROM dirents WHERE parent=? AND name=?", (parent, name)).fetchone()
-        return self.inode(r[0]) if r is not None else None
+        return self.q1(CHILD, (parent, name))
 
     def dir_inode(self, ino: int) -> Row:
         row = self.inode(ino)
@@ -64,9 +68,12 @@ class Store:
 
     def counter(self, key: str, n: int = 1) -> int:
         """Take n values of a counter; returns the first."""
+        if RETURNING:
+            return int(self.conn.execute("UPDATE meta SET value=value+? WHERE key=? RETURNING value",
+                                         (n, key)).fetchone()[0]) - n
         first = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
         self.conn.execute("UPDATE meta SET value=? WHERE key=?", (first + n, key))
-        return first
+        return int(first)
 
     def is_empty_dir(self, ino: int) -> bool:
         return self.conn.execute("SELECT 1 FROM dirents WHERE parent=? LIMIT 1", (ino,)).fetchone() is None
