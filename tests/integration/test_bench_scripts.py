@@ -40,6 +40,8 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--libs", "opendal,boto3", "--json"),
     "ufs_bench.py": ("--quick", "--json"),
     "ha_bench.py": ("--small", "--json"),
+    "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
+                      "--stat-sample", "100", "--round", "100"),
 }
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py"}   # under the system temp dir, removed after
 MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
@@ -160,6 +162,12 @@ def check_figures(script: str, out: str) -> None:
             positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")))
         positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
         assert res["failover_kills"] == 2, res
+    elif script == "meta_scale.py":
+        rows = [ln.split() for ln in out.splitlines() if ln.startswith("sdk ")]
+        assert [r[1] for r in rows] == ["200", "400"], out
+        for r in rows:   # via, files, create/s, its ratio, stat/s, its ratio, ...
+            assert float(r[2].replace(",", "")) > 0 and float(r[4].replace(",", "")) > 0, out
+            assert "start" in r, out
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
