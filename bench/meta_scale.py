@@ -4,7 +4,7 @@ files in the master, through the SDK and through a mount, with the master's RSS,
 the cold start of a master and the catch-up of a wiped follower at each size.
 
     .venv/bin/python bench/meta_scale.py [--sizes 10000,100000,1000000] [--via sdk,mount]
-        [--clients 4] [--per-dir 1000] [--window 10000] [--stat-sample 5000]
+        [--clients 4] [--per-dir 1000] [--window 10000] [--stat-sample 5000] [--repeats 3]
         [--follower-max 100000 | --no-follower] [--keep] [--dir DIR] [--json]
 
 Each --via gets its own local cluster (1 master, 1 worker; with `mount`, the cluster's
@@ -15,16 +15,20 @@ FUSE mount), and the namespace grows in it from one size to the next:
   directory), named as LMCache names its chunks (`model@1@0@<16 hex>@bfloat16.data`,
   the hex a hash of the file's number, so names arrive in no order).  SDK: `Client.touch`
   (the parent's ResolvePath, then Mknod); mount: open(O_CREAT) and close.
-- create/s at a size: the last --window files that bring the namespace to it (timed
-  together, all clients started at once); the files before are the fill, timed too
-  (fill/s, in --json) with a progress line every --round files on stderr.
-- stat/s: --stat-sample files drawn at random from the whole namespace, each stat'ed once.
-  SDK: `Client.stat` (one ResolvePath).  Mount: through a *fresh* mount of the same
-  cluster (`cv mount`, unmounted after), so the kernel has none of the names: each
-  client opens the sampled files' directories first (untimed) and stats each name
-  relative to its directory's fd, so every stat is one FUSE LOOKUP of a name the kernel
-  has never seen, whatever the number of directories.
-- The master's RSS (/proc/<pid>/status VmRSS) and meta.db (and its -wal) after that.
+- create/s at a size: the last --window files that bring the namespace to it, in
+  --repeats rounds (all clients started together in each; the median round's rate).
+  The files before are the fill, timed too (fill/s, in --json) with a progress line
+  every --round files on stderr.  At the first size the window is at most its second
+  half: the first files of a new cluster are its warm-up.
+- stat/s: --repeats rounds of --stat-sample files drawn at random from the whole
+  namespace (no file twice); the median round's rate.  SDK: `Client.stat` (one
+  ResolvePath).  Mount: through a *fresh* mount of the same cluster (`cv mount`,
+  unmounted after), so the kernel has none of the names: each client opens the sampled
+  files' directories first (untimed) and stats each name relative to its directory's
+  fd, so every stat is one FUSE LOOKUP of a name the kernel has never seen, whatever
+  the number of directories.
+- The master's RSS (/proc/<pid>/status VmRSS, and its anonymous part: the file part is
+  mostly meta.db mapped by each serving thread's reader) and meta.db (and -wal) then.
 - Cold start: the master stopped (SIGTERM) and started again; the time from the start
   of its interpreter to its first answered call (a framed Report, polled every 10 ms
   on fresh connections), and its RSS then.
@@ -49,6 +53,7 @@ import random
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,12 +194,18 @@ class Clients:
 
 
 # ---------------------------------------------------------------------- the master
-def rss_bytes(pid: int) -> int:
+def rss(pid: int, prefix: str) -> dict[str, float]:
+    """A process's VmRSS and its parts: RssAnon (its heap: Python objects, SQLite's page
+    caches) and RssFile (file pages mapped: the readers' mmap of meta.db, counted once per
+    mapping, and the interpreter's libraries)."""
+    fields = {"VmRSS:": "rss_bytes", "RssAnon:": "rss_anon_bytes", "RssFile:": "rss_file_bytes"}
+    out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            key = line.split(":")[0] + ":"
+            if key in fields:
+                out[prefix + fields[key]] = float(int(line.split()[1]) * 1024)
+    return out
 
 
 def file_size(path: Path) -> int:
@@ -237,9 +248,9 @@ def cold_start(cluster: LocalCluster) -> dict[str, float]:
         start_s = time.monotonic() - t
     finally:
         client.close()
-    rss = rss_bytes(cluster.masters[0].pid)
+    mem = rss(cluster.masters[0].pid, "restarted_master_")
     cluster.wait_ready(timeout=120)
-    return {"stop_s": stop_s, "cold_start_s": start_s, "rss_after_start_bytes": rss}
+    return {"stop_s": stop_s, "cold_start_s": start_s, **mem}
 
 
 def follower_catchup(cluster: LocalCluster) -> dict[str, float]:
@@ -273,11 +284,11 @@ def follower_catchup(cluster: LocalCluster) -> dict[str, float]:
         done = time.monotonic() - t
     finally:
         client.close()
-    rss = rss_bytes(cluster.masters[f].pid)
+    mem = rss(cluster.masters[f].pid, "follower_")
     cluster.wait_ready(timeout=120)
     return {"follower_catchup_s": done, "follower_answer_s": seen.get("answer_s", done),
             "follower_joined_s": seen.get("joined_s", done), "follower_log_index": float(target),
-            "follower_rss_bytes": rss,
+            **mem,
             "follower_meta_db_bytes": file_size(cluster.meta_dir(f) / "meta.db")}
 
 
@@ -357,50 +368,58 @@ class Run:
                 self.admin.mkdir(f"/{ROOT}/{name}")
         self.made_dirs = max(self.made_dirs, need)
 
-    def create(self, hi: int, label: str, step: int) -> float:
-        """Files self.files..hi in rounds of step files, a progress line after each; seconds."""
+    def create(self, hi: int, label: str, step: int) -> list[tuple[int, float]]:
+        """Files self.files..hi in rounds of step files, a progress line after each; each
+        round's (files, seconds)."""
         assert self.clients is not None
-        lo, total, t0 = self.files, 0.0, time.monotonic()
+        lo, total, t0, rounds = self.files, 0.0, time.monotonic(), []
         while self.files < hi:
             end = min(hi, self.files + step)
             self._dirs_for(end)
             took = self.clients.create(self.root, self.files, end)
             total += took
-            n = end - self.files
+            rounds.append((end - self.files, took))
             self.files = end
             done = self.files - lo
             left = (hi - self.files) * total / done
-            progress(self.via, f"{label}: {self.files:,} files ({n / took:,.0f}/s this round, "
+            progress(self.via, f"{label}: {self.files:,} files ({rounds[-1][0] / took:,.0f}/s this round, "
                                f"{done / total:,.0f}/s since {lo:,}; {output.format_duration(time.monotonic() - t0)}"
                                f" so far, {output.format_duration(left)} to {hi:,})")
-        return total
+        return rounds
 
-    def stat_rate(self, sample: list[int]) -> float:
+    def stat_rates(self, samples: list[list[int]]) -> list[float]:
+        """stat/s of each sample (one after the other; through the mount, one fresh mount
+        for them all: no name is in two samples)."""
         assert self.clients is not None
         if self.mnt is None:
-            return len(sample) / self.clients.stat(self.root, sample)
+            return [len(s) / self.clients.stat(self.root, s) for s in samples]
         fresh = FreshMount(self.cluster, self.work / "stat-mnt")
         try:
-            return len(sample) / self.clients.stat(str(fresh.path / ROOT), sample)
+            return [len(s) / self.clients.stat(str(fresh.path / ROOT), s) for s in samples]
         finally:
             fresh.close()
 
     def grow(self, size: int, prev: int) -> dict[str, float]:
         """Grow the namespace to size and measure there."""
         args = self.args
-        window = min(args.window, size - prev)
-        out: dict[str, float] = {"files": float(size)}
+        # the first files a new cluster makes are its warm-up, never the timed window
+        window = min(args.window, size - prev if prev else size // 2)
+        out: dict[str, typing.Any] = {"files": float(size)}
         if size - window > self.files:
-            n = size - window - self.files
-            out["fill_per_s"] = n / self.create(size - window, "fill", args.round)
-        out["create_per_s"] = window / self.create(size, f"the last {window:,}", window)
+            fill = self.create(size - window, "fill", args.round)
+            out["fill_per_s"] = sum(n for n, _ in fill) / sum(t for _, t in fill)
+        rounds = self.create(size, f"the last {window:,}", -(-window // args.repeats))
+        out["create_rounds_per_s"] = [n / t for n, t in rounds]
+        out["create_per_s"] = statistics.median(out["create_rounds_per_s"])
         rng = random.Random(args.seed + size)
-        sample = rng.sample(range(size), min(args.stat_sample, size))
-        out["stat_per_s"] = self.stat_rate(sample)
+        each = max(1, min(args.stat_sample, size // args.repeats))
+        drawn = rng.sample(range(size), each * args.repeats)
+        out["stat_rounds_per_s"] = self.stat_rates([drawn[k * each:(k + 1) * each] for k in range(args.repeats)])
+        out["stat_per_s"] = statistics.median(out["stat_rounds_per_s"])
         progress(self.via, f"{size:,} files: create {out['create_per_s']:,.0f}/s, stat {out['stat_per_s']:,.0f}/s")
         leader = self.cluster.leader_index(timeout=60) if self.masters > 1 else 0
         meta = self.cluster.meta_dir(leader)
-        out["master_rss_bytes"] = rss_bytes(self.cluster.masters[leader].pid)
+        out.update(rss(self.cluster.masters[leader].pid, "master_"))
         out["meta_db_bytes"] = file_size(meta / "meta.db")
         out["meta_wal_bytes"] = file_size(meta / "meta.db-wal")
         if self.masters == 1:
@@ -444,12 +463,13 @@ def show(rows: list[dict[str, typing.Any]]) -> str:
                      else f"catch-up {r['follower_catchup_s']:.2f} s")
         cells.append((labels[r["via"]], f"{int(r['files']):,}", f"{r['create_per_s']:,.0f}",
                       f"{r['create_ratio']:.2f}", f"{r['stat_per_s']:,.0f}", f"{r['stat_ratio']:.2f}",
-                      output.format_size(r["master_rss_bytes"]), output.format_size(r["meta_db_bytes"]),
+                      output.format_size(r["master_rss_bytes"]), output.format_size(r["master_rss_anon_bytes"]),
+                      output.format_size(r["meta_db_bytes"]),
                       f"{r['meta_db_bytes'] / r['files']:.0f}", time_cell))
-    head = ("via", "files", "create/s", "vs first", "stat/s", "vs first", "master RSS", "meta.db", "B/file",
+    head = ("via", "files", "create/s", "vs first", "stat/s", "vs first", "master RSS", "anon", "meta.db", "B/file",
             "cold master / wiped follower")
     note = "; ".join(f"{labels[v]} first at {n:,}" for v, n in base.items())
-    return output.table(cells, headers=head, right={1, 2, 3, 4, 5, 6, 7, 8}) + f"\n(vs first: {note})"
+    return output.table(cells, headers=head, right={1, 2, 3, 4, 5, 6, 7, 8, 9}) + f"\n(vs first: {note})"
 
 
 def sizes_arg(text: str) -> list[int]:
@@ -471,7 +491,10 @@ def main() -> int:
     ap.add_argument("--per-dir", type=int, default=1000, help="files per directory (default 1000)")
     ap.add_argument("--window", type=int, default=10_000,
                     help="the last files before each size whose creation is the create rate (default 10000)")
-    ap.add_argument("--stat-sample", type=int, default=5000, help="files stat'ed at each size (default 5000)")
+    ap.add_argument("--stat-sample", type=int, default=5000,
+                    help="files stat'ed in each of --repeats rounds at each size (default 5000)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="the window's creates and the stats are this many rounds: rates are their median (default 3)")
     ap.add_argument("--round", type=int, default=20_000, help="files between two progress lines (default 20000)")
     ap.add_argument("--follower-max", type=int, default=100_000,
                     help="largest size the 3-master group is filled to for the follower catch-up (default 100000)")
@@ -484,8 +507,10 @@ def main() -> int:
     ways = [v.strip() for v in args.via.split(",") if v.strip()]
     if not ways or set(ways) - {"sdk", "mount"}:
         ap.error("--via takes sdk, mount or sdk,mount")
-    if min(args.clients, args.per_dir, args.window, args.stat_sample, args.round) < 1:
-        ap.error("--clients, --per-dir, --window, --stat-sample and --round must be positive")
+    if min(args.clients, args.per_dir, args.window, args.stat_sample, args.round, args.repeats) < 1:
+        ap.error("--clients, --per-dir, --window, --stat-sample, --round and --repeats must be positive")
+    if args.sizes[0] < 2 * args.repeats:
+        ap.error("the first size must hold at least two files per --repeats round")
     if "mount" in ways and not (fuse_available() and os.geteuid() == 0 and os.path.exists("/dev/fuse")):
         ap.error("--via mount needs root, /dev/fuse and pyfuse3")
     if not args.no_follower:
