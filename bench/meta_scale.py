@@ -312,7 +312,8 @@ class FreshMount:
 
 # ---------------------------------------------------------------------- one way, every size
 def progress(via: str, msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {via}: {msg}", file=sys.stderr, flush=True)
+    load = os.getloadavg()[0]   # the machine is shared: a busy minute shows here
+    print(f"[{time.strftime('%H:%M:%S')} load {load:.1f}] {via}: {msg}", file=sys.stderr, flush=True)
 
 
 class Run:
@@ -411,6 +412,7 @@ class Run:
         rounds = self.create(size, f"the last {window:,}", -(-window // args.repeats))
         out["create_rounds_per_s"] = [n / t for n, t in rounds]
         out["create_per_s"] = statistics.median(out["create_rounds_per_s"])
+        out["load_1min"] = os.getloadavg()[0]
         rng = random.Random(args.seed + size)
         each = max(1, min(args.stat_sample, size // args.repeats))
         drawn = rng.sample(range(size), each * args.repeats)
