@@ -30,8 +30,8 @@ FUSE mount), and the namespace grows in it from one size to the next:
 - The master's RSS (/proc/<pid>/status VmRSS, and its anonymous part: the file part is
   mostly meta.db mapped by each serving thread's reader) and meta.db (and -wal) then.
 - Cold start: the master stopped (SIGTERM) and started again; the time from the start
-  of its interpreter to its first answered call (a framed Report, polled every 10 ms
-  on fresh connections), and its RSS then.
+  of its interpreter to its first answered call (a framed ResolvePath of the last file
+  made, polled every 10 ms), and its RSS then.
 - Follower catch-up: a third cluster of 3 masters (docs/ha.md) filled by the SDK clients
   to each size up to --follower-max (default 10^5: filling a group to 10^6 would take
   over an hour on a 2-core machine; raise it to measure there); one follower is
@@ -233,8 +233,9 @@ def poll(what: str, fn: typing.Callable[[], bool], timeout: float) -> None:
         time.sleep(POLL_S)
 
 
-def cold_start(cluster: LocalCluster) -> dict[str, float]:
-    """Stop the (single) master, start it again: seconds to its first answered call."""
+def cold_start(cluster: LocalCluster, path: str) -> dict[str, float]:
+    """Stop the (single) master, start it again: seconds to its first answered call, a
+    ResolvePath of path (not Report: it counts every inode and block)."""
     from curvine_py.pb import curvine_pb2 as pb
     from curvine_py.pb.methods import Master
     t = time.monotonic()
@@ -244,7 +245,8 @@ def cold_start(cluster: LocalCluster) -> dict[str, float]:
     try:
         t = time.monotonic()
         cluster.restart_master(0, wait=False)
-        poll("the restarted master to answer", lambda: client.call(Master.Report, pb.Empty(), 1.0) is not None, 600)
+        request = pb.PathRequest(caller=pb.Caller(uid=0, gid=0), path=path, follow_symlinks=True)
+        poll("the restarted master to answer", lambda: client.call(Master.ResolvePath, request, 1.0).attr.ino > 0, 600)
         start_s = time.monotonic() - t
     finally:
         client.close()
@@ -425,7 +427,7 @@ class Run:
         out["meta_db_bytes"] = file_size(meta / "meta.db")
         out["meta_wal_bytes"] = file_size(meta / "meta.db-wal")
         if self.masters == 1:
-            out.update(cold_start(self.cluster))
+            out.update(cold_start(self.cluster, f"/{ROOT}/{rel_path(size - 1, args.per_dir)}"))
             progress(self.via, f"{size:,} files: cold start {out['cold_start_s']:.2f} s")
         else:
             out.update(follower_catchup(self.cluster))
