@@ -40,12 +40,14 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--libs", "opendal,boto3", "--json"),
     "ufs_bench.py": ("--quick", "--json"),
     "ha_bench.py": ("--small", "--json"),
+    "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
                       "--stat-sample", "100", "--round", "100"),
 }
-NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py"}   # under the system temp dir, removed after
+# under the system temp dir, removed after
+NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
 MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
-          "ufs_bench.py"}
+          "ufs_bench.py", "kv_lookup.py"}
 NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testing/testhosts.py)
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
@@ -162,6 +164,8 @@ def check_figures(script: str, out: str) -> None:
             positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")))
         positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
         assert res["failover_kills"] == 2, res
+    elif script == "kv_lookup.py":
+        positive(json.loads(out)["ahead"], "lookup_median_ms", "read_median_ms")
     elif script == "meta_scale.py":
         rows = [ln.split() for ln in out.splitlines() if ln.startswith("sdk ")]
         assert [r[1] for r in rows] == ["200", "400"], out
