@@ -136,10 +136,13 @@ class FileOps(Store):
             if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=?", (bid, ino)).rowcount != 1:
                 raise err(errno.EINVAL, f"block {bid} was not allocated to this file")
             old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
-            if old is not None:
+            if old is not None:   # an UPDATE, not INSERT OR REPLACE: its delete fires no trigger (schema.COUNTS)
                 freed.append(old[0])
-            self.conn.execute("INSERT OR REPLACE INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
-                              (ino, idx, bid, b.length, to_i64(b.checksum)))
+                self.conn.execute("UPDATE blocks SET block_id=?, length=?, checksum=? WHERE ino=? AND idx=?",
+                                  (bid, b.length, to_i64(b.checksum), ino, idx))
+            else:
+                self.conn.execute("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
+                                  (ino, idx, bid, b.length, to_i64(b.checksum)))
         if size < row["size"] or rec.blocks:
             freed += self._truncate(row, size)
         if rec.blocks or size != row["size"] or rec.mtime_ns:

@@ -21,7 +21,7 @@ from curvine_py.common.types import (
     SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
     XATTR_CREATE, XATTR_REPLACE,
 )
-from curvine_py.master import cachepolicy, posix
+from curvine_py.master import cachepolicy, posix, schema
 from curvine_py.master.cacheops import CacheOps
 from curvine_py.master.files import FileOps
 from curvine_py.master.groupops import GroupOps
@@ -145,14 +145,12 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
         return row, self.blocks(ino)
 
     def counts(self) -> tuple[int, int]:
-        files = self.conn.execute("SELECT count(*) FROM inodes").fetchone()[0]
-        blocks = self.conn.execute("SELECT count(*) FROM blocks").fetchone()[0]
-        return files, blocks
+        """Inodes and blocks, from the counts the store's triggers keep (schema.COUNTS)."""
+        return schema.count(self.conn, "count_inodes"), schema.count(self.conn, "count_blocks")
 
     def dir_count(self) -> int:
         """Directories among the inodes (the root included)."""
-        return self.conn.execute("SELECT count(*) FROM inodes WHERE (mode & ?) = ?",
-                                 (stat.S_IFMT(0o170000), stat.S_IFDIR)).fetchone()[0]
+        return schema.count(self.conn, "count_dirs")
 
     # ------------------------------------------------------------------ helpers
     def _xattr_access(self, row: Row, cred: Cred, name: str, write: bool) -> None:

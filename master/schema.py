@@ -133,7 +133,47 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
             " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
     conn.execute("COMMIT")
+    keep_counts(conn)
     incremental_vacuum_on(conn)
+
+
+# Counts kept by triggers in the meta table, so that Report, StatFs and /metrics read one
+# row instead of scanning every inode and block (count(*) at 10^6 files took 0.1-0.3 s and
+# mapped the whole store into the master's memory, on every call).  key -> (table, the
+# rows counted: a WHEN clause on NEW/OLD, or '' for all).
+COUNTS = {
+    "count_inodes": ("inodes", ""),
+    "count_blocks": ("blocks", ""),
+    "count_dirs": ("inodes", f"(ROW.mode & {stat.S_IFMT(0o170000)}) = {stat.S_IFDIR}"),
+}
+
+
+def keep_counts(conn: sqlite3.Connection) -> None:
+    """Install the counting triggers and the counts where they are missing: a new store,
+    one made before them, or a Raft snapshot of a master before them installed into this
+    one (the backup replaces the schema, triggers included).  The triggers run inside each
+    mutation's transaction, on every master of a group alike, so the counts stay exact."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for key, (table, rows) in COUNTS.items():
+            for event, row, delta in (("INSERT", "NEW", "+ 1"), ("DELETE", "OLD", "- 1")):
+                when = f" WHEN {rows.replace('ROW.', row + '.')}" if rows else ""
+                conn.execute(f"CREATE TRIGGER IF NOT EXISTS {key}_{event.lower()} AFTER {event} ON {table}{when}"
+                             f" BEGIN UPDATE meta SET value = value {delta} WHERE key = '{key}'; END")
+            if conn.execute("SELECT 1 FROM meta WHERE key=?", (key,)).fetchone() is None:
+                where = f" WHERE {rows.replace('ROW.', '')}" if rows else ""
+                total = conn.execute(f"SELECT count(*) FROM {table}{where}").fetchone()[0]
+                conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (key, total))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def count(conn: sqlite3.Connection, key: str) -> int:
+    """One of COUNTS, as the triggers keep it."""
+    row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 def migrate(conn: sqlite3.Connection) -> None:

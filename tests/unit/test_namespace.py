@@ -378,3 +378,54 @@ def test_a_stopped_journal_refuses_records(ns: NS) -> None:
     ns.journal.stop()
     with pytest.raises(Unavailable):
         ns.mkdir(ROOT_INO, "late")
+
+
+def _scanned(ns: NS) -> tuple[int, int, int]:
+    """Inodes, blocks and directories as count(*) finds them (what Report did before)."""
+    c = ns.ns.conn
+    dirs = c.execute("SELECT count(*) FROM inodes WHERE (mode & ?) = ?", (0o170000, stat.S_IFDIR)).fetchone()[0]
+    return (c.execute("SELECT count(*) FROM inodes").fetchone()[0],
+            c.execute("SELECT count(*) FROM blocks").fetchone()[0], dirs)
+
+
+def test_the_counts_report_reads_stay_exact(ns: NS, tmp_path: Path) -> None:
+    """Report, StatFs and /metrics read counts the store's triggers keep (schema.COUNTS),
+    not a scan: they must match the scan after creates, a block overwritten in place (an
+    UPDATE: INSERT OR REPLACE would count it twice), a truncate, a rename over a file,
+    unlinks and an rmdir; and a store made before the triggers gets them, counted once."""
+    def counted() -> tuple[int, int, int]:
+        return (*ns.ns.counts(), ns.ns.dir_count())
+
+    d = ns.mkdir(ROOT_INO, "d")
+    r = ns.create(d, "f")
+    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ids = ns.do(Allocate, ino=ino, lease_id=lease, count=3)["block_ids"]
+    ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, release=False,
+          blocks=[CommitBlock(b, i * (4 << 20), 4 << 20, 0) for i, b in enumerate(ids)])
+    again = ns.do(Allocate, ino=ino, lease_id=lease, count=1)["block_ids"]
+    ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, release=True, blocks=[CommitBlock(again[0], 0, 4 << 20, 0)])
+    assert counted() == _scanned(ns) == (3, 3, 2)
+    ns.do(Setattr, ino=ino, valid=SETATTR_SIZE, size=5 << 20)
+    _closed_file(ns, "g")
+    ns.do(Rename, parent=ROOT_INO, name="g", new_parent=d, new_name="f")
+    assert counted() == _scanned(ns) == (3, 0, 2)
+    ns.do(Unlink, parent=d, name="f")
+    ns.do(Rmdir, parent=ROOT_INO, name="d")
+    assert counted() == _scanned(ns) == (1, 0, 1)
+
+    for i in range(5):
+        _closed_file(ns, f"old{i}")
+    ns.journal.stop()
+    conn = ns.ns.conn
+    for key in schema.COUNTS:   # what a master before the triggers left
+        conn.execute(f"DROP TRIGGER {key}_insert")
+        conn.execute(f"DROP TRIGGER {key}_delete")
+        conn.execute("DELETE FROM meta WHERE key=?", (key,))
+    conn.close()
+    again_ns = NS(tmp_path)
+    try:
+        assert (*again_ns.ns.counts(), again_ns.ns.dir_count()) == _scanned(again_ns) == (6, 0, 1)
+        _closed_file(again_ns, "new")
+        assert again_ns.ns.counts()[0] == 7
+    finally:
+        again_ns.journal.stop()
