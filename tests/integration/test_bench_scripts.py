@@ -43,6 +43,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
                       "--stat-sample", "100", "--round", "100"),
+    "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--json"),
 }
 # under the system temp dir, removed after
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
@@ -172,6 +173,12 @@ def check_figures(script: str, out: str) -> None:
         for r in rows:   # via, files, create/s, its ratio, stat/s, its ratio, ...
             assert float(r[2].replace(",", "")) > 0 and float(r[4].replace(",", "")) > 0, out
             assert "start" in r, out
+    elif script == "fsspec_parquet.py":
+        res = json.loads(out)
+        readers = ("local", "mount", "fsspec") if mount_unavailable() is None else ("local", "fsspec")
+        for name in readers:
+            positive(res[name], "cold_MBps", "warm_MBps")
+        positive(res["fsspec_over_local"], "cold", "warm")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
