@@ -19,6 +19,7 @@ import hmac
 import logging
 import os
 import socket
+import threading
 import time
 import typing
 
@@ -28,9 +29,21 @@ from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError, NotLeader, Unavailable
 from curvine_py.common.frames import send_all
 from curvine_py.common.listener import BACKLOG, ConnectionServer
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
+
+
+class SessionHooks(typing.Protocol):
+    """The service's side of cache sessions (master/service.py, master/sessions.py)."""
+
+    def open_session(self, request: pb.SessionRequest, push: typing.Callable[[pb.Invalidation], bool]
+                     ) -> pb.SessionReply: ...
+
+    def session_broken(self, session: int) -> None: ...
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
+PUSH_LOCK_WAIT_S = 0.05   # a push that cannot get its stream's send lock this soon ends the stream
 Handler = typing.Callable[[typing.Any], typing.Any]
 
 
@@ -38,10 +51,13 @@ class FrameServer(ConnectionServer):
     """Listens on the frame port and serves MasterService calls until stop()."""
 
     def __init__(self, service: object, secret: str, bind: str, port: int,
-                 thread_done: typing.Callable[[], None] = lambda: None) -> None:
+                 thread_done: typing.Callable[[], None] = lambda: None,
+                 sessions: "SessionHooks | None" = None) -> None:
         """thread_done: called by a connection's thread as it ends (the service closes the
-        SQLite reader that thread opened, instead of leaving its 2 files to the GC)."""
+        SQLite reader that thread opened, instead of leaving its 2 files to the GC).
+        sessions: where OpenSession goes (the connection becomes a cache session's stream)."""
         self._handlers: list[Handler] = [getattr(service, m.name) for m in mf.METHODS]
+        self._sessions = sessions
         self._thread_done = thread_done
         self._secret = secret
         self._address = (bind, port)
@@ -122,24 +138,74 @@ class FrameServer(ConnectionServer):
 
     def _loop(self, conn: socket.socket, reader: mf.FrameReader) -> None:
         state = self.conn_of(conn)
-        while True:
-            if reader.end == reader.start:   # nothing of the next request here yet: idle
-                state.waiting()
-                reader.short_of(mf.REQUEST.size)
-                reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
-            state.reading()                  # the rest is due within the listener's PARTIAL_S
-            head = reader.fill(mf.REQUEST.size)
-            length, call_id, method_id = mf.REQUEST.unpack(head)
-            if length < mf.REQUEST_REST:
-                return   # cannot even hold its own header: the stream cannot be parsed
-            if length > mf.MAX_FRAME:
-                self._send(conn, call_id, errno.EINVAL, f"frame of {length} bytes exceeds {mf.MAX_FRAME}".encode())
-                return   # skipping it would mean reading up to 4 GiB of whatever this is
-            body = reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]
-            state.working()
+        lock = threading.Lock()   # a cache session's pushes come from other threads
+        session = 0
+        try:
+            while True:
+                session = self._serve_one(conn, reader, state, lock) or session
+        finally:
+            if session and self._sessions is not None:
+                self._sessions.session_broken(session)
+
+    def _serve_one(self, conn: socket.socket, reader: mf.FrameReader, state: typing.Any,
+                   lock: threading.Lock) -> int:
+        """Read and answer one request; the session id when it was an OpenSession."""
+        if reader.end == reader.start:   # nothing of the next request here yet: idle
+            state.waiting()
+            reader.short_of(mf.REQUEST.size)
+            reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
+        state.reading()                  # the rest is due within the listener's PARTIAL_S
+        head = reader.fill(mf.REQUEST.size)
+        length, call_id, method_id = mf.REQUEST.unpack(head)
+        if length < mf.REQUEST_REST:
+            raise mf.Closed("a frame shorter than its header")   # the stream cannot be parsed
+        if length > mf.MAX_FRAME:
+            self._send(conn, lock, call_id, errno.EINVAL, f"frame of {length} bytes exceeds {mf.MAX_FRAME}".encode())
+            raise mf.Closed("an oversized frame")   # skipping it would mean reading up to 4 GiB
+        body = reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]
+        state.working()
+        session = 0
+        if method_id == Master.OpenSession.id:
+            status, payload, session = self._session(conn, lock, body)
+        else:
             status, payload = self._dispatch(method_id, body)
-            reader.consume(mf.LENGTH.size + length)
-            self._send(conn, call_id, status, payload)
+        reader.consume(mf.LENGTH.size + length)
+        self._send(conn, lock, call_id, status, payload)
+        return session
+
+    def _session(self, conn: socket.socket, lock: threading.Lock, body: memoryview) -> tuple[int, bytes, int]:
+        """OpenSession: this connection becomes the session's stream, on which the master
+        pushes Invalidation frames (master/sessions.py); (status, payload, session id)."""
+        def push(invalidation: pb.Invalidation) -> bool:
+            """Never blocks the committing thread: a stream that cannot take a push at once
+            is cut (the session's leases then run out by the clock)."""
+            payload = invalidation.SerializeToString()
+            frame = mf.reply_header(mf.PUSH_CALL_ID, mf.OK, len(payload)) + payload
+            if not lock.acquire(timeout=PUSH_LOCK_WAIT_S):
+                return _cut(conn)
+            try:
+                sent = conn.send(frame, socket.MSG_DONTWAIT)
+            except OSError:
+                sent = -1
+            finally:
+                lock.release()
+            return sent == len(frame) or _cut(conn)
+
+        try:
+            request = pb.SessionRequest.FromString(body)
+        except DecodeError:
+            return errno.EINVAL, b"OpenSession: undecodable request", 0
+        if self._sessions is None:
+            return errno.EOPNOTSUPP, b"OpenSession: no cache sessions here", 0
+        try:
+            reply = self._sessions.open_session(request, push)
+        except CurvineError as e:
+            return e.errno or errno.EIO, (e.strerror or "error").encode(), 0
+        except NotLeader as e:
+            return mf.NOT_LEADER, e.leader.encode(), 0
+        except Unavailable as e:
+            return mf.UNAVAILABLE, str(e).encode(), 0
+        return mf.OK, reply.SerializeToString(), reply.session
 
     def _dispatch(self, method_id: int, body: memoryview) -> tuple[int, bytes]:
         """Run one call; (status, payload) as the reply frame carries them."""
@@ -164,9 +230,19 @@ class FrameServer(ConnectionServer):
         return mf.OK, reply.SerializeToString()
 
     @staticmethod
-    def _send(conn: socket.socket, call_id: int, status: int, payload: bytes) -> None:
+    def _send(conn: socket.socket, lock: threading.Lock, call_id: int, status: int, payload: bytes) -> None:
         header = mf.reply_header(call_id, status, len(payload))
-        if len(payload) < 65536:
-            conn.sendall(header + payload)   # one syscall; the copy of a small payload is cheap
-        else:
-            send_all(conn, [header, payload])   # no concatenation copy of a big ReadDir
+        with lock:
+            if len(payload) < 65536:
+                conn.sendall(header + payload)   # one syscall; the copy of a small payload is cheap
+            else:
+                send_all(conn, [header, payload])   # no concatenation copy of a big ReadDir
+
+
+def _cut(conn: socket.socket) -> bool:
+    """End a session stream that cannot take a push (its thread then sees the close)."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    return False

@@ -34,7 +34,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master import metrics, schema
@@ -43,6 +43,8 @@ from curvine_py.master.records import Record, decode, json_default
 from curvine_py.master.store import ATTR_COLS, Row
 
 log = logging.getLogger(__name__)
+Key = tuple[int, "str | None"]
+CHANGES_KEY = "_changes"   # a result's entry for on_change's answer (never stored in the oplog)
 MAX_BATCH = 256
 # The `request_id != ''` term lets SQLite use the partial index oplog_req: with
 # `request_id=?` alone it cannot prove the bound value is not '' and scans the whole
@@ -76,6 +78,11 @@ class Journal:
         self.raft_applied = self.stored_index()
         self._vacuum_conn: sqlite3.Connection | None = None
         self._checkpoint_due = False
+        # Told, in commit order, the cache keys each committed record changed (schema.
+        # track_changes; master/sessions.py); what it returns rides in the record's result
+        # under CHANGES_KEY for the caller.  None: nobody caches, nothing is tracked.
+        self.on_change: Callable[[list[Key]], Any] | None = None
+        self._changes: list[Key] = []
 
     def start(self) -> None:
         """Nothing to start: callers apply records themselves (kept for the master's
@@ -122,13 +129,20 @@ class Journal:
         for _, fut in self._take_batch():
             fut.set_exception(error)
 
+    def track(self, on_change: Callable[[list[Key]], Any]) -> None:
+        """Start telling on_change what each committed record changed (the cache sessions)."""
+        with self._lock:
+            if self.on_change is None:
+                schema.track_changes(self.conn)
+                self.on_change = on_change
+
     def _apply_batch(self, batch: list[tuple[Record, Future[Row]]]) -> None:
-        outcomes: list[tuple[Future[Row], Any]] = []
+        outcomes: list[tuple[Future[Row], Any, list[Key]]] = []
         start = time.perf_counter()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             for rec, fut in batch:
-                outcomes.append((fut, self._apply_one(rec)))
+                outcomes.append((fut, self._apply_one(rec), self._changes))
             self.conn.execute("COMMIT")
         except Exception as e:  # the store itself failed: nobody in the batch was applied
             log.exception("journal batch failed")
@@ -142,11 +156,20 @@ class Journal:
                     fut.set_exception(error)
             return
         self._count([rec for rec, _ in batch], start)
-        for fut, outcome in outcomes:
+        for fut, outcome, changes in outcomes:
             if isinstance(outcome, BaseException):
                 fut.set_exception(outcome)
             else:
-                fut.set_result(outcome)
+                fut.set_result(self._told(outcome, changes))
+
+    def _told(self, outcome: Any, changes: list[Key]) -> Any:
+        """After the commit, in commit order: on_change hears what a record changed, and
+        its answer goes to the record's caller with the result."""
+        if changes and self.on_change is not None:
+            told = self.on_change(changes)
+            if isinstance(outcome, dict):
+                return {**outcome, CHANGES_KEY: told}
+        return outcome
 
     def _count(self, recs: list[Record], start: float) -> None:
         self.applied += len(recs)
@@ -181,6 +204,8 @@ class Journal:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+            if not isinstance(outcome, BaseException):
+                outcome = self._told(outcome, self._changes)
         self.raft_applied = index
         self._count([rec], start)
         return outcome
@@ -188,6 +213,7 @@ class Journal:
     def _apply_one(self, rec: Record) -> Any:
         """Apply one record in a savepoint; returns its result or its CurvineError."""
         rid = rec.request_id
+        self._changes = []
         if rid:
             row = self.conn.execute(RETRY_LOOKUP, (rid,)).fetchone()
             if row is not None:
@@ -195,6 +221,8 @@ class Journal:
         self.conn.execute("SAVEPOINT op")
         try:
             result = self.ns.apply(rec)
+            if self.on_change is not None:
+                self._changes = schema.take_changes(self.conn)
         except (CurvineError, ValueError, TypeError, OverflowError, KeyError) as e:
             self.conn.execute("ROLLBACK TO op")
             self.conn.execute("RELEASE op")

@@ -50,7 +50,7 @@ def start_frames(cfg: config.Config, service: MasterService) -> FrameServer:
     """The framed metadata server (docs/wire.md) on master.frame_port: every client's
     metadata calls go there, so it cannot be switched off (build_server refuses -1)."""
     frames = FrameServer(LeaderOnly(service), cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port,
-                         thread_done=service.close_thread_reader)
+                         thread_done=service.close_thread_reader, sessions=service)
     try:
         service.frame_port = frames.start().port
     except OSError as e:

@@ -176,6 +176,43 @@ def count(conn: sqlite3.Connection, key: str) -> int:
     return int(row[0]) if row is not None else 0
 
 
+# What a mutation changed, for the cache sessions (master/sessions.py): temporary
+# triggers on the journal's connection write the keys into a temporary table, which the
+# journal reads and empties in each record's savepoint (Journal._apply_one).  A name in a
+# directory is (parent, name); an inode's attributes (ino, NULL); a directory's mode and
+# owner, which a mount checks lookups against, (ino, '') (a create in it changes its
+# times, not these).  Only columns a client caches count: a lease renewal changes none.
+ATTR_COLUMNS = ("mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, replicas,"
+                " complete, generation, target")
+CHANGES = "temp.cache_changes"
+
+
+def track_changes(conn: sqlite3.Connection) -> None:
+    """Install the change triggers on conn (temporary: this connection only, never in the
+    file or a Raft snapshot)."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS cache_changes (ino INTEGER NOT NULL, name TEXT)")
+    for name, when, rows in (
+            ("names_in", "INSERT ON dirents", "(NEW.parent, NEW.name)"),
+            ("names_out", "DELETE ON dirents", "(OLD.parent, OLD.name)"),
+            ("names_moved", "UPDATE ON dirents", "(OLD.parent, OLD.name), (NEW.parent, NEW.name)"),
+            ("attrs_set", f"UPDATE OF {ATTR_COLUMNS} ON inodes", "(NEW.ino, NULL)"),
+            ("perms_set", "UPDATE OF mode, uid, gid ON inodes", "(NEW.ino, '')"),
+            ("attrs_gone", "DELETE ON inodes", "(OLD.ino, NULL), (OLD.ino, '')")):
+        conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS cache_{name} AFTER {when}"
+                     f" BEGIN INSERT INTO cache_changes(ino, name) VALUES {rows}; END")
+
+
+def take_changes(conn: sqlite3.Connection) -> list[tuple[int, str | None]]:
+    """The keys changed since the last call (track_changes), emptied."""
+    if sqlite3.sqlite_version_info >= (3, 35, 0):   # one statement
+        rows = conn.execute(f"DELETE FROM {CHANGES} RETURNING ino, name").fetchall()
+    else:
+        rows = conn.execute(f"SELECT ino, name FROM {CHANGES}").fetchall()
+        if rows:
+            conn.execute(f"DELETE FROM {CHANGES}")
+    return list(dict.fromkeys((int(r[0]), r[1]) for r in rows))
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring a store of schema 1 to this one: its oplog is rebuilt without the `op` column
     (every record's JSON, ~1 KB a mutation, which nothing read back), keeping the rows of

@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import NotLeader, Unavailable, err, handler
+from curvine_py.common.errors import CurvineError, NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.types import SETATTR_SIZE
 from curvine_py.common.version import package_version
@@ -27,7 +27,7 @@ from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
 from curvine_py.master.eviction import Evictor
 from curvine_py.master.group import Group, client_address, open_group
-from curvine_py.master.journal import Journal
+from curvine_py.master.journal import CHANGES_KEY, Journal
 from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
@@ -37,6 +37,7 @@ from curvine_py.master.records import (
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
+from curvine_py.master.sessions import Barrier, Key, Push, Sessions
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
 from curvine_py.master.uploads import Uploader
@@ -50,6 +51,9 @@ PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than ma
 #                        (or every master.retry_cache_s, when that is shorter)
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
                "block_size", "replicas", "generation")
+
+
+WAIT_SEQ, EPOCH = "_wait_seq", "_epoch"   # a result's cache-session entries (submit)
 
 
 def to_attr(row: Row) -> pb.Attr:
@@ -112,6 +116,9 @@ class MasterService:
         self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret)
         self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks,
                                  self.leading)
+        # mounts' cache sessions; the journal tracks changes from the first one on (a
+        # cluster without mounts pays nothing: 10-15% of a mutation's CPU here)
+        self.sessions = Sessions(cfg.master.cache_lease_s, lambda: self.group.term)
         self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
                               cfg.ufs.timeout_s, self.evictor.note_read)
 
@@ -166,11 +173,75 @@ class MasterService:
         """Every master answers, whatever its role (cv report's masters table)."""
         return self.group.status()
 
-    def submit(self, rec: Record) -> Row:
+    def submit(self, rec: Record, session: int = 0) -> Row:
+        """Apply rec; answered once the mounts that cached what it changed were told
+        (master/sessions.py).  session: the caller's cache session, whose own push number
+        and the change's epoch the result then carries (WAIT_SEQ, EPOCH)."""
         result = self.group.submit(rec)
         if result.get("freed"):
             self.registry.free_blocks(result["freed"])
+        barrier: Barrier | None = result.pop(CHANGES_KEY, None)
+        if barrier is not None:
+            result[WAIT_SEQ] = self.sessions.wait(barrier, session)
+            result[EPOCH] = barrier.epoch
+        else:
+            self.sessions.wait_grace()   # a previous leader's mounts may still cache what it changed
         return result
+
+    def _grant(self, caller: pb.Caller, epoch: int, parent: int, name: str, ino: int,
+               more: list[Key] | None = None) -> int:
+        """A reply's lease_seq: the caller's session may cache the name (parent, name) and
+        the attributes of ino (0: a negative entry) as read at epoch.  Not under a UFS
+        mount: its names and objects change behind the master's back (metadata_ttl_s)."""
+        if not caller.session or self.ns.ufs_dir(parent) is not None:
+            return 0
+        keys: list[Key] = [(parent, name), *(more or ())]
+        if ino:
+            keys.append((ino, None))
+        return self.sessions.grant(caller.session, keys, epoch)
+
+    def _looked_up(self, request: pb.LookupRequest, epoch: int, row: Row | None) -> pb.AttrReply:
+        """Lookup's reply (row None: the name is missing), with a lease when the caller's
+        session may cache it: the name, the inode's attributes and the directory's, which
+        the mount needs to check a later caller's search permission itself."""
+        reply = pb.AttrReply(attr=to_attr(row) if row is not None else None)
+        if request.caller.session:
+            ino = row["ino"] if row is not None else 0
+            keys: list[Key] = [(request.parent, "")]
+            reply.lease_seq = self._grant(request.caller, epoch, request.parent, request.name, ino, keys)
+            if reply.lease_seq:
+                reply.parent.CopyFrom(to_attr(self.ns.inode(request.parent)))
+        return reply
+
+    def _granted(self, caller: pb.Caller, result: Row, parent: int, name: str) -> int:
+        """The lease_seq of a name a mutation made: its data is as new as the mutation's
+        epoch (none for a retried mutation's remembered result: it may be old)."""
+        if EPOCH not in result:
+            return 0
+        return self._grant(caller, result[EPOCH], parent, name, result["attr"]["ino"])
+
+    def open_session(self, request: pb.SessionRequest, push: Push) -> pb.SessionReply:
+        """The framed channel's OpenSession: that connection becomes the session's stream."""
+        self.serving()
+        if not self.sessions.enabled:
+            raise err(errno.EOPNOTSUPP, "cache sessions are off on this master (master.cache_lease_s = 0)")
+        if self.journal.on_change is None:   # before the session exists: its grants see every change
+            self.journal.track(self.sessions.changed)
+        return self.sessions.open(request.lease_ms, push)
+
+    def session_broken(self, session: int) -> None:
+        """The session's stream closed (master/framed.py)."""
+        self.sessions.broken(session)
+
+    @handler
+    def OpenSession(self, request: pb.SessionRequest) -> pb.SessionReply:
+        raise err(errno.EOPNOTSUPP, "a cache session needs the framed channel (master.frame_port)")
+
+    @handler
+    def Beat(self, request: pb.SessionBeat) -> pb.Empty:
+        if not self.sessions.beat(request.session, request.acked):
+            raise err(errno.ESTALE, f"cache session {request.session} has ended (its lease ran out)")
+        return pb.Empty()
 
     def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
                 ino: int = 0) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
@@ -232,14 +303,20 @@ class MasterService:
         blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode, attr["ino"])
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
-                            dirs=dirs_of(result), soft_lease=bool(result.get("soft")))
+                            dirs=dirs_of(result), soft_lease=bool(result.get("soft")), wait_seq=result.get(WAIT_SEQ, 0))
 
     # ------------------------------------------------------------------ namespace reads
     @handler
     def Lookup(self, request: pb.LookupRequest) -> pb.AttrReply:
         self.ufs.fresh_dir(request.parent)
-        row = self.ns.lookup(cred_of(request.caller), request.parent, request.name)
-        reply = pb.AttrReply(attr=to_attr(row))
+        epoch = self.sessions.epoch()
+        try:
+            row = self.ns.lookup(cred_of(request.caller), request.parent, request.name)
+        except CurvineError as e:
+            if not (request.miss_ok and e.errno == errno.ENOENT):
+                raise
+            return self._looked_up(request, epoch, None)
+        reply = self._looked_up(request, epoch, row)
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
             mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R) else None
@@ -248,7 +325,12 @@ class MasterService:
 
     @handler
     def GetAttr(self, request: pb.InodeRequest) -> pb.AttrReply:
-        return pb.AttrReply(attr=to_attr(self.ns.inode(request.ino)))
+        epoch = self.sessions.epoch()
+        row = self.ns.inode(request.ino)
+        lease = 0
+        if request.caller.session and self.ns.ufs_dir(request.ino) is None:
+            lease = self.sessions.grant(request.caller.session, [(request.ino, None)], epoch)
+        return pb.AttrReply(attr=to_attr(row), lease_seq=lease)
 
     @handler
     def ResolvePath(self, request: pb.PathRequest) -> pb.AttrReply:
@@ -291,10 +373,11 @@ class MasterService:
         rec = Setattr(**envelope(request.caller), ino=request.ino, valid=request.valid, mode=request.mode,
                       uid=request.uid, gid=request.gid, size=request.size, atime_ns=request.atime_ns,
                       mtime_ns=request.mtime_ns)
-        attr = self.submit(rec)["attr"]
+        result = self.submit(rec, request.caller.session)
+        attr = result["attr"]
         if request.valid & SETATTR_SIZE and not (attr["lease_id"] and not attr["complete"]):
             self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
-        return pb.AttrReply(attr=to_attr(attr))
+        return pb.AttrReply(attr=to_attr(attr), wait_seq=result.get(WAIT_SEQ, 0))
 
     @handler
     def Mknod(self, request: pb.MknodRequest) -> pb.AttrReply:
@@ -303,8 +386,14 @@ class MasterService:
         rec = Mknod(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
                     umask=request.umask, rdev=request.rdev, target=request.symlink_target, exclusive=True,
                     block_size=request.block_size)
-        result = self.submit(rec)
-        return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
+        result = self.submit(rec, request.caller.session)
+        return self._made(request.caller, request.parent, request.name, result)
+
+    def _made(self, caller: pb.Caller, parent: int, name: str, result: Row) -> pb.AttrReply:
+        """Mknod's and Link's reply: the new name may be cached at once by its maker."""
+        attr = result["attr"]
+        return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), wait_seq=result.get(WAIT_SEQ, 0),
+                            lease_seq=self._granted(caller, result, parent, name))
 
     @handler
     def Create(self, request: pb.MknodRequest) -> pb.OpenReply:
@@ -312,33 +401,36 @@ class MasterService:
         rec = Create(**envelope(request.caller), parent=request.parent, name=request.name, mode=request.mode,
                      umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
                      flags=request.open_flags, lease_ms=self.lease_ms)
-        result = self.submit(rec)
+        result = self.submit(rec, request.caller.session)
         if result.get("soft") and self._write_through(result["attr"]["ino"]):
             self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
-        return self._open_reply(result)
+        reply = self._open_reply(result)
+        reply.lease_seq = self._granted(request.caller, result, request.parent, request.name)
+        return reply
 
     @handler
     def Link(self, request: pb.LinkRequest) -> pb.AttrReply:
         rec = Link(**envelope(request.caller), ino=request.ino, new_parent=request.new_parent,
                    new_name=request.new_name)
-        result = self.submit(rec)
-        return pb.AttrReply(attr=to_attr(result["attr"]), dirs=dirs_of(result))
+        result = self.submit(rec, request.caller.session)
+        return self._made(request.caller, request.new_parent, request.new_name, result)
 
     @handler
     def Unlink(self, request: pb.UnlinkRequest) -> pb.DirsReply:
         self.ufs.unlink(request.parent, request.name)
         result = self.submit(Unlink(**envelope(request.caller), parent=request.parent, name=request.name,
-                                    keep=tuple(request.keep)))
-        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
+                                    keep=tuple(request.keep)), request.caller.session)
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
 
     @handler
     def Rmdir(self, request: pb.UnlinkRequest) -> pb.DirsReply:
         child = self.ns.child(request.parent, request.name)
         if child is not None:
             self.ufs.fresh_dir(child["ino"])   # names only the UFS has make it non-empty
-        result = self.submit(Rmdir(**envelope(request.caller), parent=request.parent, name=request.name))
+        result = self.submit(Rmdir(**envelope(request.caller), parent=request.parent, name=request.name),
+                             request.caller.session)
         self.ufs.rmdir(request.parent, request.name)
-        return pb.DirsReply(dirs=dirs_of(result))
+        return pb.DirsReply(dirs=dirs_of(result), wait_seq=result.get(WAIT_SEQ, 0))
 
     @handler
     def Rename(self, request: pb.RenameRequest) -> pb.DirsReply:
@@ -346,18 +438,19 @@ class MasterService:
                      new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
                      keep=tuple(request.keep))
         result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
-                                 request.flags, lambda: self.submit(rec))
-        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")))
+                                 request.flags, lambda: self.submit(rec, request.caller.session))
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
 
     @handler
     def SetXattr(self, request: pb.XattrRequest) -> pb.Empty:
         self.submit(Setxattr(**envelope(request.caller), ino=request.ino, name=request.name,
-                             value=bytes(request.value), flags=request.flags))
+                             value=bytes(request.value), flags=request.flags), request.caller.session)
         return pb.Empty()
 
     @handler
     def RemoveXattr(self, request: pb.XattrRequest) -> pb.Empty:
-        self.submit(Removexattr(**envelope(request.caller), ino=request.ino, name=request.name))
+        self.submit(Removexattr(**envelope(request.caller), ino=request.ino, name=request.name),
+                    request.caller.session)
         return pb.Empty()
 
     # ------------------------------------------------------------------ file data
@@ -367,7 +460,7 @@ class MasterService:
         if request.write:
             rec = OpenWrite(**envelope(request.caller), ino=request.ino, flags=request.flags,
                             lease_ms=self.lease_ms)
-            return self._open_reply(self.submit(rec))
+            return self._open_reply(self.submit(rec, request.caller.session))
         row = self.ns.inode(request.ino)
         if stat.S_ISDIR(row["mode"]):
             raise err(errno.EISDIR)
@@ -402,7 +495,7 @@ class MasterService:
         blocks = tuple(CommitBlock(b.block_id, b.offset, b.length, b.checksum) for b in request.blocks)
         rec = Commit(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id, size=request.size,
                      blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
-        result = self.submit(rec)
+        result = self.submit(rec, request.caller.session)
         on_disk: dict[int, int] = {}
         for b in request.blocks:
             for wid in b.workers:
@@ -411,7 +504,7 @@ class MasterService:
         self.capacity.note_committed(on_disk)
         if request.release:
             self._persisted(request.ino)
-        return pb.AttrReply(attr=to_attr(result["attr"]))
+        return pb.AttrReply(attr=to_attr(result["attr"]), wait_seq=result.get(WAIT_SEQ, 0))
 
     def _persisted(self, ino: int) -> None:
         """A UFS file's new bytes are complete: write-through uploads them now (the caller's
@@ -617,6 +710,7 @@ class MasterService:
         too, by the leader's records), a bounded step of giving meta.db's free pages back."""
         if self.leading():
             self._lead_housekeeping()
+        self.sessions.expire()
         self.journal.reclaim()
 
     def _lead_housekeeping(self) -> None:

@@ -48,6 +48,9 @@ class MasterConfig:
     replication_scan_s: float = 30.0  # how often every block's replica count is checked (besides events)
     lease_s: float = 60.0         # a writer's lease lasts this long without renewal
     retry_cache_s: float = 600.0  # how long request ids of mutations are remembered
+    # mounts' cache leases (master/sessions.py, docs/wire.md): the longest one granted; a
+    # mutation waits at most this for a silent mount, and a new leader this long; 0 = off
+    cache_lease_s: float = 1.0
     rpc_threads: int = 16
     evict: bool = True            # evict least recently used files when the pool passes evict_high
     evict_high: float = 0.9       # usage fraction (pool or one worker) that starts eviction
@@ -109,6 +112,9 @@ class FuseConfig:
     attr_timeout_s: float = 1.0
     entry_timeout_s: float = 1.0
     negative_timeout_s: float = 0.0
+    # names and attributes cached in the mount under the master's leases, kept true by its
+    # pushes (client/metacache.py): lookups and stats the kernel's cache missed need no call
+    metadata_cache: bool = True
     direct_io: bool = False
     direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)

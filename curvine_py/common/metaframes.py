@@ -18,6 +18,8 @@ whose 4-byte length prefix it shares), docs/wire.md:
   status 0 = OK (payload = the reply message), > 0 = an errno (payload = UTF-8 message),
   -1 = UNAVAILABLE (retry), -2 = UNAUTHENTICATED, -3 = NOT_LEADER (payload: the
   leader's client address "host:port", empty when unknown; docs/ha.md).
+- push (a cache session's stream only): a reply frame with call id PUSH_CALL_ID, status 0,
+  an Invalidation as payload, sent by the master unasked.
 
 Method id = index of the method in the proto's ``MasterService``: new methods must be
 appended at the end of the service (or VERSION bumped), never inserted.
@@ -50,6 +52,10 @@ REPLY_REST = REPLY.size - LENGTH.size
 MAX_FRAME = MAX_MESSAGE             # largest "length" accepted, as gRPC's message cap
 DEFAULT_BUFFER = 64 * 1024          # a connection's receive buffer
 SHRINK_ABOVE = 1 << 20              # a buffer grown past this is dropped once empty
+
+# A cache session's stream (OpenSession; docs/wire.md "Cache sessions"): the master's
+# Invalidation frames, unasked, are replies with this call id.
+PUSH_CALL_ID = 0xFFFFFFFF
 
 OK = 0
 UNAVAILABLE = -1

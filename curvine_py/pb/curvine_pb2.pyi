@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Caller(_message.Message):
-    __slots__ = ("uid", "gid", "groups", "request_id", "client_id")
+    __slots__ = ("uid", "gid", "groups", "request_id", "client_id", "session")
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     uid: int
     gid: int
     groups: _containers.RepeatedScalarFieldContainer[int]
     request_id: str
     client_id: str
-    def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+    session: int
+    def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Attr(_message.Message):
     __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation")
@@ -107,16 +109,18 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("caller", "parent", "name", "one_block")
+    __slots__ = ("caller", "parent", "name", "one_block", "miss_ok")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ONE_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    MISS_OK_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     parent: int
     name: str
     one_block: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., one_block: _Optional[bool] = ...) -> None: ...
+    miss_ok: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., one_block: _Optional[bool] = ..., miss_ok: _Optional[bool] = ...) -> None: ...
 
 class PathRequest(_message.Message):
     __slots__ = ("caller", "path", "follow_symlinks")
@@ -137,22 +141,30 @@ class InodeRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
 
 class AttrReply(_message.Message):
-    __slots__ = ("attr", "dirs", "blocks")
+    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ...) -> None: ...
+    lease_seq: int
+    wait_seq: int
+    parent: Attr
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
 
 class DirsReply(_message.Message):
-    __slots__ = ("dirs", "kept")
+    __slots__ = ("dirs", "kept", "wait_seq")
     DIRS_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     kept: bool
-    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., kept: _Optional[bool] = ...) -> None: ...
+    wait_seq: int
+    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., kept: _Optional[bool] = ..., wait_seq: _Optional[int] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
     __slots__ = ("caller", "ino", "valid", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
@@ -333,7 +345,7 @@ class OpenRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., flags: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "ufs", "soft_lease")
+    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "ufs", "soft_lease", "lease_seq", "wait_seq")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +354,8 @@ class OpenReply(_message.Message):
     DIRS_FIELD_NUMBER: _ClassVar[int]
     UFS_FIELD_NUMBER: _ClassVar[int]
     SOFT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     lease_id: int
@@ -350,7 +364,9 @@ class OpenReply(_message.Message):
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     ufs: UfsFile
     soft_lease: bool
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ...) -> None: ...
+    lease_seq: int
+    wait_seq: int
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
     __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host", "unreachable")
@@ -754,6 +770,48 @@ class ReportReply(_message.Message):
     expired_files: int
     metrics_port: int
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., ring_epoch: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., blocks: _Optional[int] = ..., under_replicated: _Optional[int] = ..., master_address: _Optional[str] = ..., version: _Optional[str] = ..., evicted_files: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_files: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("caller", "lease_ms")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    lease_ms: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class SessionReply(_message.Message):
+    __slots__ = ("session", "lease_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    lease_ms: int
+    def __init__(self, session: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class SessionBeat(_message.Message):
+    __slots__ = ("session", "acked")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    acked: int
+    def __init__(self, session: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
+
+class CacheKey(_message.Message):
+    __slots__ = ("ino", "name", "entry")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    name: str
+    entry: bool
+    def __init__(self, ino: _Optional[int] = ..., name: _Optional[str] = ..., entry: _Optional[bool] = ...) -> None: ...
+
+class Invalidation(_message.Message):
+    __slots__ = ("seq", "keys")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    keys: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, seq: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class MasterStatusReply(_message.Message):
     __slots__ = ("address", "raft_address", "role", "term", "commit_index", "applied_index", "last_log_index", "leader", "leader_raft", "pid", "frame_port", "ready", "peers")

@@ -219,6 +219,16 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/curvine.MasterService/OpenSession',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.SessionRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.SessionReply.FromString,
+                _registered_method=True)
+        self.Beat = channel.unary_unary(
+                '/curvine.MasterService/Beat',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -453,6 +463,19 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """cache sessions (docs/wire.md): the framed channel only
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Beat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -640,6 +663,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.MasterStatus,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.SessionRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.SessionReply.SerializeToString,
+            ),
+            'Beat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Beat,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1641,6 +1674,60 @@ class MasterService:
             '/curvine.MasterService/MasterStatus',
             curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.MasterStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/OpenSession',
+            curvine__py_dot_pb_dot_curvine__pb2.SessionRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.SessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Beat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/Beat',
+            curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

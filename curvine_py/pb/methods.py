@@ -62,6 +62,8 @@ class Master:
     LoadStatus: Final = Method(34, "LoadStatus", pb.LoadJobRequest, pb.LoadJobsReply)
     Free: Final = Method(35, "Free", pb.FreeRequest, pb.FreeReply)
     MasterStatus: Final = Method(36, "MasterStatus", pb.Empty, pb.MasterStatusReply)
+    OpenSession: Final = Method(37, "OpenSession", pb.SessionRequest, pb.SessionReply)
+    Beat: Final = Method(38, "Beat", pb.SessionBeat, pb.Empty)
 
 
 METHODS: tuple[Method[Message, Message], ...] = (
@@ -102,4 +104,6 @@ METHODS: tuple[Method[Message, Message], ...] = (
     Master.LoadStatus,
     Master.Free,
     Master.MasterStatus,
+    Master.OpenSession,
+    Master.Beat,
 )
