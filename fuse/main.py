@@ -24,6 +24,7 @@ from curvine_py.cluster.processes import pid_alive
 from curvine_py.pb.methods import Master
 
 if typing.TYPE_CHECKING:
+    from curvine_py.client.cachesession import CacheSession
     from curvine_py.client.core import ClientCore
     from curvine_py.client.vfs import VFS
     from curvine_py.fuse.ops import CurvineOps
@@ -178,6 +179,7 @@ class _Mounted:
     vfs: VFS
     ops: CurvineOps
     real: str
+    session: CacheSession | None = None   # the metadata cache's session (fuse.metadata_cache)
     detached: bool = False   # the watchdog found the mount gone: nothing of ours to unmount
 
 
@@ -195,6 +197,12 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
     if core is None:
         return None
     real = os.path.realpath(mountpoint)
+    session = None
+    if cfg.fuse.metadata_cache:   # before the VFS, which takes the cache from the client
+        from curvine_py.client.cachesession import CacheSession
+        from curvine_py.client.metacache import MetaCache
+        core.meta.cache = MetaCache()
+        session = CacheSession(core.meta, core.meta.cache)
     try:
         vfs = VFS(core, subdir, MountOpens(core))
     except CurvineError as e:   # the subdir is missing or not a directory: say so, mount nothing
@@ -210,7 +218,7 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
         log.error("mount failed: %s", e)
         _notify(ready_fd, f"mount failed: {e}")
         return None
-    return _Mounted(core, vfs, ops, real)
+    return _Mounted(core, vfs, ops, real, session.start() if session is not None else None)
 
 
 def _reach_master(cfg: config.Config, ready_fd: int | None) -> ClientCore | None:
@@ -315,6 +323,8 @@ def _unmount(m: _Mounted, mountpoint: str) -> None:
         pyfuse3.close(unmount=not m.detached)   # detached: nothing of ours is mounted there now
     except Exception as e:
         log.warning("unmount %s: %s", mountpoint, e)
+    if m.session is not None:
+        m.session.stop()
     m.vfs.close()
     m.core.close()
 

@@ -133,20 +133,7 @@ class FramedClient:
     def _connect(self, timeout: float) -> _Conn:
         if self._closed:
             raise NoServer(f"{self!r} is closed")
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=min(timeout, CONNECT_TIMEOUT_S))
-        except OSError as e:
-            raise NoServer(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
-        try:
-            _tune(sock)
-            sock.settimeout(timeout)
-            reader = mf.FrameReader(sock)
-            answer = mf.answer_hello(reader.fill(mf.HELLO.size), self._secret, f"{self.host}:{self.port}")
-            reader.consume(mf.HELLO.size)
-            sock.sendall(answer)
-        except OSError as e:   # mf.Closed too: closed before its hello, or not one of ours
-            sock.close()
-            raise NoServer(f"no hello from {self.host}:{self.port}: {e}") from None
+        sock, reader = connect(self.host, self.port, self._secret, timeout)
         conn = _Conn(sock, reader, timeout)
         with self._lock:
             self._conns.add(conn)
@@ -181,6 +168,26 @@ class FramedClient:
             return mf.reply_of(method, cid, got_id, status, body)
         except mf.Closed as e:
             raise Broken(str(e)) from None
+
+
+def connect(host: str, port: int, secret: str, timeout: float) -> tuple[socket.socket, mf.FrameReader]:
+    """A connection to the frame server at host:port, past its handshake; NoServer when
+    nothing answers there, or not a frame server of ours."""
+    try:
+        sock = socket.create_connection((host, port), timeout=min(timeout, CONNECT_TIMEOUT_S))
+    except OSError as e:
+        raise NoServer(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
+    try:
+        _tune(sock)
+        sock.settimeout(timeout)
+        reader = mf.FrameReader(sock)
+        answer = mf.answer_hello(reader.fill(mf.HELLO.size), secret, f"{host}:{port}")
+        reader.consume(mf.HELLO.size)
+        sock.sendall(answer)
+    except OSError as e:   # mf.Closed too: closed before its hello, or not one of ours
+        sock.close()
+        raise NoServer(f"no hello from {host}:{port}: {e}") from None
+    return sock, reader
 
 
 def _tune(sock: socket.socket) -> None:

@@ -24,6 +24,7 @@ happens: the master is retried exactly as it always was.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
 import os
@@ -38,6 +39,7 @@ import grpc
 
 from curvine_py.client import metrics
 from curvine_py.client.framedclient import FramedClient
+from curvine_py.client.metacache import MetaCache
 from curvine_py.common.config import ClientConfig
 from curvine_py.common.errors import (RETRYABLE, ConfigError, CurvineError, NoServer, Unreached, from_rpc_error,
                                      leader_of)
@@ -55,6 +57,7 @@ WithDirs = TypeVar("WithDirs", pb.AttrReply, pb.DirsReply, pb.OpenReply)
 # again after 0.05 s, doubling to 2 s (the threads' client and the mount loop's,
 # client/asyncmeta.py, wait alike).
 MASTER_WAIT = Exponential(0.05, 2.0)
+SETTLE_TIMEOUT_S = 5.0   # the longest a mutation waits for its own push to reach the cache
 T = TypeVar("T")
 MIN_ATTEMPT_S = 1.0
 
@@ -113,6 +116,9 @@ class MasterClient:
         self.prefer_host = ""   # sent with AllocateBlocks: the host whose worker gets the first replica
         # Told the directories each mutation changed, as they are after it (the VFS caches them).
         self.dirs_listener: Callable[[list[pb.Attr]], None] | None = None
+        # The mount's cache of names and attributes under the master's leases (its session
+        # goes with each request; a mutation's reply waits for its push there): None = none.
+        self.cache: MetaCache | None = None
         # until client.retry_s (read at each call: the mount lowers it while mounting); the
         # next master of a group at once, MASTER_WAIT after each whole round (Leader.wait)
         self._retry = Retry(transient=_is_unreachable, wait=self.masters.wait,
@@ -134,7 +140,30 @@ class MasterClient:
     def caller(self, ident: Identity | None = None, mutation: bool = False) -> pb.Caller:
         ident = ident or self.identity
         return pb.Caller(uid=ident.uid, gid=ident.gid, groups=ident.groups, client_id=self.client_id,
-                         request_id=uuid.uuid4().hex if mutation else "")
+                         request_id=uuid.uuid4().hex if mutation else "",
+                         session=self.cache.session if self.cache is not None else 0)
+
+    def pending_push(self, request: object, reply: object) -> "concurrent.futures.Future[None] | None":
+        """The push of a mutation's own change to this client's cache session, when the
+        cache has not handled it yet: the call must not return before (client/metacache.py)."""
+        seq = getattr(reply, "wait_seq", 0)
+        if not seq or self.cache is None:
+            return None
+        caller = getattr(request, "caller", None)
+        return self.cache.pushed(caller.session if caller is not None else 0, seq)
+
+    def settle(self, request: object, reply: object) -> None:
+        """pending_push, waited for here (a thread's call); a push that does not come ends
+        the cache's session (its contents go)."""
+        fut = self.pending_push(request, reply)
+        if fut is not None:
+            try:
+                fut.result(timeout=SETTLE_TIMEOUT_S)
+            except concurrent.futures.TimeoutError:
+                log.warning("the master's push of a change made here did not come in %g s: cache dropped",
+                            SETTLE_TIMEOUT_S)
+                if self.cache is not None:
+                    self.cache.end()
 
     def call(self, method: Method[Req, Rep], request: Req, timeout: float | None = None) -> Rep:
         """Invoke a MasterService method with retries; raises CurvineError.  Its latency,
@@ -153,9 +182,12 @@ class MasterClient:
         once the master did not answer."""
         timeout = timeout or attempt_timeout(self.cfg)
         try:
-            return self._retry.call(self._attempt, method, request, timeout)
+            reply = self._retry.call(self._attempt, method, request, timeout)
         except Unreached as e:
             raise self.unreachable_error(e) from None
+        if self.cache is not None:
+            self.settle(request, reply)
+        return reply
 
     def unreachable_error(self, e: Unreached) -> CurvineError:
         """The one-line error of a call no master answered until client.retry_s ran out:

@@ -204,6 +204,7 @@ class VFS:
         self._dir_attrs: dict[int, tuple[float, pb.Attr]] = {}
         self.opens: OpenPolicy = opens or SdkOpens()
         core.meta.dirs_listener = self._learn_dirs
+        self.cache = core.meta.cache   # the mount's names and attributes under leases (client/metacache.py)
 
     def _root_of(self, path: str) -> int:
         """The inode of the mount's root directory: resolved once, so a subdir mount costs
@@ -294,15 +295,35 @@ class VFS:
     def getattr(self, ino: int, ident: Identity) -> Op[pb.Attr]:
         ino = self._in(ino)
         cached = self.cached_dir_attr(ino)
+        if cached is None and self.cache is not None:
+            cached = self.cache.attr(ino)
         if cached is not None:
-            return cached
-        return self.overlay((yield from ask(Master.GetAttr, self.meta.getattr_request(ino, ident))).attr)
+            return self.overlay(cached)
+        request = self.meta.getattr_request(ino, ident)
+        reply = yield from ask(Master.GetAttr, request)
+        if self.cache is not None:
+            self.cache.granted(request.caller.session, reply.lease_seq, (reply.attr,))
+        return self.overlay(reply.attr)
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
-        request = self.meta.lookup_request(self._in(parent), name, ident)
+        parent = self._in(parent)
+        cache = self.cache
+        if cache is not None:
+            hit = cache.lookup(parent, name, ident)
+            if isinstance(hit, pb.Attr):
+                return self.overlay(hit)
+            if hit is not None:
+                raise err(errno.ENOENT)
+        request = self.meta.lookup_request(parent, name, ident)
         request.one_block = self.opens.one_block
+        request.miss_ok = cache is not None
         with self.opens.looking_up():   # (a mount starts no fetch ahead meanwhile)
             reply = yield from ask(Master.Lookup, request)
+        if cache is not None:
+            found = (reply.attr,) if reply.attr.ino else ()
+            cache.granted(request.caller.session, reply.lease_seq, found, (parent, name, reply.attr.ino), reply.parent)
+            if not reply.attr.ino:
+                raise err(errno.ENOENT)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
@@ -319,7 +340,10 @@ class VFS:
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=block_size or self.core.cfg.client.block_size, ident=ident)
-        opened = self._open_writer(self.meta.saw_dirs((yield from ask(Master.Create, req))), flags, ident)
+        reply = self.meta.saw_dirs((yield from ask(Master.Create, req)))
+        if self.cache is not None:
+            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino))
+        opened = self._open_writer(reply, flags, ident)
         w = self._writer_of(opened.attr.ino)
         if w is not None:
             w.label = f"{path or repr(name)} (inode {opened.attr.ino})"
@@ -379,7 +403,10 @@ class VFS:
         bs = self.core.cfg.client.block_size if stat.S_ISREG(mode) else 0
         req = self.meta.mknod_request(self._in(parent), name, mode, umask=umask, rdev=rdev, target=target,
                                       block_size=bs, ident=ident)
-        return self.meta.saw_dirs((yield from ask(Master.Mknod, req))).attr
+        reply = self.meta.saw_dirs((yield from ask(Master.Mknod, req)))
+        if self.cache is not None:
+            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino))
+        return reply.attr
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> Op[pb.Attr]:
         req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=self._in(new_parent),

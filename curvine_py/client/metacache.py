@@ -1,0 +1,194 @@
+"""The mount's cache of names and attributes, held under the master's leases (issue 39).
+
+What it holds, the master promised to tell it about before anyone's change of it is
+answered (master/sessions.py): a name in a directory (its inode, or "no such name"), an
+inode's attributes, and the directory of each name (whose mode a lookup checks here).
+The promise lasts while the session is renewed (client/cachesession.py); once its lease
+runs out by this host's clock, or its stream breaks, nothing here is served.
+
+Each grant names the session's push count when it was made (``lease_seq``, one more
+than it): a grant is kept only when no later push was handled already, since that push
+may have been about what the grant holds.  A mutation's reply names the last push of
+its own change to this session (``wait_seq``); the mutation returns only once that push
+was handled here (``pushed``), so this mount never answers from what it just changed.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import typing
+from collections import OrderedDict
+
+from curvine_py.pb import curvine_pb2 as pb
+
+MAX_ENTRIES = 200_000   # names and attributes kept (the least recently granted go first)
+Key = tuple[int, str | None]
+
+
+class Who(typing.Protocol):
+    """The caller of a lookup (client/metaclient.py's Identity)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+class Negative:
+    """The answer "no such name" (a cached negative entry)."""
+
+
+NEGATIVE = Negative()
+
+
+class MetaCache:
+    """Thread-safe: granted from the mount's loop and threads, invalidated by the session's."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._lock = threading.Lock()
+        self._max = max_entries
+        self.session = 0            # the session grants belong to (0: none open)
+        self._valid_until = 0.0     # monotonic: the lease, renewed by each answered beat
+        self._handled = 0           # pushes handled, in order
+        self._floor = 0             # no grant at or below this (a push we did not wait for)
+        self._names: OrderedDict[tuple[int, str], int] = OrderedDict()   # -> ino, 0 = no such name
+        self._attrs: OrderedDict[int, pb.Attr] = OrderedDict()
+        self._perms: OrderedDict[int, pb.Attr] = OrderedDict()   # directories: their mode and owner only
+        self._waiting: list[tuple[int, concurrent.futures.Future[None]]] = []
+        self.hits = 0
+        self.misses = 0
+
+    # ------------------------------------------------------------------ the session
+    def begin(self, session: int, valid_until: float) -> None:
+        """A new session: everything from an earlier one is gone already (end)."""
+        with self._lock:
+            self._clear()
+            self.session, self._valid_until = session, valid_until
+            self._handled = self._floor = 0
+
+    def renewed(self, valid_until: float) -> None:
+        with self._lock:
+            self._valid_until = max(self._valid_until, valid_until)
+
+    def end(self) -> None:
+        """The session is over (its stream broke, its lease ran out, the master forgot it):
+        nothing cached stands, and mutations waiting for its pushes go on."""
+        with self._lock:
+            self._clear()
+            self.session = 0
+            self._valid_until = 0.0
+            waiting, self._waiting = self._waiting, []
+        for _, fut in waiting:
+            fut.set_result(None)
+
+    @property
+    def handled(self) -> int:
+        return self._handled
+
+    def invalidate(self, push: pb.Invalidation) -> None:
+        """One push from the master, in order: forget its keys."""
+        with self._lock:
+            for k in push.keys:
+                if not k.entry:
+                    self._attrs.pop(k.ino, None)
+                elif k.name:
+                    self._names.pop((k.ino, k.name), None)
+                else:
+                    self._perms.pop(k.ino, None)
+            self._handled = max(self._handled, push.seq)
+            ready = [w for w in self._waiting if w[0] <= self._handled]
+            self._waiting = [w for w in self._waiting if w[0] > self._handled]
+        for _, fut in ready:
+            fut.set_result(None)
+
+    # ------------------------------------------------------------------ answers
+    def lookup(self, parent: int, name: str, ident: Who) -> pb.Attr | Negative | None:
+        """The cached answer to a lookup by ident (None: ask the master)."""
+        with self._lock:
+            if time.monotonic() >= self._valid_until:
+                self.misses += 1
+                return None
+            ino = self._names.get((parent, name))
+            d = self._perms.get(parent)
+            if ino is None or d is None or not may_search(d, ident):
+                self.misses += 1
+                return None
+            if ino == 0:
+                self.hits += 1
+                return NEGATIVE
+            attr = self._attrs.get(ino)
+            if attr is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            return attr
+
+    def attr(self, ino: int) -> pb.Attr | None:
+        with self._lock:
+            if time.monotonic() >= self._valid_until:
+                self.misses += 1
+                return None
+            attr = self._attrs.get(ino)
+            if attr is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            return attr
+
+    # ------------------------------------------------------------------ grants
+    def granted(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
+                name: tuple[int, str, int] | None = None, directory: pb.Attr | None = None) -> None:
+        """A reply's lease: keep attrs, the name (parent, name, ino; ino 0 = missing) and
+        the directory's mode and owner, when the request was made in the current session
+        and no later push was handled."""
+        if not lease_seq or not session:
+            return
+        with self._lock:
+            if session != self.session or lease_seq <= max(self._handled, self._floor):
+                return
+            for a in attrs:
+                self._attrs[a.ino] = a
+                self._attrs.move_to_end(a.ino)
+            if name is not None:
+                parent, n, ino = name
+                self._names[(parent, n)] = ino
+                self._names.move_to_end((parent, n))
+            if directory is not None and directory.ino:
+                self._perms[directory.ino] = directory
+                self._perms.move_to_end(directory.ino)
+            while len(self._attrs) > self._max:
+                self._attrs.popitem(last=False)
+            while len(self._perms) > self._max:
+                self._perms.popitem(last=False)
+            while len(self._names) > self._max:
+                self._names.popitem(last=False)
+
+    def pushed(self, session: int, wait_seq: int) -> concurrent.futures.Future[None] | None:
+        """A mutation made in session whose change was pushed here as wait_seq: a future
+        for that push to be handled (None: nothing to wait for)."""
+        if not wait_seq:
+            return None
+        with self._lock:
+            if session != self.session or wait_seq <= self._handled:
+                return None
+            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._waiting.append((wait_seq, fut))
+            return fut
+
+    # ------------------------------------------------------------------ internals
+    def _clear(self) -> None:
+        self._names.clear()
+        self._attrs.clear()
+        self._perms.clear()
+
+
+def may_search(d: pb.Attr, ident: Who) -> bool:
+    """May ident look names up in directory d (its x bit for them)?  The master's rule
+    (master/posix.py) for mode bits; root may always."""
+    if ident.uid == 0:
+        return True
+    if ident.uid == d.uid:
+        return bool(d.mode & 0o100)
+    if ident.gid == d.gid or d.gid in ident.groups:
+        return bool(d.mode & 0o010)
+    return bool(d.mode & 0o001)
