@@ -52,7 +52,6 @@ class CacheSession:
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="cache-session", daemon=True)
-        self.sessions = 0   # sessions opened so far (tests, logs)
 
     def start(self) -> "CacheSession":
         self._thread.start()
@@ -103,7 +102,6 @@ class CacheSession:
             reader.consume(len(body) + mf.REPLY.size)
             lease = reply.lease_ms / 1000
             self.cache.begin(reply.session, sent + lease)
-            self.sessions += 1
             log.info("cache session %d open with %s:%d (lease %.1f s)", reply.session, host, port, lease)
             self._stream(sock, reader, reply.session, lease)
         except Unreached as e:

@@ -55,8 +55,9 @@ class MetaCache:
         self._attrs: OrderedDict[int, pb.Attr] = OrderedDict()
         self._perms: OrderedDict[int, pb.Attr] = OrderedDict()   # directories: their mode and owner only
         self._waiting: list[tuple[int, concurrent.futures.Future[None]]] = []
-        self.hits = 0
+        self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
+        self.sessions = 0           # sessions begun
 
     # ------------------------------------------------------------------ the session
     def begin(self, session: int, valid_until: float) -> None:
@@ -64,6 +65,7 @@ class MetaCache:
         with self._lock:
             self._clear()
             self.session, self._valid_until = session, valid_until
+            self.sessions += 1
             self._handled = self._floor = 0
 
     def renewed(self, valid_until: float) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import typing
 
 from prometheus_client import Counter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from curvine_py.common.metrics import histogram
@@ -78,7 +78,7 @@ class ClientCollector(Collector):
     def describe(self) -> list[typing.Any]:
         return []
 
-    def collect(self) -> typing.Iterator[GaugeMetricFamily]:
+    def collect(self) -> typing.Iterator[GaugeMetricFamily | CounterMetricFamily]:
         handles = dict(getattr(self.vfs, "_handles", {}))
         yield GaugeMetricFamily("curvine_client_open_files", "Open file handles", value=len(handles))
         yield GaugeMetricFamily("curvine_client_dirty_bytes",
@@ -87,6 +87,16 @@ class ClientCollector(Collector):
         yield GaugeMetricFamily("curvine_client_staged_bytes", "Bytes of remote blocks staged in memory for the "
                                 "kernel (fuse.stage_remote; at most fuse.stage_bytes)",
                                 value=opens.staged_bytes if opens is not None else 0)
+        cache = getattr(self.vfs, "cache", None)   # the mount's metadata cache (client/metacache.py)
+        if cache is not None:
+            answers = CounterMetricFamily("curvine_client_metadata_cache", "Lookups and stats the kernel "
+                                          "passed to the mount, by whether its metadata cache answered them "
+                                          "(hit) or the master did (miss)", labels=["result"])
+            answers.add_metric(["hit"], cache.hits)
+            answers.add_metric(["miss"], cache.misses)
+            yield answers
+            yield GaugeMetricFamily("curvine_client_metadata_cache_sessions", "Cache sessions the mount "
+                                    "opened with the master (a new one after each break)", value=cache.sessions)
 
 
 def dirty_bytes(vfs: typing.Any) -> int:

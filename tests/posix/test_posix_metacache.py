@@ -1,0 +1,103 @@
+"""The mount's metadata cache (fuse.metadata_cache, issue 39): names and attributes kept
+in the mount under the master's leases, invalidated by its pushes before the change's
+caller gets its answer.
+
+Both mounts run with the kernel's own caches off (entry and attribute timeouts 0), so
+every stat reaches the mount and is answered by its cache or by the master: whatever
+one mount (or an SDK client) changes must show in the other at once, not within a
+timeout.  The last test restarts the master under a mount that caches a name.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from curvine_py.cluster.local import LocalCluster
+from curvine_py.sdk import Client
+from tests.conftest import client_config, wait_until
+from tests.posix.conftest import Mount, errno_of, run_as_user
+
+MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
+
+
+def cache_counts(m: Mount) -> dict[str, float]:
+    """The mount's curvine_client_metadata_cache_total by result, and its sessions."""
+    address = os.getxattr(m.path, "user.curvine.metrics").decode()
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    out = {k: float(v) for k, v in re.findall(r'curvine_client_metadata_cache_total\{result="(\w+)"\} (\S+)', text)}
+    sessions = re.search(r"^curvine_client_metadata_cache_sessions (\S+)$", text, re.M)
+    out["sessions"] = float(sessions.group(1)) if sessions else 0.0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sdk(posix_cluster: LocalCluster) -> Client:
+    with Client(master=posix_cluster.master_address, config=client_config(posix_cluster)) as c:
+        yield c
+
+
+def test_what_a_mount_caches_changes_there_before_the_change_returns(mounted: Mount, second_mount: Mount,
+                                                                     sdk: Client) -> None:
+    a, b = mounted.path / "shared", second_mount.path / "shared"
+    a.mkdir()
+    wait_until("the session of b", lambda: cache_counts(second_mount)["sessions"] >= 1, timeout=10)
+    (a / "x").write_bytes(b"1")
+    assert (b / "x").stat().st_size == 1          # b asks the master, and may keep the answer
+    before = cache_counts(second_mount)
+    for _ in range(20):
+        assert (b / "x").stat().st_size == 1
+    assert cache_counts(second_mount)["hit"] >= before.get("hit", 0) + 20, "b's stats did not come from its cache"
+
+    os.chmod(a / "x", 0o600)
+    assert stat.S_IMODE((b / "x").stat().st_mode) == 0o600
+    (a / "x").write_bytes(b"22")
+    assert (b / "x").stat().st_size == 2
+    os.rename(a / "x", a / "y")
+    assert not (b / "x").exists() and (b / "y").stat().st_size == 2
+    assert not (b / "z").exists() and not (b / "z").exists()   # a negative entry, from the cache the second time
+    (a / "z").write_bytes(b"")
+    assert (b / "z").exists()
+    sdk.remove("/shared/y")                        # a writer without a session
+    assert not (b / "y").exists()
+    (b / "w").write_bytes(b"333")                  # b's own change, cached by b on its create
+    assert (b / "w").stat().st_size == 3 and (a / "w").stat().st_size == 3
+    os.unlink(b / "w")
+    assert not (b / "w").exists() and not (a / "w").exists()
+
+
+def test_a_cached_lookup_still_checks_the_callers_permission(mounted: Mount, second_mount: Mount) -> None:
+    a, b = mounted.path / "private", second_mount.path / "private"
+    a.mkdir(mode=0o700)
+    (a / "f").write_bytes(b"secret")
+    assert (b / "f").exists() and (b / "f").exists()   # root: granted, then from the cache
+    size = run_as_user(lambda p: os.stat(p).st_size, "private/f", cwd=second_mount.path)
+    assert errno_of(size) == 13   # EACCES: the directory is 0700 root's
+    os.chmod(a, 0o755)
+    assert run_as_user(lambda p: os.stat(p).st_size, "private/f", cwd=second_mount.path) == 6
+
+
+def test_a_restarted_master_leaves_no_stale_name_in_a_mount(posix_cluster: LocalCluster, mounted: Mount,
+                                                            second_mount: Mount) -> None:
+    """b caches a name; the master is killed and started again, and the name is removed
+    through a fresh SDK client: b's stream broke with the master, so it drops its cache,
+    and the restarted master answers no mutation before the old leases ran out."""
+    b = second_mount.path / "restart"
+    (mounted.path / "restart").mkdir()
+    (mounted.path / "restart" / "x").write_bytes(b"1")
+    assert (b / "x").exists() and (b / "x").exists()
+    sessions = cache_counts(second_mount)["sessions"]
+    posix_cluster.kill_master()
+    posix_cluster.restart_master()
+    with Client(master=posix_cluster.master_address, config=client_config(posix_cluster)) as c:
+        c.remove("/restart/x")
+    assert not (b / "x").exists()
+    wait_until("b's new session", lambda: cache_counts(second_mount)["sessions"] > sessions, timeout=20)
+    (mounted.path / "restart" / "y").write_bytes(b"")
+    assert (b / "y").exists()
+    Path(mounted.path / "restart" / "y").unlink()
+    assert not (b / "y").exists()
