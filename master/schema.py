@@ -181,7 +181,8 @@ def count(conn: sqlite3.Connection, key: str) -> int:
 # journal reads and empties in each record's savepoint (Journal._apply_one).  A name in a
 # directory is (parent, name); an inode's attributes (ino, NULL); a directory's mode and
 # owner, which a mount checks lookups against, (ino, '') (a create in it changes its
-# times, not these).  Only columns a client caches count: a lease renewal changes none.
+# times, not these); a directory's whole listing (ino, '/'), which every name change in
+# it changes.  Only columns a client caches count: a lease renewal changes none.
 ATTR_COLUMNS = ("mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, replicas,"
                 " complete, generation, target")
 CHANGES = "temp.cache_changes"
@@ -192,9 +193,10 @@ def track_changes(conn: sqlite3.Connection) -> None:
     file or a Raft snapshot)."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS cache_changes (ino INTEGER NOT NULL, name TEXT)")
     for name, when, rows in (
-            ("names_in", "INSERT ON dirents", "(NEW.parent, NEW.name)"),
-            ("names_out", "DELETE ON dirents", "(OLD.parent, OLD.name)"),
-            ("names_moved", "UPDATE ON dirents", "(OLD.parent, OLD.name), (NEW.parent, NEW.name)"),
+            ("names_in", "INSERT ON dirents", "(NEW.parent, NEW.name), (NEW.parent, '/')"),
+            ("names_out", "DELETE ON dirents", "(OLD.parent, OLD.name), (OLD.parent, '/')"),
+            ("names_moved", "UPDATE ON dirents",
+             "(OLD.parent, OLD.name), (OLD.parent, '/'), (NEW.parent, NEW.name), (NEW.parent, '/')"),
             ("attrs_set", f"UPDATE OF {ATTR_COLUMNS} ON inodes", "(NEW.ino, NULL)"),
             ("perms_set", "UPDATE OF mode, uid, gid ON inodes", "(NEW.ino, '')"),
             ("attrs_gone", "DELETE ON inodes", "(OLD.ino, NULL), (OLD.ino, '')")):

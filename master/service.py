@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
-from curvine_py.common.types import SETATTR_SIZE
+from curvine_py.common.types import RENAME_EXCHANGE, SETATTR_SIZE
 from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
@@ -37,7 +37,7 @@ from curvine_py.master.records import (
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
-from curvine_py.master.sessions import Barrier, Key, Push, Sessions
+from curvine_py.master.sessions import LISTING, Barrier, Key, Push, Sessions, cache_keys
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
 from curvine_py.master.uploads import Uploader
@@ -53,7 +53,7 @@ ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_
                "block_size", "replicas", "generation")
 
 
-WAIT_SEQ, EPOCH = "_wait_seq", "_epoch"   # a result's cache-session entries (submit)
+WAIT_SEQ, EPOCH, LISTINGS = "_wait_seq", "_epoch", "_listings"   # a result's cache-session entries (submit)
 
 
 def to_attr(row: Row) -> pb.Attr:
@@ -184,6 +184,7 @@ class MasterService:
         if barrier is not None:
             result[WAIT_SEQ] = self.sessions.wait(barrier, session)
             result[EPOCH] = barrier.epoch
+            result[LISTINGS] = barrier.listings(session)
         else:
             self.sessions.wait_grace()   # a previous leader's mounts may still cache what it changed
         return result
@@ -213,12 +214,26 @@ class MasterService:
                 reply.parent.CopyFrom(to_attr(self.ns.inode(request.parent)))
         return reply
 
-    def _granted(self, caller: pb.Caller, result: Row, parent: int, name: str) -> int:
-        """The lease_seq of a name a mutation made: its data is as new as the mutation's
-        epoch (none for a retried mutation's remembered result: it may be old)."""
-        if EPOCH not in result:
-            return 0
-        return self._grant(caller, result[EPOCH], parent, name, result["attr"]["ino"])
+    def _mutation_lease(self, caller: pb.Caller, result: Row, name: tuple[int, str, int] | None = None,
+                        more: list[Key] | None = None) -> tuple[int, list[Key]]:
+        """What the caller's session may cache after its own mutation, as new as the
+        mutation's epoch (nothing for a retried mutation's remembered result: it may be
+        old): the name it made (parent, name, ino), more keys (a new directory's listing
+        and mode), and the complete listings it held that the change took (its own change:
+        the reply brings what changed).  (lease_seq, the listing and mode keys granted)."""
+        if not caller.session or EPOCH not in result:
+            return 0, []
+        granted = [*(more or ()), *result.get(LISTINGS, ())]
+        keys = list(granted)
+        if name is not None:
+            parent, n, ino = name
+            if self.ns.ufs_dir(parent) is not None:
+                return 0, []
+            keys += [(parent, n), (ino, None)]
+        if not keys:
+            return 0, []
+        seq = self.sessions.grant(caller.session, keys, result[EPOCH])
+        return (seq, granted) if seq else (0, [])
 
     def open_session(self, request: pb.SessionRequest, push: Push) -> pb.SessionReply:
         """The framed channel's OpenSession: that connection becomes the session's stream."""
@@ -390,10 +405,14 @@ class MasterService:
         return self._made(request.caller, request.parent, request.name, result)
 
     def _made(self, caller: pb.Caller, parent: int, name: str, result: Row) -> pb.AttrReply:
-        """Mknod's and Link's reply: the new name may be cached at once by its maker."""
+        """Mknod's and Link's reply: the new name may be cached at once by its maker, and
+        a new directory's listing (empty: complete) and mode too."""
         attr = result["attr"]
+        ino = attr["ino"]
+        new_dir: list[Key] = [(ino, LISTING), (ino, "")] if stat.S_ISDIR(attr["mode"]) else []
+        seq, granted = self._mutation_lease(caller, result, (parent, name, ino), new_dir)
         return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), wait_seq=result.get(WAIT_SEQ, 0),
-                            lease_seq=self._granted(caller, result, parent, name))
+                            lease_seq=seq, granted=cache_keys(granted))
 
     @handler
     def Create(self, request: pb.MknodRequest) -> pb.OpenReply:
@@ -405,7 +424,10 @@ class MasterService:
         if result.get("soft") and self._write_through(result["attr"]["ino"]):
             self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
         reply = self._open_reply(result)
-        reply.lease_seq = self._granted(request.caller, result, request.parent, request.name)
+        seq, granted = self._mutation_lease(request.caller, result, (request.parent, request.name,
+                                                                     result["attr"]["ino"]))
+        reply.lease_seq = seq
+        reply.granted.extend(cache_keys(granted))
         return reply
 
     @handler
@@ -420,7 +442,13 @@ class MasterService:
         self.ufs.unlink(request.parent, request.name)
         result = self.submit(Unlink(**envelope(request.caller), parent=request.parent, name=request.name,
                                     keep=tuple(request.keep)), request.caller.session)
-        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
+        return self._removed(request.caller, result)
+
+    def _removed(self, caller: pb.Caller, result: Row) -> pb.DirsReply:
+        """Unlink's and Rmdir's reply: the complete listings the caller keeps."""
+        seq, granted = self._mutation_lease(caller, result)
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0),
+                            lease_seq=seq, granted=cache_keys(granted))
 
     @handler
     def Rmdir(self, request: pb.UnlinkRequest) -> pb.DirsReply:
@@ -430,7 +458,7 @@ class MasterService:
         result = self.submit(Rmdir(**envelope(request.caller), parent=request.parent, name=request.name),
                              request.caller.session)
         self.ufs.rmdir(request.parent, request.name)
-        return pb.DirsReply(dirs=dirs_of(result), wait_seq=result.get(WAIT_SEQ, 0))
+        return self._removed(request.caller, result)
 
     @handler
     def Rename(self, request: pb.RenameRequest) -> pb.DirsReply:
@@ -439,7 +467,18 @@ class MasterService:
                      keep=tuple(request.keep))
         result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
                                  request.flags, lambda: self.submit(rec, request.caller.session))
-        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
+        reply = pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
+        moved = None   # (an exchange moves two names: the listings could not stay complete)
+        if request.caller.session and not request.flags & RENAME_EXCHANGE:
+            moved = self.ns.child(request.new_parent, request.new_name)
+        if moved is not None and not reply.kept:   # (read after the commit: a later change's epoch denies it)
+            seq, granted = self._mutation_lease(request.caller, result,
+                                                (request.new_parent, request.new_name, moved["ino"]))
+            if seq:
+                reply.lease_seq = seq
+                reply.attr.CopyFrom(to_attr(moved))
+                reply.granted.extend(cache_keys(granted))
+        return reply
 
     @handler
     def SetXattr(self, request: pb.XattrRequest) -> pb.Empty:

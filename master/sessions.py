@@ -37,9 +37,10 @@ from curvine_py.pb import curvine_pb2 as pb
 log = logging.getLogger(__name__)
 
 # (ino, name): a name in a directory; (ino, None): an inode's attributes; (ino, ""): a
-# directory's mode and owner (schema.track_changes)
+# directory's mode and owner; (ino, "/"): a directory's whole listing (schema.track_changes)
 Key = tuple[int, str | None]
 Push = typing.Callable[[pb.Invalidation], bool]   # False: the stream is gone
+LISTING = "/"           # the name of a directory's whole-listing key
 RECENT_KEYS = 1 << 16   # changed keys whose epoch is remembered; older reads are not granted
 MIN_LEASE_S = 0.2
 
@@ -68,9 +69,15 @@ class Barrier:
     epoch: int
     others: tuple[tuple[int, int], ...] = ()
     own: dict[int, int] = field(default_factory=dict)   # session id -> push number
+    keys: dict[int, list[Key]] = field(default_factory=dict)   # session id -> the keys pushed
 
     def own_seq(self, sid: int) -> int:
         return self.own.get(sid, 0)
+
+    def listings(self, sid: int) -> list[Key]:
+        """The complete directory listings sid held and this change took: a mutation of
+        its own may keep them (MasterService re-grants them with its reply)."""
+        return [k for k in self.keys.get(sid, ()) if k[1] == LISTING]
 
 
 class Sessions:
@@ -184,7 +191,7 @@ class Sessions:
                 sent[sid] = s.sent
                 if s.push is not None and not s.push(_invalidation(s.sent, ks)):
                     s.push = None
-        return Barrier(epoch, tuple(sent.items()), sent)
+        return Barrier(epoch, tuple(sent.items()), sent, pushes)
 
     def wait(self, barrier: Barrier, own: int) -> int:
         """Until every session but own has acknowledged its push of barrier, or its lease
@@ -252,6 +259,10 @@ class Sessions:
         log.info("cache session %d ended", s.sid)
 
 
+def cache_keys(keys: typing.Iterable[Key]) -> list[pb.CacheKey]:
+    """Keys as the wire carries them (CacheKey: entry False for an inode's attributes)."""
+    return [pb.CacheKey(ino=ino, name=name or "", entry=name is not None) for ino, name in keys]
+
+
 def _invalidation(seq: int, keys: list[Key]) -> pb.Invalidation:
-    return pb.Invalidation(seq=seq, keys=[pb.CacheKey(ino=ino, name=name or "", entry=name is not None)
-                                          for ino, name in keys])
+    return pb.Invalidation(seq=seq, keys=cache_keys(keys))

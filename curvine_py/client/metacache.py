@@ -23,6 +23,7 @@ from collections import OrderedDict
 from curvine_py.pb import curvine_pb2 as pb
 
 MAX_ENTRIES = 200_000   # names and attributes kept (the least recently granted go first)
+LISTING = "/"           # the name of a directory's whole-listing key (master/sessions.py)
 Key = tuple[int, str | None]
 
 
@@ -54,6 +55,11 @@ class MetaCache:
         self._names: OrderedDict[tuple[int, str], int] = OrderedDict()   # -> ino, 0 = no such name
         self._attrs: OrderedDict[int, pb.Attr] = OrderedDict()
         self._perms: OrderedDict[int, pb.Attr] = OrderedDict()   # directories: their mode and owner only
+        # Directories whose every name is in _names: a name not there does not exist.  And
+        # those whose listing a push took (a change of a name in them; maybe this mount's
+        # own, whose reply may give the listing back): an eviction here forgets both.
+        self._complete: set[int] = set()
+        self._taken: set[int] = set()
         self._waiting: list[tuple[int, concurrent.futures.Future[None]]] = []
         self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
@@ -93,6 +99,10 @@ class MetaCache:
             for k in push.keys:
                 if not k.entry:
                     self._attrs.pop(k.ino, None)
+                elif k.name == LISTING:
+                    if k.ino in self._complete:
+                        self._complete.discard(k.ino)
+                        self._taken.add(k.ino)
                 elif k.name:
                     self._names.pop((k.ino, k.name), None)
                 else:
@@ -112,6 +122,8 @@ class MetaCache:
                 return None
             ino = self._names.get((parent, name))
             d = self._perms.get(parent)
+            if ino is None and parent in self._complete:
+                ino = 0   # the directory's whole listing is here, and the name is not in it
             if ino is None or d is None or not may_search(d, ident):
                 self.misses += 1
                 return None
@@ -139,10 +151,13 @@ class MetaCache:
 
     # ------------------------------------------------------------------ grants
     def granted(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
-                name: tuple[int, str, int] | None = None, directory: pb.Attr | None = None) -> None:
+                name: tuple[int, str, int] | None = None, directory: pb.Attr | None = None,
+                keys: typing.Iterable[pb.CacheKey] = ()) -> None:
         """A reply's lease: keep attrs, the name (parent, name, ino; ino 0 = missing) and
-        the directory's mode and owner, when the request was made in the current session
-        and no later push was handled."""
+        the directory's mode and owner, and the listings and modes in keys (a mutation's
+        reply: a new directory's, and those its own change took), when the request was
+        made in the current session and no later push was handled.  A listing is kept
+        only for a new directory (the name's) or one a push took and nothing else since."""
         if not lease_seq or not session:
             return
         with self._lock:
@@ -158,12 +173,21 @@ class MetaCache:
             if directory is not None and directory.ino:
                 self._perms[directory.ino] = directory
                 self._perms.move_to_end(directory.ino)
+            made = name[2] if name is not None else 0
+            for k in keys:
+                if k.name == LISTING and (k.ino == made or k.ino in self._taken):
+                    self._complete.add(k.ino)
+                    self._taken.discard(k.ino)
             while len(self._attrs) > self._max:
                 self._attrs.popitem(last=False)
             while len(self._perms) > self._max:
                 self._perms.popitem(last=False)
             while len(self._names) > self._max:
-                self._names.popitem(last=False)
+                (parent, _), _ = self._names.popitem(last=False)
+                self._complete.discard(parent)
+                self._taken.discard(parent)
+            if len(self._taken) > self._max:
+                self._taken.clear()
 
     def pushed(self, session: int, wait_seq: int) -> concurrent.futures.Future[None] | None:
         """A mutation made in session whose change was pushed here as wait_seq: a future
@@ -182,6 +206,8 @@ class MetaCache:
         self._names.clear()
         self._attrs.clear()
         self._perms.clear()
+        self._complete.clear()
+        self._taken.clear()
 
 
 def may_search(d: pb.Attr, ident: Who) -> bool:

@@ -342,7 +342,8 @@ class VFS:
                                        block_size=block_size or self.core.cfg.client.block_size, ident=ident)
         reply = self.meta.saw_dirs((yield from ask(Master.Create, req)))
         if self.cache is not None:
-            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino))
+            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino),
+                               keys=reply.granted)
         opened = self._open_writer(reply, flags, ident)
         w = self._writer_of(opened.attr.ino)
         if w is not None:
@@ -405,7 +406,9 @@ class VFS:
                                       block_size=bs, ident=ident)
         reply = self.meta.saw_dirs((yield from ask(Master.Mknod, req)))
         if self.cache is not None:
-            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino))
+            new_dir = reply.attr if stat.S_ISDIR(reply.attr.mode) else None
+            self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino),
+                               new_dir, reply.granted)
         return reply.attr
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> Op[pb.Attr]:
@@ -422,10 +425,22 @@ class VFS:
         if keep is not None:
             req = self.meta.unlink_request(parent, name, ident)
             req.keep.extend(keep)
-            if not self.meta.saw_dirs((yield from ask(Master.Unlink, req))).kept:
+            if not self._changed(req, self.meta.saw_dirs((yield from ask(Master.Unlink, req)))).kept:
                 return
         if not (yield from self._hide_if_open(parent, name, ident)):
-            self.meta.saw_dirs((yield from ask(Master.Unlink, self.meta.unlink_request(parent, name, ident))))
+            req = self.meta.unlink_request(parent, name, ident)
+            self._changed(req, self.meta.saw_dirs((yield from ask(Master.Unlink, req))))
+
+    def _changed(self, req: pb.UnlinkRequest | pb.RenameRequest, reply: pb.DirsReply) -> pb.DirsReply:
+        """An unlink's, rmdir's or rename's reply: what this mount may cache after its own
+        change (the listings it kept, a renamed file's new name)."""
+        if self.cache is not None and reply.lease_seq:
+            if reply.attr.ino and isinstance(req, pb.RenameRequest):
+                self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,),
+                                   (req.new_parent, req.new_name, reply.attr.ino), keys=reply.granted)
+            else:
+                self.cache.granted(req.caller.session, reply.lease_seq, (), keys=reply.granted)
+        return reply
 
     def _hide_if_open(self, parent: int, name: str, ident: Identity) -> Op[bool]:
         """Like libfuse's 'hard_remove' off, a file open here is renamed to a hidden name
@@ -466,7 +481,8 @@ class VFS:
 
     def rmdir(self, parent: int, name: str, ident: Identity) -> Op[None]:
         self._dir_attrs.clear()   # the removed directory's own entry must not outlive it
-        self.meta.saw_dirs((yield from ask(Master.Rmdir, self.meta.unlink_request(self._in(parent), name, ident))))
+        req = self.meta.unlink_request(self._in(parent), name, ident)
+        self._changed(req, self.meta.saw_dirs((yield from ask(Master.Rmdir, req))))
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int,
                ident: Identity) -> Op[None]:
@@ -478,11 +494,11 @@ class VFS:
         if keep is not None:
             req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
             req.keep.extend(keep)
-            if not self.meta.saw_dirs((yield from ask(Master.Rename, req))).kept:
+            if not self._changed(req, self.meta.saw_dirs((yield from ask(Master.Rename, req)))).kept:
                 return
         yield from self._hide_if_open(new_parent, new_name, ident)
         req = self.meta.rename_request(parent, name, new_parent, new_name, flags, ident)
-        self.meta.saw_dirs((yield from ask(Master.Rename, req)))
+        self._changed(req, self.meta.saw_dirs((yield from ask(Master.Rename, req))))
 
     def readlink(self, ino: int, ident: Identity) -> Op[str]:
         return str((yield from ask(Master.Readlink, pb.InodeRequest(caller=self.meta.caller(ident), ino=ino))).target)

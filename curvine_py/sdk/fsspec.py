@@ -35,7 +35,10 @@ import datetime
 import errno
 import glob
 import os
+import functools
+import logging
 import posixpath
+import queue
 import threading
 import typing
 import warnings
@@ -63,6 +66,34 @@ FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_p
 # (pid, master, config path) -> the SDK client every instance with those options shares
 _CLIENTS: dict[tuple[int, str | None, str | None], Client] = {}
 _CLIENTS_LOCK = threading.Lock()
+
+
+log = logging.getLogger(__name__)
+
+# Cleanups of file objects collected unclosed, run by one daemon thread (_finalizer_thread).
+# fsspec's files are in reference cycles (file -> cache -> bound _fetch_range -> file), so
+# only the cyclic GC collects one left unclosed (pyarrow leaves every input file so), and
+# it runs wherever an allocation triggers it: once inside the VFS with its lock held, where
+# a __del__ closing the handle deadlocked its own thread.  SimpleQueue.put is safe in __del__.
+_FINALIZE: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+_finalizer_pid = 0
+
+
+def _finalizer_thread() -> None:
+    """Start the finalizer thread of this process if it has none (never from a __del__)."""
+    global _finalizer_pid
+    if _finalizer_pid != os.getpid():
+        _finalizer_pid = os.getpid()
+        threading.Thread(target=_run_finalizers, name="curvine-fsspec-finalizer", daemon=True).start()
+
+
+def _run_finalizers() -> None:
+    while True:
+        fn = _FINALIZE.get()
+        try:
+            fn()
+        except Exception:   # a cleanup that failed must not end the thread
+            log.warning("curvine fsspec: the cleanup of a file collected unclosed failed", exc_info=True)
 
 
 def _after_fork_in_child() -> None:
@@ -472,6 +503,7 @@ class CurvineFile(AbstractBufferedFile):
         self._sdk: File | None = None
         self._tmp: str | None = None
         self._published = False
+        _finalizer_thread()
         if mode == "rb":
             self._sdk = fs.client.open(path, "rb")
             if size is None:
@@ -551,14 +583,25 @@ class CurvineFile(AbstractBufferedFile):
             self.close()
 
     def __del__(self) -> None:
-        """An unclosed writer collected: discarded, never published half-written."""
+        """Collected unclosed: a reader's handle closed, a writer's write discarded (never
+        published half-written), both by the finalizer thread, never here: this may run
+        inside the client with its locks held (_FINALIZE)."""
         if getattr(self, "closed", True):
             return
+        self.closed = True
+        sdk, self._sdk = getattr(self, "_sdk", None), None
+        if sdk is None:
+            return
         if self.mode == "rb":
-            self.close()
-        else:
-            self.discard()
-            self.closed = True
+            _FINALIZE.put(functools.partial(_close_quietly, sdk))
+        elif not self._published:
+            self._published = True
+            _FINALIZE.put(functools.partial(self.fs.abandon, sdk, self._tmp))
+
+
+def _close_quietly(f: File) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
 
 
 def _range(size: int, start: int | None, end: int | None) -> tuple[int, int]:

@@ -81,6 +81,34 @@ def test_a_cached_lookup_still_checks_the_callers_permission(mounted: Mount, sec
     assert run_as_user(lambda p: os.stat(p).st_size, "private/f", cwd=second_mount.path) == 6
 
 
+def test_a_listing_a_mount_holds_learns_every_name_made_elsewhere(mounted: Mount, second_mount: Mount,
+                                                                   sdk: Client) -> None:
+    """A directory made through b is listed whole in b's cache (it was empty): b answers a
+    missing name there itself, keeps the listing through its own creates and renames, and
+    loses it to anyone else's change, before that change returns."""
+    from tests.posix.test_posix_namespace import RENAME_EXCHANGE, renameat2
+    b = second_mount.path / "complete"
+    b.mkdir()
+    (b / "own").write_bytes(b"1")
+    before = cache_counts(second_mount)
+    assert not (b / "n1").exists()
+    assert cache_counts(second_mount)["hit"] > before["hit"], "a missing name in b's own directory cost a call"
+    (mounted.path / "complete" / "n1").write_bytes(b"22")
+    assert (b / "n1").stat().st_size == 2
+    os.rename(b / "own", b / "own2")
+    assert not (b / "own").exists() and (b / "own2").stat().st_size == 1
+    sdk.rename("/complete/n1", "/complete/n2")
+    assert not (b / "n1").exists() and (b / "n2").stat().st_size == 2
+    renameat2(b / "own2", b / "n2", RENAME_EXCHANGE)   # two names change at once
+    assert (b / "own2").stat().st_size == 2 and (b / "n2").stat().st_size == 1
+    os.unlink(b / "own2")
+    assert not (b / "own2").exists() and (b / "n2").exists()
+    (b / "sub").mkdir()                                  # a directory in a listed one
+    assert not (b / "sub" / "x").exists() and not (mounted.path / "complete" / "sub" / "x").exists()
+    (mounted.path / "complete" / "sub" / "x").write_bytes(b"")
+    assert (b / "sub" / "x").exists()
+
+
 def test_a_restarted_master_leaves_no_stale_name_in_a_mount(posix_cluster: LocalCluster, mounted: Mount,
                                                             second_mount: Mount) -> None:
     """b caches a name; the master is killed and started again, and the name is removed

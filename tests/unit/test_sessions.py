@@ -145,3 +145,21 @@ def test_nothing_is_served_once_the_lease_ran_out() -> None:
     assert c.attr(7) is None
     c.renewed(time.monotonic() + 1)
     assert c.attr(7) is not None
+
+
+def test_a_listing_answers_missing_names_until_a_push_or_an_eviction_takes_it() -> None:
+    c = MetaCache(max_entries=3)
+    c.begin(5, time.monotonic() + 10)
+    d = pb.Attr(ino=10, mode=0o040755)
+    listing = pb.CacheKey(ino=10, name="/", entry=True)
+    c.granted(5, 1, (d,), (1, "d", 10), d, [listing])        # made here: empty, listed whole
+    assert c.lookup(10, "any", ROOT) is NEGATIVE
+    c.invalidate(pb.Invalidation(seq=1, keys=[listing]))     # a name changed in it
+    assert c.lookup(10, "any", ROOT) is None
+    c.granted(5, 2, (pb.Attr(ino=11),), (10, "own", 11), keys=[listing])   # our change: given back
+    assert c.lookup(10, "any", ROOT) is NEGATIVE and c.lookup(10, "own", ROOT).ino == 11
+    c.granted(5, 2, (), keys=[pb.CacheKey(ino=99, name="/", entry=True)])  # never listed here: not taken
+    assert c.lookup(99, "any", ROOT) is None
+    for i in range(3):                                        # its names evicted: no longer whole
+        c.granted(5, 2, (pb.Attr(ino=20 + i),), (30, f"n{i}", 20 + i))
+    assert c.lookup(10, "any", ROOT) is None
