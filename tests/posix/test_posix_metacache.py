@@ -19,8 +19,8 @@ import pytest
 
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
-from tests.conftest import client_config, wait_until
-from tests.posix.conftest import Mount, errno_of, run_as_user
+from tests.conftest import client_config, start_cluster, wait_until
+from tests.posix.conftest import Mount, errno_of, run_as_user, start_mount
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
 
@@ -129,3 +129,30 @@ def test_a_restarted_master_leaves_no_stale_name_in_a_mount(posix_cluster: Local
     assert (b / "y").exists()
     Path(mounted.path / "restart" / "y").unlink()
     assert not (b / "y").exists()
+
+
+def test_a_leader_change_ends_every_session_and_the_mount_opens_one_with_the_new_leader(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Three masters: the leader is killed under a mount that caches a name; the name is
+    removed through the new leader, which answers no mutation before the old leases ran
+    out; the mount drops its cache and opens a session with the new leader."""
+    base = tmp_path_factory.mktemp("trio")
+    c = start_cluster(base / "cluster", masters=3)
+    try:
+        m = start_mount(c, base / "mnt", base / "run", base / "mnt.log", MOUNT_FLAGS)
+        try:
+            (m.path / "x").write_bytes(b"1")
+            assert (m.path / "x").exists() and (m.path / "x").exists()
+            sessions = cache_counts(m)["sessions"]
+            c.kill_master(c.leader_index())
+            c.leader_index(timeout=15)
+            with Client(master=c.master_address, config=client_config(c)) as sdk_client:
+                sdk_client.remove("/x")
+                assert not (m.path / "x").exists()
+                wait_until("a session with the new leader", lambda: cache_counts(m)["sessions"] > sessions, 20)
+                sdk_client.put_bytes("/y", b"22")
+                assert (m.path / "y").stat().st_size == 2
+        finally:
+            m.stop()
+    finally:
+        c.stop()
