@@ -97,7 +97,9 @@ OPEN_CALLS = frozenset({"MasterStatus"})
 class LeaderOnly:
     """The service as both transports see it (master/main.py): each call but OPEN_CALLS
     first passes ``service.serving()``, which raises NotLeader on a follower.  One gate
-    in front of every handler, instead of a line in each of them."""
+    in front of every handler, instead of a line in each of them.  And after it:
+    ``service.answered(ok)``, so that a mutation whose reply was to carry its caller's
+    own cache invalidation, and failed after its commit, still delivers it (by a push)."""
 
     def __init__(self, service: Any) -> None:
         self._service = service
@@ -106,10 +108,16 @@ class LeaderOnly:
         fn = getattr(self._service, name)
         if name in OPEN_CALLS:
             return fn
-        serving = self._service.serving
+        serving, answered = self._service.serving, self._service.answered
 
         def call(request: Any) -> Any:
             serving()
-            return fn(request)
+            try:
+                reply = fn(request)
+            except BaseException:
+                answered(False)
+                raise
+            answered(True)
+            return reply
         call.__name__ = name
         return call

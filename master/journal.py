@@ -81,7 +81,7 @@ class Journal:
         # Told, in commit order, the cache keys each committed record changed (schema.
         # track_changes; master/sessions.py); what it returns rides in the record's result
         # under CHANGES_KEY for the caller.  None: nobody caches, nothing is tracked.
-        self.on_change: Callable[[list[Key]], Any] | None = None
+        self.on_change: Callable[[list[Key], Record], Any] | None = None
         self._changes: list[Key] = []
 
     def start(self) -> None:
@@ -129,7 +129,7 @@ class Journal:
         for _, fut in self._take_batch():
             fut.set_exception(error)
 
-    def track(self, on_change: Callable[[list[Key]], Any]) -> None:
+    def track(self, on_change: Callable[[list[Key], Record], Any]) -> None:
         """Start telling on_change what each committed record changed (the cache sessions)."""
         with self._lock:
             if self.on_change is None:
@@ -137,12 +137,12 @@ class Journal:
                 self.on_change = on_change
 
     def _apply_batch(self, batch: list[tuple[Record, Future[Row]]]) -> None:
-        outcomes: list[tuple[Future[Row], Any, list[Key]]] = []
+        outcomes: list[tuple[Future[Row], Any, list[Key], Record]] = []
         start = time.perf_counter()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             for rec, fut in batch:
-                outcomes.append((fut, self._apply_one(rec), self._changes))
+                outcomes.append((fut, self._apply_one(rec), self._changes, rec))
             self.conn.execute("COMMIT")
         except Exception as e:  # the store itself failed: nobody in the batch was applied
             log.exception("journal batch failed")
@@ -156,17 +156,17 @@ class Journal:
                     fut.set_exception(error)
             return
         self._count([rec for rec, _ in batch], start)
-        for fut, outcome, changes in outcomes:
+        for fut, outcome, changes, rec in outcomes:
             if isinstance(outcome, BaseException):
                 fut.set_exception(outcome)
             else:
-                fut.set_result(self._told(outcome, changes))
+                fut.set_result(self._told(outcome, changes, rec))
 
-    def _told(self, outcome: Any, changes: list[Key]) -> Any:
+    def _told(self, outcome: Any, changes: list[Key], rec: Record) -> Any:
         """After the commit, in commit order: on_change hears what a record changed, and
         its answer goes to the record's caller with the result."""
         if changes and self.on_change is not None:
-            told = self.on_change(changes)
+            told = self.on_change(changes, rec)
             if isinstance(outcome, dict):
                 return {**outcome, CHANGES_KEY: told}
         return outcome
@@ -205,7 +205,7 @@ class Journal:
                 self.conn.execute("ROLLBACK")
                 raise
             if not isinstance(outcome, BaseException):
-                outcome = self._told(outcome, self._changes)
+                outcome = self._told(outcome, self._changes, rec)
         self.raft_applied = index
         self._count([rec], start)
         return outcome

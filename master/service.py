@@ -53,7 +53,18 @@ ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_
                "block_size", "replicas", "generation")
 
 
-WAIT_SEQ, EPOCH, LISTINGS = "_wait_seq", "_epoch", "_listings"   # a result's cache-session entries (submit)
+# a result's cache-session entries (MasterService.submit)
+WAIT_SEQ, EPOCH, LISTINGS, OWN_KEYS = "_wait_seq", "_epoch", "_listings", "_own_keys"
+# Records whose replies carry the caller's own invalidation (own_change): its mount's session
+# is not pushed it (no wake-up, no acknowledgement on the mutation's path).
+OWN_IN_REPLY = frozenset({"create", "mknod", "link", "unlink", "rmdir", "rename", "setattr", "commit",
+                          "open_write"})
+
+
+def own_change(result: Row) -> dict[str, Any]:
+    """A mutation reply's wait_seq and invalidated: what the caller's own session must
+    forget (docs/wire.md "Cache sessions")."""
+    return {"wait_seq": result.get(WAIT_SEQ, 0), "invalidated": cache_keys(result.get(OWN_KEYS, ()))}
 
 
 def to_attr(row: Row) -> pb.Attr:
@@ -185,6 +196,9 @@ class MasterService:
             result[WAIT_SEQ] = self.sessions.wait(barrier, session)
             result[EPOCH] = barrier.epoch
             result[LISTINGS] = barrier.listings(session)
+            result[OWN_KEYS] = own = barrier.keys.get(session, [])
+            if own:   # until the reply carries them (answered)
+                self._local.own = (session, result[WAIT_SEQ], own)
         else:
             self.sessions.wait_grace()   # a previous leader's mounts may still cache what it changed
         return result
@@ -214,6 +228,16 @@ class MasterService:
                 reply.parent.CopyFrom(to_attr(self.ns.inode(request.parent)))
         return reply
 
+    def answered(self, ok: bool) -> None:
+        """A call's end (group.LeaderOnly): a mutation that failed after its commit (a
+        write-through upload, say) pushes its caller's own invalidation, which its reply
+        was to carry, to the caller's session now."""
+        own = getattr(self._local, "own", None)
+        if own is not None:
+            self._local.own = None
+            if not ok:
+                self.sessions.deliver(*own)
+
     def _mutation_lease(self, caller: pb.Caller, result: Row, name: tuple[int, str, int] | None = None,
                         more: list[Key] | None = None) -> tuple[int, list[Key]]:
         """What the caller's session may cache after its own mutation, as new as the
@@ -241,8 +265,12 @@ class MasterService:
         if not self.sessions.enabled:
             raise err(errno.EOPNOTSUPP, "cache sessions are off on this master (master.cache_lease_s = 0)")
         if self.journal.on_change is None:   # before the session exists: its grants see every change
-            self.journal.track(self.sessions.changed)
-        return self.sessions.open(request.lease_ms, push)
+            self.journal.track(self._changed)
+        return self.sessions.open(request.lease_ms, push, request.caller.client_id)
+
+    def _changed(self, keys: list[Key], rec: Record) -> Barrier:
+        """The journal's on_change: the sessions told of a committed record's changes."""
+        return self.sessions.changed(keys, rec.client_id if rec.op in OWN_IN_REPLY else "")
 
     def session_broken(self, session: int) -> None:
         """The session's stream closed (master/framed.py)."""
@@ -318,7 +346,7 @@ class MasterService:
         blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode, attr["ino"])
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
-                            dirs=dirs_of(result), soft_lease=bool(result.get("soft")), wait_seq=result.get(WAIT_SEQ, 0))
+                            dirs=dirs_of(result), soft_lease=bool(result.get("soft")), **own_change(result))
 
     # ------------------------------------------------------------------ namespace reads
     @handler
@@ -392,7 +420,7 @@ class MasterService:
         attr = result["attr"]
         if request.valid & SETATTR_SIZE and not (attr["lease_id"] and not attr["complete"]):
             self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
-        return pb.AttrReply(attr=to_attr(attr), wait_seq=result.get(WAIT_SEQ, 0))
+        return pb.AttrReply(attr=to_attr(attr), **own_change(result))
 
     @handler
     def Mknod(self, request: pb.MknodRequest) -> pb.AttrReply:
@@ -411,7 +439,7 @@ class MasterService:
         ino = attr["ino"]
         new_dir: list[Key] = [(ino, LISTING), (ino, "")] if stat.S_ISDIR(attr["mode"]) else []
         seq, granted = self._mutation_lease(caller, result, (parent, name, ino), new_dir)
-        return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), wait_seq=result.get(WAIT_SEQ, 0),
+        return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), **own_change(result),
                             lease_seq=seq, granted=cache_keys(granted))
 
     @handler
@@ -447,7 +475,7 @@ class MasterService:
     def _removed(self, caller: pb.Caller, result: Row) -> pb.DirsReply:
         """Unlink's and Rmdir's reply: the complete listings the caller keeps."""
         seq, granted = self._mutation_lease(caller, result)
-        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0),
+        return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), **own_change(result),
                             lease_seq=seq, granted=cache_keys(granted))
 
     @handler
@@ -467,7 +495,7 @@ class MasterService:
                      keep=tuple(request.keep))
         result = self.ufs.rename(request.parent, request.name, request.new_parent, request.new_name,
                                  request.flags, lambda: self.submit(rec, request.caller.session))
-        reply = pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), wait_seq=result.get(WAIT_SEQ, 0))
+        reply = pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), **own_change(result))
         moved = None   # (an exchange moves two names: the listings could not stay complete)
         if request.caller.session and not request.flags & RENAME_EXCHANGE:
             moved = self.ns.child(request.new_parent, request.new_name)
@@ -543,7 +571,7 @@ class MasterService:
         self.capacity.note_committed(on_disk)
         if request.release:
             self._persisted(request.ino)
-        return pb.AttrReply(attr=to_attr(result["attr"]), wait_seq=result.get(WAIT_SEQ, 0))
+        return pb.AttrReply(attr=to_attr(result["attr"]), **own_change(result))
 
     def _persisted(self, ino: int) -> None:
         """A UFS file's new bytes are complete: write-through uploads them now (the caller's

@@ -53,6 +53,7 @@ class Session:
     lease_s: float
     heard: float                      # monotonic time of the last beat (or the open)
     push: Push | None                 # None: the stream broke; leases run out by the clock
+    client_id: str = ""               # the mount's (Caller.client_id): its own changes come back in replies
     keys: set[Key] = field(default_factory=set)
     sent: int = 0                     # pushes numbered 1, 2, ...
     acked: int = 0
@@ -69,7 +70,7 @@ class Barrier:
     epoch: int
     others: tuple[tuple[int, int], ...] = ()
     own: dict[int, int] = field(default_factory=dict)   # session id -> push number
-    keys: dict[int, list[Key]] = field(default_factory=dict)   # session id -> the keys pushed
+    keys: dict[int, list[Key]] = field(default_factory=dict)   # session id -> the keys it must forget
 
     def own_seq(self, sid: int) -> int:
         return self.own.get(sid, 0)
@@ -104,11 +105,11 @@ class Sessions:
         return self.lease_max_s > 0
 
     # ------------------------------------------------------------------ the stream
-    def open(self, lease_ms: int, push: Push) -> pb.SessionReply:
+    def open(self, lease_ms: int, push: Push, client_id: str = "") -> pb.SessionReply:
         lease = min(max(lease_ms / 1000, MIN_LEASE_S), self.lease_max_s) if lease_ms else self.lease_max_s
         with self._lock:
             self._new_term()
-            s = Session(next(self._ids), lease, time.monotonic(), push)
+            s = Session(next(self._ids), lease, time.monotonic(), push, client_id)
             self._sessions[s.sid] = s
         log.info("cache session %d opened (lease %.1f s)", s.sid, lease)
         return pb.SessionReply(session=s.sid, lease_ms=int(lease * 1000))
@@ -164,9 +165,11 @@ class Sessions:
             return s.sent + 1
 
     # ------------------------------------------------------------------ changes
-    def changed(self, keys: typing.Iterable[Key]) -> Barrier:
+    def changed(self, keys: typing.Iterable[Key], own_client: str = "") -> Barrier:
         """Keys one committed mutation changed (called in commit order): their holders are
-        pushed an invalidation and forget them; the mutation's caller waits for the Barrier."""
+        pushed an invalidation and forget them; the mutation's caller waits for the Barrier.
+        own_client: the caller's client id when its reply carries the change's keys (its
+        sessions are then numbered the invalidation but not pushed it: Barrier.keys)."""
         with self._lock:
             self._epoch += 1
             epoch = self._epoch
@@ -189,9 +192,19 @@ class Sessions:
                 s.keys.difference_update(ks)
                 s.sent += 1
                 sent[sid] = s.sent
+                if own_client and s.client_id == own_client:
+                    continue   # the caller's own session: its reply brings the keys
                 if s.push is not None and not s.push(_invalidation(s.sent, ks)):
                     s.push = None
         return Barrier(epoch, tuple(sent.items()), sent, pushes)
+
+    def deliver(self, sid: int, seq: int, keys: list[Key]) -> None:
+        """Push an invalidation numbered seq already (changed: the caller's own, meant for
+        its reply) on sid's stream after all: the reply did not go out."""
+        with self._lock:
+            s = self._sessions.get(sid)
+            if s is not None and s.push is not None and not s.push(_invalidation(seq, keys)):
+                s.push = None
 
     def wait(self, barrier: Barrier, own: int) -> int:
         """Until every session but own has acknowledged its push of barrier, or its lease

@@ -37,7 +37,7 @@ import typing
 import trio
 
 from curvine_py.client import metrics
-from curvine_py.client.metaclient import SETTLE_TIMEOUT_S, MasterClient, attempt_timeout
+from curvine_py.client.metaclient import MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import Broken, CurvineError, NoServer, Unreached
 from curvine_py.common.retry import Failed, Retry
@@ -144,30 +144,8 @@ class AsyncMeta:
         finally:
             if start:
                 metrics.meta_seconds(method.name).observe(time.perf_counter() - start)
-        await self.settle(request, reply)
+        self._meta.settle(request, reply)
         return reply
-
-    async def settle(self, request: object, reply: object) -> None:
-        """The mutation's own push handled by the mount's cache first (MasterClient.settle),
-        awaited on the loop: the cache's session thread wakes this task."""
-        fut = self._meta.pending_push(request, reply)
-        if fut is None:
-            return
-        token = trio.lowlevel.current_trio_token()
-        event = trio.Event()
-
-        def wake(_done: object) -> None:   # in the session's thread
-            try:
-                token.run_sync_soon(event.set)
-            except trio.RunFinishedError:
-                pass
-        fut.add_done_callback(wake)
-        with trio.move_on_after(SETTLE_TIMEOUT_S):
-            await event.wait()
-            return
-        log.warning("the master's push of a change made here did not come in %g s: cache dropped", SETTLE_TIMEOUT_S)
-        if self._meta.cache is not None:
-            self._meta.cache.end()
 
     async def _once(self, m: Method[Req, Rep], timeout: float, payload: bytes) -> Rep:
         return await self._answer(await self._take(timeout), m, timeout, payload)
@@ -209,7 +187,7 @@ class AsyncMeta:
                 answer = await pending.reply()
             except Unreached:
                 return await self.call(method, request)
-            await self.settle(request, answer)
+            self._meta.settle(request, answer)
             return answer
         return reply
 

@@ -8,13 +8,13 @@ runs out by this host's clock, or its stream breaks, nothing here is served.
 
 Each grant names the session's push count when it was made (``lease_seq``, one more
 than it): a grant is kept only when no later push was handled already, since that push
-may have been about what the grant holds.  A mutation's reply names the last push of
-its own change to this session (``wait_seq``); the mutation returns only once that push
-was handled here (``pushed``), so this mount never answers from what it just changed.
+may have been about what the grant holds.  A mutation of this mount's own brings its
+invalidation of this cache in its reply, numbered among the pushes (``wait_seq``), and
+it is handled before the mutation returns (``own_change``), so this mount never answers
+from what it just changed.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 import typing
@@ -60,7 +60,6 @@ class MetaCache:
         # own, whose reply may give the listing back): an eviction here forgets both.
         self._complete: set[int] = set()
         self._taken: set[int] = set()
-        self._waiting: list[tuple[int, concurrent.futures.Future[None]]] = []
         self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
         self.sessions = 0           # sessions begun
@@ -80,14 +79,11 @@ class MetaCache:
 
     def end(self) -> None:
         """The session is over (its stream broke, its lease ran out, the master forgot it):
-        nothing cached stands, and mutations waiting for its pushes go on."""
+        nothing cached stands."""
         with self._lock:
             self._clear()
             self.session = 0
             self._valid_until = 0.0
-            waiting, self._waiting = self._waiting, []
-        for _, fut in waiting:
-            fut.set_result(None)
 
     @property
     def handled(self) -> int:
@@ -108,10 +104,6 @@ class MetaCache:
                 else:
                     self._perms.pop(k.ino, None)
             self._handled = max(self._handled, push.seq)
-            ready = [w for w in self._waiting if w[0] <= self._handled]
-            self._waiting = [w for w in self._waiting if w[0] > self._handled]
-        for _, fut in ready:
-            fut.set_result(None)
 
     # ------------------------------------------------------------------ answers
     def lookup(self, parent: int, name: str, ident: Who) -> pb.Attr | Negative | None:
@@ -189,17 +181,12 @@ class MetaCache:
             if len(self._taken) > self._max:
                 self._taken.clear()
 
-    def pushed(self, session: int, wait_seq: int) -> concurrent.futures.Future[None] | None:
-        """A mutation made in session whose change was pushed here as wait_seq: a future
-        for that push to be handled (None: nothing to wait for)."""
-        if not wait_seq:
-            return None
-        with self._lock:
-            if session != self.session or wait_seq <= self._handled:
-                return None
-            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._waiting.append((wait_seq, fut))
-            return fut
+    def own_change(self, session: int, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
+        """A mutation of this mount's own, made in session: its invalidation of what this
+        cache holds, numbered seq among the session's pushes, comes in its reply instead
+        of on the stream, and is handled here before the mutation returns."""
+        if seq and session == self.session:
+            self.invalidate(pb.Invalidation(seq=seq, keys=keys))
 
     # ------------------------------------------------------------------ internals
     def _clear(self) -> None:

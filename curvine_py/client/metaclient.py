@@ -24,7 +24,6 @@ happens: the master is retried exactly as it always was.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import logging
 import os
@@ -57,7 +56,6 @@ WithDirs = TypeVar("WithDirs", pb.AttrReply, pb.DirsReply, pb.OpenReply)
 # again after 0.05 s, doubling to 2 s (the threads' client and the mount loop's,
 # client/asyncmeta.py, wait alike).
 MASTER_WAIT = Exponential(0.05, 2.0)
-SETTLE_TIMEOUT_S = 5.0   # the longest a mutation waits for its own push to reach the cache
 T = TypeVar("T")
 MIN_ATTEMPT_S = 1.0
 
@@ -143,27 +141,14 @@ class MasterClient:
                          request_id=uuid.uuid4().hex if mutation else "",
                          session=self.cache.session if self.cache is not None else 0)
 
-    def pending_push(self, request: object, reply: object) -> "concurrent.futures.Future[None] | None":
-        """The push of a mutation's own change to this client's cache session, when the
-        cache has not handled it yet: the call must not return before (client/metacache.py)."""
-        seq = getattr(reply, "wait_seq", 0)
-        if not seq or self.cache is None:
-            return None
-        caller = getattr(request, "caller", None)
-        return self.cache.pushed(caller.session if caller is not None else 0, seq)
-
     def settle(self, request: object, reply: object) -> None:
-        """pending_push, waited for here (a thread's call); a push that does not come ends
-        the cache's session (its contents go)."""
-        fut = self.pending_push(request, reply)
-        if fut is not None:
-            try:
-                fut.result(timeout=SETTLE_TIMEOUT_S)
-            except concurrent.futures.TimeoutError:
-                log.warning("the master's push of a change made here did not come in %g s: cache dropped",
-                            SETTLE_TIMEOUT_S)
-                if self.cache is not None:
-                    self.cache.end()
+        """A mutation's reply: its own invalidation of this client's cache, handled before
+        the call returns (client/metacache.py)."""
+        cache = self.cache
+        seq = getattr(reply, "wait_seq", 0)
+        if cache is not None and seq:
+            caller = getattr(request, "caller", None)
+            cache.own_change(caller.session if caller is not None else 0, seq, getattr(reply, "invalidated", ()))
 
     def call(self, method: Method[Req, Rep], request: Req, timeout: float | None = None) -> Rep:
         """Invoke a MasterService method with retries; raises CurvineError.  Its latency,

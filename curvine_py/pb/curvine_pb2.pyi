@@ -141,7 +141,7 @@ class InodeRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
 
 class AttrReply(_message.Message):
-    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted")
+    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted", "invalidated")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class AttrReply(_message.Message):
     WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
@@ -156,23 +157,26 @@ class AttrReply(_message.Message):
     wait_seq: int
     parent: Attr
     granted: _containers.RepeatedCompositeFieldContainer[CacheKey]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
+    invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class DirsReply(_message.Message):
-    __slots__ = ("dirs", "kept", "wait_seq", "lease_seq", "granted", "attr")
+    __slots__ = ("dirs", "kept", "wait_seq", "lease_seq", "granted", "attr", "invalidated")
     DIRS_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
     WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     ATTR_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     kept: bool
     wait_seq: int
     lease_seq: int
     granted: _containers.RepeatedCompositeFieldContainer[CacheKey]
     attr: Attr
-    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., kept: _Optional[bool] = ..., wait_seq: _Optional[int] = ..., lease_seq: _Optional[int] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+    invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., kept: _Optional[bool] = ..., wait_seq: _Optional[int] = ..., lease_seq: _Optional[int] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
     __slots__ = ("caller", "ino", "valid", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
@@ -353,7 +357,7 @@ class OpenRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., flags: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "ufs", "soft_lease", "lease_seq", "wait_seq", "granted")
+    __slots__ = ("attr", "blocks", "lease_id", "lease_expires_ms", "workers", "dirs", "ufs", "soft_lease", "lease_seq", "wait_seq", "granted", "invalidated")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +369,7 @@ class OpenReply(_message.Message):
     LEASE_SEQ_FIELD_NUMBER: _ClassVar[int]
     WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     lease_id: int
@@ -376,7 +381,8 @@ class OpenReply(_message.Message):
     lease_seq: int
     wait_seq: int
     granted: _containers.RepeatedCompositeFieldContainer[CacheKey]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
+    invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_expires_ms: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., ufs: _Optional[_Union[UfsFile, _Mapping]] = ..., soft_lease: _Optional[bool] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class AllocateBlocksRequest(_message.Message):
     __slots__ = ("caller", "ino", "lease_id", "count", "exclude_workers", "prefer_host", "unreachable")

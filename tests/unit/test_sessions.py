@@ -120,20 +120,32 @@ def test_the_mount_keeps_a_grant_only_when_no_later_push_was_handled() -> None:
     assert c.lookup(1, "x", ROOT) == f
 
 
-def test_a_mutation_waits_for_its_own_push_and_an_ended_session_releases_it() -> None:
+def test_a_mutation_brings_its_own_invalidation_in_its_reply() -> None:
+    """The caller's own session is numbered the change but not pushed it (no wake-up, no
+    ack on the mutation's path): the reply carries the keys, and the mount forgets them
+    before the mutation returns; a grant made before that number is then refused."""
+    s = table()
+    mine, other = Stream(), Stream()
+    sm = s.open(0, mine, client_id="mount-a").session
+    so = s.open(0, other, client_id="mount-b").session
+    for sid in (sm, so):
+        s.grant(sid, [(1, "x")], s.epoch())
+    barrier = s.changed([(1, "x")], own_client="mount-a")
+    assert mine.pushes == [] and len(other.pushes) == 1
+    assert barrier.own_seq(sm) == 1 and barrier.keys[sm] == [(1, "x")]
+    s.beat(so, 1)
+    assert s.wait(barrier, sm) == 1
+
     c = MetaCache()
-    c.begin(5, time.monotonic() + 10)
-    assert c.pushed(5, 0) is None
-    fut = c.pushed(5, 2)
-    assert fut is not None and not fut.done()
-    c.invalidate(pb.Invalidation(seq=1))
-    assert not fut.done()
-    c.invalidate(pb.Invalidation(seq=2))
-    assert fut.done()
-    other = c.pushed(5, 3)
-    assert other is not None
-    c.end()
-    assert other.done() and c.attr(7) is None
+    c.begin(sm, time.monotonic() + 10)
+    d = pb.Attr(ino=1, mode=0o040755)
+    c.granted(sm, 1, (pb.Attr(ino=7),), (1, "x", 7), d)
+    c.own_change(sm, 1, [pb.CacheKey(ino=1, name="x", entry=True)])
+    assert c.lookup(1, "x", ROOT) is None and c.handled == 1
+    c.granted(sm, 1, (pb.Attr(ino=7),), (1, "x", 7), d)   # a read from before the change
+    assert c.lookup(1, "x", ROOT) is None
+    c.own_change(sm + 1, 2, [pb.CacheKey(ino=1, name="y", entry=True)])   # an old session's reply: ignored
+    assert c.handled == 1
 
 
 def test_nothing_is_served_once_the_lease_ran_out() -> None:
