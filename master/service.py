@@ -37,7 +37,7 @@ from curvine_py.master.records import (
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
-from curvine_py.master.sessions import LISTING, Barrier, Key, Push, Sessions, cache_keys
+from curvine_py.master.sessions import LISTING, Barrier, Key, Push, Sessions, cache_keys, key_of
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
 from curvine_py.master.uploads import Uploader
@@ -282,7 +282,7 @@ class MasterService:
 
     @handler
     def Beat(self, request: pb.SessionBeat) -> pb.Empty:
-        if not self.sessions.beat(request.session, request.acked):
+        if not self.sessions.beat(request.session, request.acked, map(key_of, request.forgotten)):
             raise err(errno.ESTALE, f"cache session {request.session} has ended (its lease ran out)")
         return pb.Empty()
 

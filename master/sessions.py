@@ -114,8 +114,9 @@ class Sessions:
         log.info("cache session %d opened (lease %.1f s)", s.sid, lease)
         return pb.SessionReply(session=s.sid, lease_ms=int(lease * 1000))
 
-    def beat(self, sid: int, acked: int) -> bool:
-        """A renewal with the pushes handled so far; False: no such session (expired)."""
+    def beat(self, sid: int, acked: int, forgotten: typing.Iterable[Key] = ()) -> bool:
+        """A renewal with the pushes handled so far and the keys the mount dropped on its
+        own; False: no such session (expired)."""
         now = time.monotonic()
         with self._lock:
             s = self._sessions.get(sid)
@@ -123,6 +124,10 @@ class Sessions:
                 self._drop(s)
                 return False
             s.heard = now
+            for k in forgotten:
+                if k in s.keys:
+                    s.keys.discard(k)
+                    self._release(k, sid)
             if acked > s.acked:
                 s.acked = min(acked, s.sent)
                 self._lock.notify_all()
@@ -263,13 +268,21 @@ class Sessions:
         if s is None or self._sessions.pop(s.sid, None) is None:
             return
         for k in s.keys:
-            holders = self._holders.get(k)
-            if holders is not None:
-                holders.discard(s.sid)
-                if not holders:
-                    del self._holders[k]
+            self._release(k, s.sid)
         self._lock.notify_all()
         log.info("cache session %d ended", s.sid)
+
+    def _release(self, k: Key, sid: int) -> None:
+        holders = self._holders.get(k)
+        if holders is not None:
+            holders.discard(sid)
+            if not holders:
+                del self._holders[k]
+
+
+def key_of(k: pb.CacheKey) -> Key:
+    """A wire key as the table keeps it."""
+    return (k.ino, k.name if k.entry else None)
 
 
 def cache_keys(keys: typing.Iterable[Key]) -> list[pb.CacheKey]:

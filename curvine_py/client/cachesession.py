@@ -120,7 +120,7 @@ class CacheSession:
             now = time.monotonic()
             if (ack and reader.end == reader.start) or now >= next_beat:   # (a run of pushes: one beat)
                 cid += 1
-                beat = pb.SessionBeat(session=session, acked=self.cache.handled)
+                beat = pb.SessionBeat(session=session, acked=self.cache.handled, forgotten=self.cache.forgotten())
                 sock.sendall(mf.request_frame(cid, Master.Beat.id, beat.SerializeToString()))
                 beats[cid], next_beat, ack = now, now + every, False
             if beats and now - min(beats.values()) > lease:

@@ -60,6 +60,7 @@ class MetaCache:
         # own, whose reply may give the listing back): an eviction here forgets both.
         self._complete: set[int] = set()
         self._taken: set[int] = set()
+        self._forgotten: list[pb.CacheKey] = []   # evicted here: the next beat tells the master
         self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
         self.sessions = 0           # sessions begun
@@ -88,6 +89,12 @@ class MetaCache:
     @property
     def handled(self) -> int:
         return self._handled
+
+    def forgotten(self, most: int = 4096) -> list[pb.CacheKey]:
+        """Keys evicted since the last call (at most `most`; the rest go with later beats)."""
+        with self._lock:
+            out, self._forgotten = self._forgotten[:most], self._forgotten[most:]
+            return out
 
     def invalidate(self, push: pb.Invalidation) -> None:
         """One push from the master, in order: forget its keys."""
@@ -171,11 +178,14 @@ class MetaCache:
                     self._complete.add(k.ino)
                     self._taken.discard(k.ino)
             while len(self._attrs) > self._max:
-                self._attrs.popitem(last=False)
+                ino, _ = self._attrs.popitem(last=False)
+                self._forgotten.append(pb.CacheKey(ino=ino))
             while len(self._perms) > self._max:
-                self._perms.popitem(last=False)
+                ino, _ = self._perms.popitem(last=False)
+                self._forgotten.append(pb.CacheKey(ino=ino, name="", entry=True))
             while len(self._names) > self._max:
-                (parent, _), _ = self._names.popitem(last=False)
+                (parent, n), _ = self._names.popitem(last=False)
+                self._forgotten.append(pb.CacheKey(ino=parent, name=n, entry=True))
                 self._complete.discard(parent)
                 self._taken.discard(parent)
             if len(self._taken) > self._max:
@@ -195,6 +205,7 @@ class MetaCache:
         self._perms.clear()
         self._complete.clear()
         self._taken.clear()
+        self._forgotten.clear()
 
 
 def may_search(d: pb.Attr, ident: Who) -> bool:

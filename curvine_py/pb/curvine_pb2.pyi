@@ -804,12 +804,14 @@ class SessionReply(_message.Message):
     def __init__(self, session: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class SessionBeat(_message.Message):
-    __slots__ = ("session", "acked")
+    __slots__ = ("session", "acked", "forgotten")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     session: int
     acked: int
-    def __init__(self, session: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
+    forgotten: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, session: _Optional[int] = ..., acked: _Optional[int] = ..., forgotten: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class CacheKey(_message.Message):
     __slots__ = ("ino", "name", "entry")

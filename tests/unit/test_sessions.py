@@ -175,3 +175,19 @@ def test_a_listing_answers_missing_names_until_a_push_or_an_eviction_takes_it() 
     for i in range(3):                                        # its names evicted: no longer whole
         c.granted(5, 2, (pb.Attr(ino=20 + i),), (30, f"n{i}", 20 + i))
     assert c.lookup(10, "any", ROOT) is None
+
+
+def test_keys_a_mount_evicted_are_no_longer_pushed_to_it() -> None:
+    """The mount's cache is bounded: what it drops on its own it names in its next beat,
+    and the master's table of holders shrinks with it."""
+    c = MetaCache(max_entries=1)
+    c.begin(5, time.monotonic() + 10)
+    c.granted(5, 1, (pb.Attr(ino=7), pb.Attr(ino=8)))
+    assert c.forgotten() == [pb.CacheKey(ino=7)] and c.forgotten() == []
+
+    s = table()
+    sid = s.open(0, Stream()).session
+    s.grant(sid, [(7, None), (1, "x")], s.epoch())
+    assert s.beat(sid, 0, [(7, None)])
+    assert s.changed([(7, None)]).others == ()
+    assert s.changed([(1, "x")]).others == ((sid, 1),)
