@@ -77,6 +77,20 @@ log = logging.getLogger(__name__)
 # a __del__ closing the handle deadlocked its own thread.  SimpleQueue.put is safe in __del__.
 _FINALIZE: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
 _finalizer_pid = 0
+# Every SDK File an open CurvineFile holds, also held here: reachable from a module, it is
+# never in the same garbage as its CurvineFile, so the GC never runs the File's own
+# finalizer (IOBase.__del__ closes it: the same deadlock); the CurvineFile's __del__ hands
+# it to the finalizer thread instead.
+_HELD: dict[int, File] = {}
+
+
+def _hold(f: File) -> File:
+    _HELD[id(f)] = f
+    return f
+
+
+def _let_go(f: File) -> None:
+    _HELD.pop(id(f), None)
 
 
 def _finalizer_thread() -> None:
@@ -505,13 +519,14 @@ class CurvineFile(AbstractBufferedFile):
         self._published = False
         _finalizer_thread()
         if mode == "rb":
-            self._sdk = fs.client.open(path, "rb")
+            self._sdk = _hold(fs.client.open(path, "rb"))
             if size is None:
                 size = self._sdk.size
         elif mode in ("wb", "xb"):
-            self._sdk, self._tmp = fs.begin_write(path, exclusive=mode == "xb")
+            sdk, self._tmp = fs.begin_write(path, exclusive=mode == "xb")
+            self._sdk = _hold(sdk)
         elif mode == "ab":
-            self._sdk = fs._with_parents(path, lambda: fs.client.open(path, "ab"))
+            self._sdk = _hold(fs._with_parents(path, lambda: fs.client.open(path, "ab")))
         try:
             super().__init__(fs, path, mode, block_size, autocommit, cache_type, cache_options, size, **kwargs)
         except BaseException:
@@ -544,17 +559,23 @@ class CurvineFile(AbstractBufferedFile):
         if self._published or self._sdk is None:
             return
         self._published = True
-        if self._tmp is None:
-            self._sdk.close()
-        else:
-            self.fs.publish(self._sdk, self._tmp, self.path, exclusive=self.mode == "xb")
+        try:
+            if self._tmp is None:
+                self._sdk.close()
+            else:
+                self.fs.publish(self._sdk, self._tmp, self.path, exclusive=self.mode == "xb")
+        finally:
+            _let_go(self._sdk)
 
     def discard(self) -> None:
         """Throw the write away: nothing of it becomes visible."""
         if self._published or self._sdk is None:
             return
         self._published = True
-        self.fs.abandon(self._sdk, self._tmp)
+        try:
+            self.fs.abandon(self._sdk, self._tmp)
+        finally:
+            _let_go(self._sdk)
 
     def close(self) -> None:
         if self.closed:
@@ -572,6 +593,7 @@ class CurvineFile(AbstractBufferedFile):
         if self.mode == "rb":
             with contextlib.suppress(OSError):
                 self._sdk.close()
+            _let_go(self._sdk)
         else:
             self.discard()
 
@@ -592,6 +614,7 @@ class CurvineFile(AbstractBufferedFile):
         sdk, self._sdk = getattr(self, "_sdk", None), None
         if sdk is None:
             return
+        _let_go(sdk)   # (the queued cleanup holds it now)
         if self.mode == "rb":
             _FINALIZE.put(functools.partial(_close_quietly, sdk))
         elif not self._published:
