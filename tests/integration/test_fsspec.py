@@ -281,6 +281,13 @@ def _child_reads(blob: bytes, path: str, out: typing.Any) -> None:
     out.put(fs.cat_file(path))
 
 
+def _forked_child(fs: CurvineFileSystem, path: str, out: typing.Any) -> None:
+    """The parent's own object, inherited by fork: it must connect anew, not use the
+    parent's sockets."""
+    fs.pipe_file(path + ".child", b"from the child")
+    out.put(fs.cat_file(path))
+
+
 def test_pickles_and_reconnects_in_a_child(cfs: CurvineFileSystem, base: str) -> None:
     cfs.pipe_file(f"{base}/p", b"pickled")
     blob = pickle.dumps(cfs)
@@ -291,15 +298,18 @@ def test_pickles_and_reconnects_in_a_child(cfs: CurvineFileSystem, base: str) ->
         g = pickle.loads(pickle.dumps(f))   # a read-only file reopens
         assert g.read() == b"pickled"
         g.close()
-    ctx = multiprocessing.get_context("spawn")   # a fresh interpreter, as Dask and Ray workers
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_reads, args=(blob, f"{base}/p", q))
-    p.start()
-    try:
-        assert q.get(timeout=60) == b"pickled"
-    finally:
-        p.join(timeout=30)
-    assert p.exitcode == 0
+    for how, target, arg in (("spawn", _child_reads, blob), ("fork", _forked_child, cfs)):
+        ctx = multiprocessing.get_context(how)   # spawn: a fresh interpreter, as Dask and Ray workers
+        q = ctx.Queue()
+        p = ctx.Process(target=target, args=(arg, f"{base}/p", q))
+        p.start()
+        try:
+            assert q.get(timeout=60) == b"pickled", how
+        finally:
+            p.join(timeout=30)
+        assert p.exitcode == 0, how
+    assert cfs.cat_file(f"{base}/p.child") == b"from the child"
+    assert cfs.cat_file(f"{base}/p") == b"pickled"   # the parent's client still works
 
 
 def test_entry_point_and_storage_options(shared_cluster: LocalCluster, cfs: CurvineFileSystem, base: str) -> None:
