@@ -220,7 +220,7 @@ class MasterService:
         session may cache it: the name, the inode's attributes and the directory's, which
         the mount needs to check a later caller's search permission itself."""
         reply = pb.AttrReply(attr=to_attr(row) if row is not None else None)
-        if request.caller.session:
+        if request.caller.session and request.name not in (".", ".."):   # (a move changes "..": no key)
             ino = row["ino"] if row is not None else 0
             keys: list[Key] = [(request.parent, "")]
             reply.lease_seq = self._grant(request.caller, epoch, request.parent, request.name, ino, keys)

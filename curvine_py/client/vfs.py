@@ -85,6 +85,7 @@ def ask(method: Method[Req, Rep], request: Req) -> Generator[Step, Any, Rep]:
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
 TRASH_NAME = HIDDEN_PREFIX + "trash"
+DOTS = (".", "..")
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
 
 
@@ -307,7 +308,7 @@ class VFS:
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         parent = self._in(parent)
-        cache = self.cache
+        cache = self.cache if name not in DOTS else None   # (a move changes "..": no key says so)
         if cache is not None:
             hit = cache.lookup(parent, name, ident)
             if isinstance(hit, pb.Attr):

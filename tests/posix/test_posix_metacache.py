@@ -10,12 +10,16 @@ timeout.  The last test restarts the master under a mount that caches a name.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import stat
 import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.sdk import Client
@@ -107,6 +111,105 @@ def test_a_listing_a_mount_holds_learns_every_name_made_elsewhere(mounted: Mount
     assert not (b / "sub" / "x").exists() and not (mounted.path / "complete" / "sub" / "x").exists()
     (mounted.path / "complete" / "sub" / "x").write_bytes(b"")
     assert (b / "sub" / "x").exists()
+
+
+def _machine(a: Mount, b: Mount, sdk: Client) -> None:
+    """Random namespace ops through two mounts and an SDK client against a model
+    (path -> size, None for a directory).  With the kernel's caches off, every mount
+    must show every change as soon as it returned, whoever made it."""
+    names = st.sampled_from(["p", "q", "r"])
+
+    class Namespace(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.root = f"model-{os.urandom(4).hex()}"
+            (a.path / self.root).mkdir()
+            self.model: dict[str, int | None] = {self.root: None}
+
+        def dirs(self) -> list[str]:
+            return sorted(p for p, v in self.model.items() if v is None)
+
+        def where(self, data: st.DataObject, name: str) -> str:
+            return posixpath.join(data.draw(st.sampled_from(self.dirs())), name)
+
+        def via(self, data: st.DataObject) -> Path:
+            return data.draw(st.sampled_from([a.path, b.path]))
+
+        @rule(data=st.data(), name=names, size=st.sampled_from([0, 3, 5000]))
+        def write(self, data: st.DataObject, name: str, size: int) -> None:
+            path = self.where(data, name)
+            if self.model.get(path, 0) is None:
+                return
+            if data.draw(st.booleans()):
+                (self.via(data) / path).write_bytes(b"x" * size)
+            else:
+                sdk.put_bytes("/" + path, b"x" * size)
+            self.model[path] = size
+
+        @rule(data=st.data(), name=names)
+        def mkdir(self, data: st.DataObject, name: str) -> None:
+            path = self.where(data, name)
+            if path in self.model:
+                return
+            (self.via(data) / path).mkdir()
+            self.model[path] = None
+
+        @precondition(lambda self: len(self.model) > 1)
+        @rule(data=st.data())
+        def remove(self, data: st.DataObject) -> None:
+            path = data.draw(st.sampled_from(sorted(self.model)[1:]))
+            if self.model[path] is not None:
+                os.unlink(self.via(data) / path)
+            elif any(p.startswith(path + "/") for p in self.model):
+                return
+            else:
+                os.rmdir(self.via(data) / path)
+            del self.model[path]
+
+        @precondition(lambda self: len(self.model) > 1)
+        @rule(data=st.data(), name=names)
+        def rename(self, data: st.DataObject, name: str) -> None:
+            src = data.draw(st.sampled_from(sorted(self.model)[1:]))
+            dst = self.where(data, name)
+            if src == dst or dst.startswith(src + "/") or dst in self.model:
+                return
+            if data.draw(st.booleans()):
+                mount = self.via(data)
+                os.rename(mount / src, mount / dst)
+            else:
+                sdk.rename("/" + src, "/" + dst)
+            moved = {p: v for p, v in self.model.items() if p == src or p.startswith(src + "/")}
+            for p in moved:
+                del self.model[p]
+            for p, v in moved.items():
+                self.model[dst + p[len(src):]] = v
+
+        @invariant()
+        def both_mounts_agree_with_the_model(self) -> None:
+            candidates = {posixpath.join(d, n) for d in self.dirs() for n in ("p", "q", "r")}
+            for mount in (a.path, b.path):
+                for path in sorted(candidates | set(self.model)):
+                    want = self.model.get(path, -1)
+                    try:
+                        st_ = os.lstat(mount / path)
+                    except FileNotFoundError:
+                        assert want == -1, f"{path} missing through {mount}"
+                        continue
+                    assert want != -1, f"{path} still there through {mount}"
+                    assert (want is None) == stat.S_ISDIR(st_.st_mode), path
+                    assert want is None or st_.st_size == want, (path, st_.st_size, want)
+                for d in self.dirs():   # (a listing looks ".." up: never from the cache)
+                    names = sorted(posixpath.basename(p) for p in self.model if posixpath.dirname(p) == d)
+                    assert sorted(os.listdir(mount / d)) == names, d
+
+    Namespace.TestCase.settings = settings(max_examples=8, stateful_step_count=25, deadline=None,
+                                           suppress_health_check=list(HealthCheck))
+    Namespace.TestCase().runTest()
+
+
+def test_random_changes_through_two_mounts_and_a_client_show_everywhere_at_once(
+        mounted: Mount, second_mount: Mount, sdk: Client) -> None:
+    _machine(mounted, second_mount, sdk)
 
 
 def test_a_restarted_master_leaves_no_stale_name_in_a_mount(posix_cluster: LocalCluster, mounted: Mount,
