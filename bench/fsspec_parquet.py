@@ -10,12 +10,13 @@ through the SDK, then reads it whole with ``pyarrow.parquet.read_table``:
 - fsspec: ``curvine:///...`` through curvine_py/sdk/fsspec.py (pyarrow wraps fsspec
   filesystems in its FSSpecHandler: every read a Python call into the SDK).
 Each is read cold (the kernel's caches and the mount's block copies dropped first: needs
-root, else "warm" twice and said so) and then warm (again at once); every read's row count
-and column sums are checked against the local file's.  Prints MB/s (10^6 bytes of the file
-per second) per case and each one's ratio to the local file's.  Without a FUSE mount (no
+root, else "warm" twice and said so) and then warm (again at once), the three in turn, for
+--rounds rounds (the machine may be shared: a change of its load meets them alike); every
+read's row count and column sums are checked against the local file's.  Prints the median
+MB/s (10^6 bytes of the file per second) per case and each one's ratio to the local file's.  Without a FUSE mount (no
 root, no /dev/fuse, no pyfuse3) the mount row is left out, with the reason.
 
-    .venv/bin/python bench/fsspec_parquet.py [--size 1GiB] [--row-group 64MiB] [--dir D] [--json]
+    .venv/bin/python bench/fsspec_parquet.py [--size 1GiB] [--row-group 64MiB] [--rounds 3] [--dir D] [--json]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -62,27 +64,43 @@ def signature(table: pa.Table) -> tuple[int, tuple[float, ...]]:
     return table.num_rows, tuple(round(pc.sum(table[c]).as_py(), 3) for c in table.column_names)
 
 
-def timed_reads(read: Callable[[], pa.Table], nbytes: int, want: tuple[Any, ...] | None, *dirs: Path
-                ) -> dict[str, Any]:
-    """One cold read (caches dropped first) and one warm read: MB/s each, checked."""
+def timed_read(read: Callable[[], pa.Table], want: tuple[Any, ...]) -> float:
+    """Seconds of one read, its table checked."""
+    t0 = time.perf_counter()
+    table = read()
+    wall = time.perf_counter() - t0
+    got = signature(table)
+    del table
+    if got != want:
+        raise SystemExit(f"wrong table read: {got} != {want}")
+    return wall
+
+
+def one_round(readers: dict[str, tuple[Callable[[], pa.Table], tuple[Path, ...]]], want: tuple[Any, ...],
+              walls: dict[str, dict[str, list[float]]]) -> bool:
+    """Each reader once cold (the kernel's caches and the mount's copies dropped first) and
+    once warm (again at once), in turn; False when the caches could not be dropped."""
+    dropped = True
+    for name, (read, dirs) in readers.items():
+        dropped = drop_caches(*dirs) and dropped
+        walls[name]["cold"].append(timed_read(read, want))
+        walls[name]["warm"].append(timed_read(read, want))
+    return dropped
+
+
+def figures(walls: dict[str, list[float]], nbytes: int) -> dict[str, Any]:
+    """Median MB/s of each phase, and every round's."""
     out: dict[str, Any] = {}
-    for phase in ("cold", "warm"):
-        if phase == "cold":
-            out["caches_dropped"] = drop_caches(*dirs)
-        t0 = time.perf_counter()
-        table = read()
-        wall = time.perf_counter() - t0
-        got = signature(table)
-        del table
-        if want is not None and got != want:
-            raise SystemExit(f"wrong table read ({phase}): {got} != {want}")
-        out[f"{phase}_s"] = wall
-        out[f"{phase}_MBps"] = nbytes / wall / 1e6
+    for phase, w in walls.items():
+        out[f"{phase}_MBps"] = nbytes / statistics.median(w) / 1e6
+        out[f"{phase}_rounds_MBps"] = [round(nbytes / x / 1e6, 1) for x in w]
     return out
 
 
-def through_cluster(base: Path, local: Path, nbytes: int, want: tuple[Any, ...], res: dict[str, Any]) -> None:
-    """The mount's and fsspec's reads of the file copied into a fresh cluster."""
+def measure(base: Path, local: Path, rounds: int, res: dict[str, Any]) -> None:
+    """The local file's, the mount's and fsspec's reads, rounds times each in turn, on one
+    fresh cluster holding a copy of the file."""
+    nbytes, want = res["file_bytes"], (res["rows"], tuple(res["sums"]))
     why_no_mount = mount_unavailable()
     mnt = base / "mnt"
     c = LocalCluster(base / "cluster", workers=2, mount=None if why_no_mount else str(mnt),
@@ -91,16 +109,23 @@ def through_cluster(base: Path, local: Path, nbytes: int, want: tuple[Any, ...],
         fs = CurvineFileSystem(config=str(c.config_path), skip_instance_cache=True)
         try:
             fs.put_file(str(local), REMOTE)
+            readers: dict[str, tuple[Callable[[], pa.Table], tuple[Path, ...]]] = {
+                "local": (lambda: pq.read_table(local), ())}
             if why_no_mount:
                 res["mount"] = {"skipped": why_no_mount}
             else:
-                res["mount"] = timed_reads(lambda: pq.read_table(str(mnt / REMOTE.lstrip("/"))), nbytes, want, mnt)
-            res["fsspec"] = timed_reads(lambda: pq.read_table(REMOTE, filesystem=fs), nbytes, want)
+                readers["mount"] = (lambda: pq.read_table(str(mnt / REMOTE.lstrip("/"))), (mnt,))
+            readers["fsspec"] = (lambda: pq.read_table(REMOTE, filesystem=fs), ())
+            walls: dict[str, dict[str, list[float]]] = {n: {"cold": [], "warm": []} for n in readers}
+            dropped = all([one_round(readers, want, walls) for _ in range(rounds)])
         finally:
             fs.close()
     finally:
         c.stop()
         shutil.rmtree(base / "cluster", ignore_errors=True)
+    res["caches_dropped"] = dropped
+    for name, w in walls.items():
+        res[name] = figures(w, nbytes)
 
 
 def mount_unavailable() -> str | None:
@@ -127,7 +152,8 @@ def report(res: dict[str, Any], size: str) -> None:
     if "fsspec_over_mount" in res:
         over = res["fsspec_over_mount"]
         print(f"fsspec / mount: cold {over['cold']:.2f}, warm {over['warm']:.2f}")
-    if not res["local"]["caches_dropped"]:
+    print(f"(medians of {res['rounds']} rounds; each round reads local, mount, fsspec in turn, cold then warm)")
+    if not res["caches_dropped"]:
         print("(caches could not be dropped: not root; every 'cold' read is warm)")
 
 
@@ -146,6 +172,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1GiB", help="parquet file size (about)")
     ap.add_argument("--row-group", default="64MiB", help="bytes per row group")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every read (medians are printed)")
     ap.add_argument("--dir", default=None, help="where the cluster and the local file live (default: a temp dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -155,10 +182,9 @@ def main() -> int:
         local = base / "table.parquet"
         write_parquet(local, parse_size(args.size), parse_size(args.row_group))
         nbytes = local.stat().st_size
-        want = signature(pq.read_table(local))
-        res.update(file_bytes=nbytes, rows=want[0])
-        res["local"] = timed_reads(lambda: pq.read_table(local), nbytes, want)
-        through_cluster(base, local, nbytes, want, res)
+        rows, sums = signature(pq.read_table(local))
+        res.update(file_bytes=nbytes, rows=rows, sums=list(sums), rounds=args.rounds)
+        measure(base, local, args.rounds, res)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     ratios(res)

@@ -43,7 +43,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
                       "--stat-sample", "100", "--round", "100"),
-    "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--json"),
+    "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
 }
 # under the system temp dir, removed after
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
