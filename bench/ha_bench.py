@@ -147,12 +147,12 @@ def main() -> int:
     ap.add_argument("--meta-clients", type=int, default=4)
     ap.add_argument("--kv-files", type=int, default=16, help="14 MiB KV chunks written and read through the mount")
     ap.add_argument("--kills", type=int, default=10, help="leader kills for the failover figures")
-    ap.add_argument("--small", action="store_true", help="a quick run: 50 files, 2 clients, 2 KV chunks, 2 kills")
+    ap.add_argument("--small", action="store_true", help="a quick run: 50 files, 2 clients, 2 KV chunks, 1 kill")
     ap.add_argument("--dir", help="where the clusters live (default: a temp dir under the current dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.small:
-        args.meta_files, args.meta_clients, args.kv_files, args.kills = 50, 2, 2, 2
+        args.meta_files, args.meta_clients, args.kv_files, args.kills = 50, 2, 2, 1
     if args.meta_files < 1 or args.meta_clients < 1 or args.kills < 1 or args.kv_files < 0:
         ap.error("--meta-files, --meta-clients and --kills must be positive, --kv-files not negative")
     root = Path(args.dir or ".").absolute()
