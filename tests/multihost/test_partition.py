@@ -211,3 +211,45 @@ def test_metadata_calls_to_a_cut_master_fail_in_bounded_time(net_cluster: NetClu
                 assert time.monotonic() - t0 < RECOVER_S, "the client did not reach the restored master"
         print(f"master cut: a call failed after {took:.2f} s; calls work again {time.monotonic() - t0:.2f} s "
               "after the restore")
+
+
+def test_a_mount_cut_off_from_the_master_never_serves_a_name_changed_meanwhile(net_cluster: NetCluster,
+                                                                                 tmp_path: Path) -> None:
+    """The mount on host 3 caches a name (its metadata cache, under the master's lease);
+    host 3 is cut off and the name removed by a client that is not: the removal waits
+    at most one lease for the silent mount, and the mount, whose lease ran out with no
+    renewal, never answers that the name is still there; once back, it says it is gone."""
+    c = net_cluster
+    mp = c.mount(3, tmp_path / "m", "--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
+    with c.client() as cl:   # the gateway's: never cut
+        cl.makedirs("/lease")
+        cl.put_bytes("/lease/x", b"1")
+        assert (mp / "lease" / "x").exists() and (mp / "lease" / "x").exists()
+        c.hosts[3].cut()
+        try:
+            t0 = time.monotonic()
+            cl.remove("/lease/x")
+            took = time.monotonic() - t0
+            seen: list[object] = []
+            probe = threading.Thread(target=lambda: seen.append(_exists(mp / "lease" / "x")), daemon=True)
+            probe.start()
+            probe.join(timeout=2.0)   # answered from the cache would be at once
+            assert seen != [True], "the cut-off mount served a name removed after its lease ran out"
+        finally:
+            c.hosts[3].restore()
+        probe.join(timeout=60)
+        assert seen in ([False], [None]), seen
+        assert not (mp / "lease" / "x").exists()
+    print(f"a removal of a name a cut-off mount cached took {took:.2f} s")
+    assert 0.5 < took < 1.0 + CALL_LIMIT_S   # it waited for the silent mount: at most master.cache_lease_s (1 s)
+
+
+def _exists(path: Path) -> bool | None:
+    """os.path.exists, None when the call failed (the master unreachable)."""
+    try:
+        os.lstat(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
