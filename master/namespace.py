@@ -61,20 +61,24 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
 
     # ------------------------------------------------------------------ reads
     def lookup(self, cred: Cred, parent: int, name: str) -> Row:
-        d = self.dir_inode(parent)
-        posix.require(d, cred, X)
-        if name == ".":
-            return d
-        if name == "..":
-            return self.inode(self.parent_of_dir(parent))
-        posix.check_name(name)
-        row = self.child(parent, name)
+        row, _ = self.lookup_in(cred, parent, name)
         if row is None:
             raise err(errno.ENOENT)
         return row
 
+    def lookup_in(self, cred: Cred, parent: int, name: str) -> tuple[Row | None, Row]:
+        """The named inode (None: no such name) and the directory, as it was checked."""
+        d = self.dir_inode(parent)
+        posix.require(d, cred, X)
+        if name == ".":
+            return d, d
+        if name == "..":
+            return self.inode(self.parent_of_dir(parent)), d
+        posix.check_name(name)
+        return self.child(parent, name), d
+
     def resolve(self, cred: Cred, path: str, follow: bool = True,
-                before: Callable[[int], None] | None = None) -> Row:
+                before: Callable[[int], object] | None = None) -> Row:
         """Walk an absolute path from the root, following symlinks (at most 40); before(dir)
         runs ahead of each lookup in dir (the master refreshes UFS listings there)."""
         if not path.startswith("/"):

@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import CurvineError, NotLeader, Unavailable, err, handler
+from curvine_py.common.errors import NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.types import RENAME_EXCHANGE, SETATTR_SIZE
 from curvine_py.common.version import package_version
@@ -203,29 +203,21 @@ class MasterService:
             self.sessions.wait_grace()   # a previous leader's mounts may still cache what it changed
         return result
 
-    def _grant(self, caller: pb.Caller, epoch: int, parent: int, name: str, ino: int,
-               more: list[Key] | None = None) -> int:
-        """A reply's lease_seq: the caller's session may cache the name (parent, name) and
-        the attributes of ino (0: a negative entry) as read at epoch.  Not under a UFS
-        mount: its names and objects change behind the master's back (metadata_ttl_s)."""
-        if not caller.session or self.ns.ufs_dir(parent) is not None:
-            return 0
-        keys: list[Key] = [(parent, name), *(more or ())]
-        if ino:
-            keys.append((ino, None))
-        return self.sessions.grant(caller.session, keys, epoch)
-
-    def _looked_up(self, request: pb.LookupRequest, epoch: int, row: Row | None) -> pb.AttrReply:
+    def _looked_up(self, request: pb.LookupRequest, epoch: int, row: Row | None, d: Row,
+                   under_ufs: bool) -> pb.AttrReply:
         """Lookup's reply (row None: the name is missing), with a lease when the caller's
-        session may cache it: the name, the inode's attributes and the directory's, which
-        the mount needs to check a later caller's search permission itself."""
+        session may cache it (read at epoch): the name, the inode's attributes and the
+        directory's mode, with which the mount checks a later caller's search permission
+        itself.  Not under a UFS mount: its names change behind the master's back
+        (metadata_ttl_s); not "." or "..": a move changes "..", and no key says so."""
         reply = pb.AttrReply(attr=to_attr(row) if row is not None else None)
-        if request.caller.session and request.name not in (".", ".."):   # (a move changes "..": no key)
-            ino = row["ino"] if row is not None else 0
-            keys: list[Key] = [(request.parent, "")]
-            reply.lease_seq = self._grant(request.caller, epoch, request.parent, request.name, ino, keys)
+        if request.caller.session and not under_ufs and request.name not in (".", ".."):
+            keys: list[Key] = [(request.parent, request.name), (request.parent, "")]
+            if row is not None:
+                keys.append((row["ino"], None))
+            reply.lease_seq = self.sessions.grant(request.caller.session, keys, epoch)
             if reply.lease_seq:
-                reply.parent.CopyFrom(to_attr(self.ns.inode(request.parent)))
+                reply.parent.CopyFrom(to_attr(d))
         return reply
 
     def answered(self, ok: bool) -> None:
@@ -351,15 +343,14 @@ class MasterService:
     # ------------------------------------------------------------------ namespace reads
     @handler
     def Lookup(self, request: pb.LookupRequest) -> pb.AttrReply:
-        self.ufs.fresh_dir(request.parent)
+        under_ufs = self.ufs.fresh_dir(request.parent)
         epoch = self.sessions.epoch()
-        try:
-            row = self.ns.lookup(cred_of(request.caller), request.parent, request.name)
-        except CurvineError as e:
-            if not (request.miss_ok and e.errno == errno.ENOENT):
-                raise
-            return self._looked_up(request, epoch, None)
-        reply = self._looked_up(request, epoch, row)
+        row, d = self.ns.lookup_in(cred_of(request.caller), request.parent, request.name)
+        if row is None and not request.miss_ok:
+            raise err(errno.ENOENT)
+        reply = self._looked_up(request, epoch, row, d, under_ufs)
+        if row is None:
+            return reply
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
             mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R) else None

@@ -162,16 +162,18 @@ class UfsMounts:
             s.close()
 
     # ------------------------------------------------------------------ lazy metadata
-    def fresh_dir(self, ino: int) -> None:
-        """List directory ino's UFS directory if its listing is older than the mount's TTL."""
+    def fresh_dir(self, ino: int) -> bool:
+        """List directory ino's UFS directory if its listing is older than the mount's TTL;
+        whether ino is under a UFS mount at all."""
         ns = self._ns()
         u = ns.ufs_dir(ino)
         if u is None:
-            return
+            return False
         m = self.get(u["mount_id"])
         if time.time_ns() - u["listed_ns"] < m.metadata_ttl_ms * 1_000_000 or self._backing_off(m):
-            return
+            return True
         self._once(ino, lambda: self._list(m, ino, u["ukey"]))
+        return True
 
     def _list(self, m: Mount, ino: int, key: str) -> None:
         try:
