@@ -7,8 +7,8 @@ The promise lasts while the session is renewed (client/cachesession.py); once it
 runs out by this host's clock, or its stream breaks, nothing here is served.
 
 Each grant names the session's push count when it was made (``lease_seq``, one more
-than it): a grant is kept only when no later push was handled already, since that push
-may have been about what the grant holds.  A mutation of this mount's own brings its
+than it): a grant is kept only when no push numbered lease_seq or later has taken one of
+its keys already, since that push undid what the grant holds.  A mutation of this mount's own brings its
 invalidation of this cache in its reply, numbered among the pushes (``wait_seq``), and
 it is handled before the mutation returns (``own_change``), so this mount never answers
 from what it just changed.
@@ -50,8 +50,12 @@ class MetaCache:
         self._max = max_entries
         self.session = 0            # the session grants belong to (0: none open)
         self._valid_until = 0.0     # monotonic: the lease, renewed by each answered beat
-        self._handled = 0           # pushes handled, in order
-        self._floor = 0             # no grant at or below this (a push we did not wait for)
+        self._handled = 0           # the highest push handled (acknowledged by the next beat)
+        # Keys pushes took, with the push's number: a grant whose number is not above the
+        # last push that took one of its keys may hold what that push undid (bounded:
+        # below _dropped_floor nothing is known, and such grants are refused).
+        self._dropped: OrderedDict[Key, int] = OrderedDict()
+        self._dropped_floor = 0
         self._names: OrderedDict[tuple[int, str], int] = OrderedDict()   # -> ino, 0 = no such name
         self._attrs: OrderedDict[int, pb.Attr] = OrderedDict()
         self._perms: OrderedDict[int, pb.Attr] = OrderedDict()   # directories: their mode and owner only
@@ -72,7 +76,7 @@ class MetaCache:
             self._clear()
             self.session, self._valid_until = session, valid_until
             self.sessions += 1
-            self._handled = self._floor = 0
+            self._handled = self._dropped_floor = 0
 
     def renewed(self, valid_until: float) -> None:
         with self._lock:
@@ -100,6 +104,9 @@ class MetaCache:
         """One push from the master, in order: forget its keys."""
         with self._lock:
             for k in push.keys:
+                key = (k.ino, k.name if k.entry else None)
+                self._dropped[key] = max(push.seq, self._dropped.get(key, 0))
+                self._dropped.move_to_end(key)
                 if not k.entry:
                     self._attrs.pop(k.ino, None)
                 elif k.name == LISTING:
@@ -111,6 +118,9 @@ class MetaCache:
                 else:
                     self._perms.pop(k.ino, None)
             self._handled = max(self._handled, push.seq)
+            while len(self._dropped) > self._max:
+                _, seq = self._dropped.popitem(last=False)
+                self._dropped_floor = max(self._dropped_floor, seq)
 
     # ------------------------------------------------------------------ answers
     def lookup(self, parent: int, name: str, ident: Who) -> pb.Attr | Negative | None:
@@ -155,12 +165,26 @@ class MetaCache:
         """A reply's lease: keep attrs, the name (parent, name, ino; ino 0 = missing) and
         the directory's mode and owner, and the listings and modes in keys (a mutation's
         reply: a new directory's, and those its own change took), when the request was
-        made in the current session and no later push was handled.  A listing is kept
-        only for a new directory (the name's) or one a push took and nothing else since."""
+        made in the current session and no push numbered lease_seq or later took one of
+        them already (pushes and replies arrive in any order).  A listing is kept only for
+        a new directory (the name's) or one a push took and no refused grant since."""
         if not lease_seq or not session:
             return
+        keys = list(keys)
+        wanted: list[Key] = [(a.ino, None) for a in attrs]
+        if name is not None:
+            wanted.append((name[0], name[1]))
+        if directory is not None:
+            wanted.append((directory.ino, ""))
+        wanted += [(k.ino, k.name) for k in keys]
         with self._lock:
-            if session != self.session or lease_seq <= max(self._handled, self._floor):
+            if session != self.session:
+                return
+            if lease_seq <= self._dropped_floor or any(self._dropped.get(k, 0) >= lease_seq for k in wanted):
+                # refused: a listing that lost this name (or these listings) can never be whole again here
+                for ino in [k.ino for k in keys] + ([name[0]] if name is not None else []):
+                    self._taken.discard(ino)
+                    self._complete.discard(ino)
                 return
             for a in attrs:
                 self._attrs[a.ino] = a
@@ -206,6 +230,7 @@ class MetaCache:
         self._complete.clear()
         self._taken.clear()
         self._forgotten.clear()
+        self._dropped.clear()
 
 
 def may_search(d: pb.Attr, ident: Who) -> bool:

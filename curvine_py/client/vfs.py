@@ -86,6 +86,7 @@ log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
 TRASH_NAME = HIDDEN_PREFIX + "trash"
 DOTS = (".", "..")
+NAME_MAX = 255
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
 
 
@@ -308,7 +309,9 @@ class VFS:
 
     def lookup(self, parent: int, name: str, ident: Identity) -> Op[pb.Attr]:
         parent = self._in(parent)
-        cache = self.cache if name not in DOTS else None   # (a move changes "..": no key says so)
+        # not "." or "..": a move changes "..", and no key says so; not a name the master
+        # refuses (ENAMETOOLONG): a listing would answer ENOENT
+        cache = self.cache if name not in DOTS and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX else None
         if cache is not None:
             hit = cache.lookup(parent, name, ident)
             if isinstance(hit, pb.Attr):

@@ -191,3 +191,25 @@ def test_keys_a_mount_evicted_are_no_longer_pushed_to_it() -> None:
     assert s.beat(sid, 0, [(7, None)])
     assert s.changed([(7, None)]).others == ()
     assert s.changed([(1, "x")]).others == ((sid, 1),)
+
+
+def test_pushes_and_replies_in_any_order_keep_the_listing_whole() -> None:
+    """A create's own invalidation (in its reply, number 2) handled after a push of an
+    unrelated key (number 3, on the stream): the create's grant (number 3) holds none of
+    the keys push 3 took, so it is kept, the new name with it.  A grant refused for its
+    name never lets the listing come back without that name."""
+    c = MetaCache()
+    c.begin(5, time.monotonic() + 10)
+    d = pb.Attr(ino=10, mode=0o040755)
+    listing = pb.CacheKey(ino=10, name="/", entry=True)
+    c.granted(5, 1, (d,), (1, "d", 10), d, [listing])
+    c.invalidate(pb.Invalidation(seq=3, keys=[pb.CacheKey(ino=77)]))          # another file's attributes
+    c.own_change(5, 2, [listing, pb.CacheKey(ino=10, name="new", entry=True)])
+    c.granted(5, 3, (pb.Attr(ino=11),), (10, "new", 11), keys=[listing])
+    assert c.lookup(10, "new", ROOT).ino == 11 and c.lookup(10, "other", ROOT) is NEGATIVE
+
+    c.own_change(5, 4, [listing])
+    c.invalidate(pb.Invalidation(seq=5, keys=[pb.CacheKey(ino=10, name="late", entry=True)]))
+    c.granted(5, 5, (pb.Attr(ino=12),), (10, "late", 12), keys=[listing])   # refused: push 5 took its name
+    c.granted(5, 6, (pb.Attr(ino=13),), (10, "next", 13), keys=[listing])   # the listing stays lost
+    assert c.lookup(10, "late", ROOT) is None and c.lookup(10, "other", ROOT) is None
