@@ -425,8 +425,11 @@ class LocalCluster:
                                "choose other ports (--master-port / --base-port; make run ARGS=...)")
         for port, what in self.ports.labelled():
             if port_in_use(self.bind, port):
-                raise ClusterError(f"port {port} ({what}) on {self.bind} is already in use; "
-                                   "choose other ports (--master-port / --base-port; make run ARGS=...)")
+                raise self._in_use(port, what)
+
+    def _in_use(self, port: int, what: str) -> ClusterError:
+        return ClusterError(f"port {port} ({what}) on {self.bind} is already in use; "
+                            "choose other ports (--master-port / --base-port; make run ARGS=...)")
 
     def _move_taken_ports(self) -> None:
         """A port of the plan that another process holds (a leftover mount's metrics, say)
@@ -434,6 +437,9 @@ class LocalCluster:
         port but the first master's, which clients are given, can move (workers register
         theirs, metrics are found through the master)."""
         keep = self.ports.masters[0].grpc
+        for port, what in self.ports.labelled():   # that one taken: the one error, before any port moved
+            if port == keep and port_in_use(self.bind, port):
+                raise self._in_use(port, what)
         taken = [(p, what) for p, what in self.ports.labelled() if p != keep and port_in_use(self.bind, p)]
         if not taken:
             return
