@@ -73,9 +73,15 @@ supervise() {
       # the driver is gone.
       ( while sleep 1; do kill -TERM "$child" 2>/dev/null || exit 0; done ) &
       resend=$!
+      first=$rc
       rc=0
       wait "$child" || rc=$?
       kill "$resend" 2>/dev/null || true
+      # 127: the first wait had reaped it already (it died of the TERM as the trap ran):
+      # its status is the first wait's (CI saw 127)
+      case "$rc" in
+        127) rc=$first ;;
+      esac
       case "$rc" in
         143) rc=0 ;;
       esac
