@@ -174,4 +174,8 @@ def test_the_next_leader_uploads_what_the_killed_one_queued_and_reads_through(
             time.sleep(0.2)
         assert not (nas / "kv.tmp").exists()
         assert client.get_bytes("/wb/old.bin") == old
-        assert client.ufs.stat("/wb/kv.data").state == "persisted"
+        # the object lands before the record that says so (a new leader answers no
+        # mutation for its first master.cache_lease_s: the mounts' old leases)
+        while client.ufs.stat("/wb/kv.data").state != "persisted":
+            assert time.monotonic() < deadline, client.ufs.stat("/wb/kv.data").state
+            time.sleep(0.2)
