@@ -64,16 +64,15 @@ class Session:
 
 @dataclass(frozen=True)
 class Barrier:
-    """What a mutation's caller waits for before its answer: pushes to other sessions
-    acknowledged (session id, push number), and its own session's push to handle first."""
+    """What a mutation's caller waits for before its answer: the pushes to the sessions
+    that held what it changed acknowledged (but its own session's, which its reply brings)."""
 
     epoch: int
-    others: tuple[tuple[int, int], ...] = ()
-    own: dict[int, int] = field(default_factory=dict)   # session id -> push number
+    seqs: dict[int, int] = field(default_factory=dict)   # session id -> push number
     keys: dict[int, list[Key]] = field(default_factory=dict)   # session id -> the keys it must forget
 
     def own_seq(self, sid: int) -> int:
-        return self.own.get(sid, 0)
+        return self.seqs.get(sid, 0)
 
     def listings(self, sid: int) -> list[Key]:
         """The complete directory listings sid held and this change took: a mutation of
@@ -201,7 +200,7 @@ class Sessions:
                     continue   # the caller's own session: its reply brings the keys
                 if s.push is not None and not s.push(_invalidation(s.sent, ks)):
                     s.push = None
-        return Barrier(epoch, tuple(sent.items()), sent, pushes)
+        return Barrier(epoch, sent, pushes)
 
     def deliver(self, sid: int, seq: int, keys: list[Key]) -> None:
         """Push an invalidation numbered seq already (changed: the caller's own, meant for
@@ -215,7 +214,7 @@ class Sessions:
         """Until every session but own has acknowledged its push of barrier, or its lease
         ran out; also until the grace of a new leader is over.  Returns own's push number."""
         self.wait_grace()
-        others = [(sid, seq) for sid, seq in barrier.others if sid != own]
+        others = [(sid, seq) for sid, seq in barrier.seqs.items() if sid != own]
         if not others:
             return barrier.own_seq(own)
         with self._lock:

@@ -51,7 +51,7 @@ def test_a_change_pushes_to_the_holders_and_the_writer_waits_for_their_ack() -> 
     assert s.wait(barrier, sa) == 1     # a's own push: its number, not waited for here
     assert 0.08 < time.monotonic() - start < LEASE   # b's ack, not b's lease
     # forgotten: the next change pushes nobody
-    assert s.changed([(1, "x")]).others == ()
+    assert s.changed([(1, "x")]).seqs == {}
 
 
 def test_a_read_older_than_a_change_is_not_granted() -> None:
@@ -189,8 +189,8 @@ def test_keys_a_mount_evicted_are_no_longer_pushed_to_it() -> None:
     sid = s.open(0, Stream()).session
     s.grant(sid, [(7, None), (1, "x")], s.epoch())
     assert s.beat(sid, 0, [(7, None)])
-    assert s.changed([(7, None)]).others == ()
-    assert s.changed([(1, "x")]).others == ((sid, 1),)
+    assert s.changed([(7, None)]).seqs == {}
+    assert s.changed([(1, "x")]).seqs == {sid: 1}
 
 
 def test_pushes_and_replies_in_any_order_keep_the_listing_whole() -> None:
