@@ -25,6 +25,7 @@ from curvine_py.pb import curvine_pb2 as pb
 MAX_ENTRIES = 200_000   # names and attributes kept (the least recently granted go first)
 LISTING = "/"           # the name of a directory's whole-listing key (master/sessions.py)
 Key = tuple[int, str | None]
+T = typing.TypeVar("T")
 
 
 class Who(typing.Protocol):
@@ -126,37 +127,32 @@ class MetaCache:
     def lookup(self, parent: int, name: str, ident: Who) -> pb.Attr | Negative | None:
         """The cached answer to a lookup by ident (None: ask the master)."""
         with self._lock:
-            if time.monotonic() >= self._valid_until:
-                self.misses += 1
-                return None
-            ino = self._names.get((parent, name))
-            d = self._perms.get(parent)
-            if ino is None and parent in self._complete:
-                ino = 0   # the directory's whole listing is here, and the name is not in it
-            if ino is None or d is None or not may_search(d, ident):
-                self.misses += 1
-                return None
-            if ino == 0:
-                self.hits += 1
-                return NEGATIVE
-            attr = self._attrs.get(ino)
-            if attr is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            return attr
+            return self._counted(self._lookup(parent, name, ident))
 
     def attr(self, ino: int) -> pb.Attr | None:
         with self._lock:
-            if time.monotonic() >= self._valid_until:
-                self.misses += 1
-                return None
-            attr = self._attrs.get(ino)
-            if attr is None:
-                self.misses += 1
-                return None
+            valid = time.monotonic() < self._valid_until
+            return self._counted(self._attrs.get(ino) if valid else None)
+
+    def _lookup(self, parent: int, name: str, ident: Who) -> pb.Attr | Negative | None:
+        """lookup's answer (lock held, not counted)."""
+        if time.monotonic() >= self._valid_until:
+            return None
+        ino = self._names.get((parent, name))
+        if ino is None and parent in self._complete:
+            ino = 0   # the directory's whole listing is here, and the name is not in it
+        d = self._perms.get(parent)
+        if ino is None or d is None or not may_search(d, ident):
+            return None
+        return NEGATIVE if ino == 0 else self._attrs.get(ino)
+
+    def _counted(self, answer: T) -> T:
+        """An answer counted as a hit, or None as a miss (curvine_client_metadata_cache_total)."""
+        if answer is None:
+            self.misses += 1
+        else:
             self.hits += 1
-            return attr
+        return answer
 
     # ------------------------------------------------------------------ grants
     def granted(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
