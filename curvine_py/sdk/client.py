@@ -402,11 +402,11 @@ class Client:
 
     def put_file(self, local_path: str, path: str, callback: Progress = None, block_size: int = 0) -> None:
         with open(local_path, "rb") as src, self.open(path, "wb", block_size) as dst:
-            _copy(src, dst, callback)
+            copy_stream(src, dst, callback)
 
     def get_file(self, path: str, local_path: str, callback: Progress = None) -> None:
         with self.open(path, "rb") as src, open(local_path, "wb") as dst:
-            _copy(src, dst, callback)
+            copy_stream(src, dst, callback)
 
     # ------------------------------------------------------------------ xattrs and cache policy
     def getxattr(self, path: str, name: str) -> bytes:
@@ -502,10 +502,14 @@ class Client:
         return ROOT_INO
 
 
-def _copy(src: typing.Any, dst: typing.Any, callback: Progress) -> None:
-    """Stream src to dst through one reused 8 MiB buffer."""
-    chunk = bytearray(8 << 20)
-    view = memoryview(chunk)
+COPY_CHUNK = 8 << 20
+
+
+def copy_stream(src: typing.Any, dst: typing.Any, callback: Progress = None, size: int | None = None) -> None:
+    """Stream src to dst through one reused buffer of 8 MiB, or of size when it is known
+    and smaller (a small file's copy needs no 8 MiB of fresh memory); callback(bytes)
+    after each piece.  put_file, get_file, and the fsspec filesystem's copies."""
+    view = memoryview(bytearray(COPY_CHUNK if size is None else max(1, min(size, COPY_CHUNK))))
     while True:
         n = src.readinto(view)
         if not n:

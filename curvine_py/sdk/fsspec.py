@@ -52,12 +52,11 @@ from curvine_py.common import config as config_mod
 from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
-from curvine_py.sdk.client import Client, File
+from curvine_py.sdk.client import COPY_CHUNK, Client, File, copy_stream
 from curvine_py.sdk.results import FileStatus
 
 T = TypeVar("T")
 MiB = 1 << 20
-COPY_CHUNK = 8 * MiB      # put_file / get_file / cp_file stream through one buffer of this size
 TEMP_SUFFIX = ".cvtmp"    # the hidden sibling a write goes to before its rename
 TEMP_NAME_BYTES = 200     # room left in NAME_MAX (255) for the dot, the token and the suffix
 # AbstractFileSystem's own options (listings cache, asyncio), accepted beside ours
@@ -386,7 +385,7 @@ class CurvineFileSystem(AbstractFileSystem):
                 size = os.fstat(src.fileno()).st_size
                 callback.set_size(size)
             with self._writing(p, exclusive=mode == "create") as out:
-                _stream(src, out, callback, size)
+                copy_stream(src, out, callback.relative_update, size)
 
     def get_file(self, rpath: str, lpath: Any, callback: Callback = DEFAULT_CALLBACK, outfile: Any = None,
                  **kwargs: Any) -> None:
@@ -401,7 +400,7 @@ class CurvineFileSystem(AbstractFileSystem):
                 os.makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
                 target = stack.enter_context(open(lpath, "wb"))
             callback.set_size(src.size)
-            _stream(src, target, callback, src.size)
+            copy_stream(src, target, callback.relative_update, src.size)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         """A copy through this client (the pool has no server-side copy), atomic at path2;
@@ -413,7 +412,7 @@ class CurvineFileSystem(AbstractFileSystem):
             self.makedirs(dst, exist_ok=True)
             return
         with f, self._writing(dst, exclusive=False) as out:
-            _stream(f, out, DEFAULT_CALLBACK, f.size)
+            copy_stream(f, out, DEFAULT_CALLBACK.relative_update, f.size)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> "CurvineFile":
@@ -649,19 +648,6 @@ def _read_range(f: File, lo: int, hi: int) -> bytes:
             return bytes(view[:got])
         got += n
     return bytes(obj)   # no copy when obj already is bytes
-
-
-def _stream(src: Any, dst: Any, callback: Callback, size: int | None = None) -> None:
-    """src to dst through one reused buffer (no larger than size, when it is known: a
-    small file's copy needs no 8 MiB of fresh memory), reporting progress to callback."""
-    chunk = bytearray(COPY_CHUNK if size is None else max(1, min(size, COPY_CHUNK)))
-    view = memoryview(chunk)
-    while True:
-        n = src.readinto(view)
-        if not n:
-            return
-        dst.write(view[:n])
-        callback.relative_update(n)
 
 
 if typing.TYPE_CHECKING:   # the protocol's entry points (pyproject.toml) name this class
