@@ -871,6 +871,66 @@ class PeerStatus(_message.Message):
     match_index: int
     def __init__(self, raft_address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
 
+class LockRequest(_message.Message):
+    __slots__ = ("caller", "ino", "owner", "flock", "type", "start", "end", "pid", "test", "wait")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    FLOCK_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TEST_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    ino: int
+    owner: int
+    flock: bool
+    type: int
+    start: int
+    end: int
+    pid: int
+    test: bool
+    wait: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., owner: _Optional[int] = ..., flock: _Optional[bool] = ..., type: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pid: _Optional[int] = ..., test: _Optional[bool] = ..., wait: _Optional[bool] = ...) -> None: ...
+
+class LockReply(_message.Message):
+    __slots__ = ("granted", "conflict", "lease_ms")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    conflict: LockRange
+    lease_ms: int
+    def __init__(self, granted: _Optional[bool] = ..., conflict: _Optional[_Union[LockRange, _Mapping]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class LockRange(_message.Message):
+    __slots__ = ("type", "start", "end", "pid")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    type: int
+    start: int
+    end: int
+    pid: int
+    def __init__(self, type: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class LockRenew(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+
+class LockRenewReply(_message.Message):
+    __slots__ = ("held", "lease_ms")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    held: bool
+    lease_ms: int
+    def __init__(self, held: _Optional[bool] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
 class WorkerInfoReply(_message.Message):
     __slots__ = ("worker_id", "host", "dirs", "blocks", "version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

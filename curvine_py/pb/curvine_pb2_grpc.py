@@ -229,6 +229,16 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Lock = channel.unary_unary(
+                '/curvine.MasterService/Lock',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockReply.FromString,
+                _registered_method=True)
+        self.RenewLocks = channel.unary_unary(
+                '/curvine.MasterService/RenewLocks',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenew.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -476,6 +486,19 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lock(self, request, context):
+        """locks (docs/posix.md "Locks")
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -673,6 +696,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Beat,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.Empty.SerializeToString,
+            ),
+            'Lock': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lock,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockReply.SerializeToString,
+            ),
+            'RenewLocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLocks,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenew.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1728,6 +1761,60 @@ class MasterService:
             '/curvine.MasterService/Beat',
             curvine__py_dot_pb_dot_curvine__pb2.SessionBeat.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/Lock',
+            curvine__py_dot_pb_dot_curvine__pb2.LockRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LockReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/RenewLocks',
+            curvine__py_dot_pb_dot_curvine__pb2.LockRenew.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.FromString,
             options,
             channel_credentials,
             insecure,

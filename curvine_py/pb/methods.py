@@ -64,6 +64,8 @@ class Master:
     MasterStatus: Final = Method(36, "MasterStatus", pb.Empty, pb.MasterStatusReply)
     OpenSession: Final = Method(37, "OpenSession", pb.SessionRequest, pb.SessionReply)
     Beat: Final = Method(38, "Beat", pb.SessionBeat, pb.Empty)
+    Lock: Final = Method(39, "Lock", pb.LockRequest, pb.LockReply)
+    RenewLocks: Final = Method(40, "RenewLocks", pb.LockRenew, pb.LockRenewReply)
 
 
 METHODS: tuple[Method[Message, Message], ...] = (
@@ -106,4 +108,6 @@ METHODS: tuple[Method[Message, Message], ...] = (
     Master.MasterStatus,
     Master.OpenSession,
     Master.Beat,
+    Master.Lock,
+    Master.RenewLocks,
 )
