@@ -918,10 +918,12 @@ class LockRange(_message.Message):
     def __init__(self, type: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class LockRenew(_message.Message):
-    __slots__ = ("caller",)
+    __slots__ = ("caller", "reclaim")
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ...) -> None: ...
+    reclaim: _containers.RepeatedCompositeFieldContainer[LockRequest]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., reclaim: _Optional[_Iterable[_Union[LockRequest, _Mapping]]] = ...) -> None: ...
 
 class LockRenewReply(_message.Message):
     __slots__ = ("held", "lease_ms")
