@@ -33,6 +33,14 @@ class ClusterConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """Block tokens (common/security.py) and the local paths' trust (docs/security.md)."""
+    block_token_ttl_s: float = 600.0   # a block token the master mints is good this long (renewed by clients)
+    block_token_grace_s: float = 30.0  # a worker takes a token this long past its expiry (master/worker clock skew)
+    local_uids: list[str] = field(default_factory=list)  # uids besides root and the worker's own that may use its local write socket
+
+
+@dataclass
 class MasterConfig:
     """The metadata server."""
     bind: str = "0.0.0.0"
@@ -145,6 +153,7 @@ class UfsConfig:
 class Config:
     """The whole configuration; one instance per process."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     master: MasterConfig = field(default_factory=MasterConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
