@@ -59,6 +59,9 @@ class MasterConfig:
     # mounts' cache leases (master/sessions.py, docs/wire.md): the longest one granted; a
     # mutation waits at most this for a silent mount, and a new leader this long; 0 = off
     cache_lease_s: float = 1.0
+    # flock and POSIX locks (master/locks.py): a mount silent this long loses its locks;
+    # a master that starts or becomes the leader grants none for this long (reclaims)
+    lock_lease_s: float = 5.0
     rpc_threads: int = 16
     evict: bool = True            # evict least recently used files when the pool passes evict_high
     evict_high: float = 0.9       # usage fraction (pool or one worker) that starts eviction
