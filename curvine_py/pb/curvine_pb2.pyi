@@ -871,6 +871,36 @@ class PeerStatus(_message.Message):
     match_index: int
     def __init__(self, raft_address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
 
+class LocateRequest(_message.Message):
+    __slots__ = ("caller", "paths", "pin_ms", "unpin")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    PIN_MS_FIELD_NUMBER: _ClassVar[int]
+    UNPIN_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    pin_ms: int
+    unpin: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., pin_ms: _Optional[int] = ..., unpin: _Optional[bool] = ...) -> None: ...
+
+class Located(_message.Message):
+    __slots__ = ("errno", "attr", "hosts", "tier")
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    errno: int
+    attr: Attr
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    tier: str
+    def __init__(self, errno: _Optional[int] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ..., hosts: _Optional[_Iterable[str]] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class LocateReply(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[Located]
+    def __init__(self, files: _Optional[_Iterable[_Union[Located, _Mapping]]] = ...) -> None: ...
+
 class LockRequest(_message.Message):
     __slots__ = ("caller", "ino", "owner", "flock", "type", "start", "end", "pid", "test", "wait")
     CALLER_FIELD_NUMBER: _ClassVar[int]

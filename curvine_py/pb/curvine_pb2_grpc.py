@@ -239,6 +239,11 @@ class MasterServiceStub:
                 request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenew.SerializeToString,
                 response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.FromString,
                 _registered_method=True)
+        self.Locate = channel.unary_unary(
+                '/curvine.MasterService/Locate',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.LocateRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LocateReply.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -499,6 +504,13 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Locate(self, request, context):
+        """locality and KV lookup (docs/kvcache.md): many paths in one call
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -706,6 +718,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.RenewLocks,
                     request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenew.FromString,
                     response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.SerializeToString,
+            ),
+            'Locate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Locate,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.LocateRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.LocateReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1815,6 +1832,33 @@ class MasterService:
             '/curvine.MasterService/RenewLocks',
             curvine__py_dot_pb_dot_curvine__pb2.LockRenew.SerializeToString,
             curvine__py_dot_pb_dot_curvine__pb2.LockRenewReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Locate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.MasterService/Locate',
+            curvine__py_dot_pb_dot_curvine__pb2.LocateRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.LocateReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,7 @@ class Master:
     Beat: Final = Method(38, "Beat", pb.SessionBeat, pb.Empty)
     Lock: Final = Method(39, "Lock", pb.LockRequest, pb.LockReply)
     RenewLocks: Final = Method(40, "RenewLocks", pb.LockRenew, pb.LockRenewReply)
+    Locate: Final = Method(41, "Locate", pb.LocateRequest, pb.LocateReply)
 
 
 METHODS: tuple[Method[Message, Message], ...] = (
@@ -110,4 +111,5 @@ METHODS: tuple[Method[Message, Message], ...] = (
     Master.Beat,
     Master.Lock,
     Master.RenewLocks,
+    Master.Locate,
 )
