@@ -191,7 +191,7 @@ def parse_size(text: str | int) -> int:
         raise ConfigError(f"not a size: {text!r} (use e.g. 4MiB, 100GB)")
     try:
         return int(float(num) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):   # "1.2.3", or "1e999" (infinite)
         raise ConfigError(f"not a size: {text!r}") from None
 
 
@@ -218,7 +218,7 @@ def _coerce(value: typing.Any, typ: typing.Any, key: str) -> typing.Any:
             if isinstance(value, str):
                 return [v for v in value.split(",") if v]
             return [str(v) for v in value]
-    except (ValueError, TypeError, ConfigError):
+    except (ValueError, TypeError, OverflowError, ConfigError):   # OverflowError: int(inf) of `port = inf`
         raise ConfigError(f"bad value for {key}: {value!r}") from None
     return value
 
@@ -238,7 +238,7 @@ def load_file(cfg: Config, path: str | Path) -> None:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:   # TOML is UTF-8: tomllib decodes first
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     for section, values in data.items():
         if section not in SECTIONS or not isinstance(values, dict):
@@ -336,5 +336,14 @@ def _toml_value(value: typing.Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    s = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
+    return '"' + "".join(_toml_char(c) for c in str(value)) + '"'
+
+
+def _toml_char(c: str) -> str:
+    """c as a TOML basic string holds it: quote, backslash and control characters (but
+    tab) escaped; a value with a newline printed raw was a file that no longer loaded."""
+    if c in '"\\':
+        return "\\" + c
+    if (c < " " and c != "\t") or c == "\x7f":
+        return f"\\u{ord(c):04x}"
+    return c

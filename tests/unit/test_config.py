@@ -78,3 +78,30 @@ def test_every_key_is_documented() -> None:
         assert f"## [{section}]" in text
         for f in dataclasses.fields(cfg.section(section)):
             assert f"| `{f.name}` |" in text, f"{section}.{f.name} missing from docs/config.md"
+
+
+# Found by fuzzing (fuzz/config_parse.py): each raised something else than ConfigError,
+# which the CLI prints as one line, or printed a config that did not load back.
+@pytest.mark.parametrize("text", [b"~\n\x9c\x7f", b"[master]\nport = inf\n", b"[master]\nport = 1e999\n",
+                                  b'[master]\nblock_size = "1e999"\n', b'[master]\nblock_size = "-1e999KiB"\n'])
+def test_fuzzed_files_are_config_errors(tmp_path: Path, text: bytes) -> None:
+    path = tmp_path / "c.toml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as e:
+        config.load_file(config.Config(), path)
+    assert "\n" not in str(e.value)
+
+
+def test_an_infinite_size_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="not a size"):
+        config.parse_size("1e999")
+
+
+def test_strings_with_control_characters_print_as_loadable_toml(tmp_path: Path) -> None:
+    cfg = config.Config()
+    cfg.cluster.name = 'a\nb\x00c\x7fd\t"e\\'
+    path = tmp_path / "c.toml"
+    path.write_text(config.to_toml(cfg))
+    again = config.Config()
+    config.load_file(again, path)
+    assert again.cluster.name == cfg.cluster.name
