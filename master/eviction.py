@@ -5,7 +5,8 @@ pushed usage past the high watermark).  When the pool, or any worker, is above
 ``evict_high`` of its capacity, it evicts whole files, least recently used first
 (recency = the later of the last read open and the last modification), until the pool
 and those workers are below ``evict_low``.  Files open for writing, incomplete files and
-pinned files (``user.curvine.pin`` on the file or an ancestor) are never evicted.  Every
+pinned files (``user.curvine.pin`` on the file or an ancestor, or a client's expiring pin
+from ``Locate``, master/pinleases.py) are never evicted.  Every
 ``ttl_sweep_s`` it removes files whose TTL (``user.curvine.ttl``, nearest ancestor)
 passed since their last modification.
 
@@ -32,6 +33,7 @@ from curvine_py.common.errors import err
 from curvine_py.master import metrics, schema
 from curvine_py.master.cachepolicy import TTL, Policies
 from curvine_py.master.capacity import Capacity
+from curvine_py.master.pinleases import PinLeases
 from curvine_py.master.records import Evict, LastRead, RecordReads, Submit, Victim
 from curvine_py.master.workers import Registry
 
@@ -58,6 +60,7 @@ class Evictor:
         self._reads_lock = threading.Lock()
         self._pass_lock = threading.Lock()
         self._kick = threading.Event()
+        self.pins = PinLeases()   # clients' expiring pins (LMCache's locks: Locate pin_ms)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_flush = self._last_sweep = time.monotonic()
@@ -221,7 +224,7 @@ class Evictor:
         for ino, generation, _ in self._candidates():
             if pool <= 0 and not any(n > 0 for n in need.values()):
                 break
-            if len(victims) >= MAX_VICTIMS or policies.pinned(ino):
+            if len(victims) >= MAX_VICTIMS or policies.pinned(ino) or self.pins.pinned(ino):
                 continue
             frees = self._frees(ino)
             if not frees:
@@ -338,6 +341,7 @@ class Evictor:
                     " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0", (_FMT, _REG)):
                 ttl = policies.ttl_s(ino)
                 if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino) \
+                        and not self.pins.pinned(ino) \
                         and not (in_ufs and not self._frees(ino)):
                     victims.append(Victim(ino, generation))
             if not victims:

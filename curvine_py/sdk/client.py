@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import io
+import math
 import os
 import posixpath
 import stat
@@ -28,7 +29,9 @@ from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import ROOT_INO, SETATTR_ATIME_NOW, SETATTR_MODE, SETATTR_MTIME_NOW, SETATTR_SIZE
 from curvine_py.client.metagroup import STATUS_TIMEOUT_S, MasterGroup
 from curvine_py.pb import curvine_pb2 as pb
-from curvine_py.sdk.results import BlockLocation, CachePolicy, FileStatus, MasterInfo, Report, StatFs, WorkerRef
+from curvine_py.sdk.results import (
+    BlockLocation, CachePolicy, FileStatus, Location, MasterInfo, Report, StatFs, WorkerRef,
+)
 from curvine_py.sdk.ufsadmin import UfsAdmin
 from curvine_py.pb.methods import Master
 
@@ -38,6 +41,7 @@ if typing.TYPE_CHECKING:
 T = TypeVar("T")
 
 Progress = Callable[[int], None] | None
+LOCATE_BATCH = 1000   # paths per Locate call (the master's limit, master/locate.py)
 
 
 def normpath(path: str) -> str:
@@ -480,6 +484,29 @@ class Client:
             refs = [WorkerRef.of(addrs[w]) for w in b.workers if w in addrs]
             out.append(BlockLocation(b.block_id, b.offset, b.length, b.checksum, refs))
         return out
+
+    def locate(self, paths: typing.Sequence[str], pin_s: float = 0.0) -> list[Location]:
+        """Each path's status (or the errno of its absence), the hosts holding all of its
+        blocks, and its tier: one master call per LOCATE_BATCH paths, answers in order.
+        pin_s > 0 also pins every found file against eviction for this client for pin_s
+        seconds (asking again renews; ``unpin`` ends it; a client gone lets it run out)."""
+        if pin_s < 0:
+            raise err(errno.EINVAL, f"pin_s must be >= 0, not {pin_s}")
+        norm = [normpath(p) for p in paths]
+        out: list[Location] = []
+        for k in range(0, len(norm), LOCATE_BATCH):
+            part = norm[k:k + LOCATE_BATCH]
+            reply = self.meta.call(Master.Locate, pb.LocateRequest(caller=self.meta.caller(), paths=part,
+                                                                   pin_ms=math.ceil(pin_s * 1000)))
+            out += [Location.from_pb(p, m) for p, m in zip(part, reply.files, strict=True)]
+        return out
+
+    def unpin_located(self, paths: typing.Sequence[str]) -> None:
+        """Drop this client's pins (``locate(..., pin_s=)``) on paths; others' pins stay."""
+        norm = [normpath(p) for p in paths]
+        for k in range(0, len(norm), LOCATE_BATCH):
+            self.meta.call(Master.Locate, pb.LocateRequest(caller=self.meta.caller(), paths=norm[k:k + LOCATE_BATCH],
+                                                           unpin=True))
 
     def report(self) -> Report:
         """The cluster as the leader sees it: workers, ring epoch, pool, replication; and

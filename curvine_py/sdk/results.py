@@ -154,3 +154,24 @@ class CachePolicy:
     tier: str
     tier_from: str
 
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one path's file lives (``Client.locate``): its status, or the errno of its
+    absence; the hosts holding a live replica of every one of its blocks (a reader there
+    reads it from its own disk); its tier (the tier policy, else its holders' one tier)."""
+    path: str
+    errno: int
+    status: FileStatus | None
+    hosts: tuple[str, ...]
+    tier: str
+
+    @property
+    def found(self) -> bool:
+        return self.errno == 0
+
+    @classmethod
+    def from_pb(cls, path: str, m: pb.Located) -> "Location":
+        status = FileStatus.of(path, m.attr) if m.errno == 0 else None
+        return cls(path, m.errno, status, tuple(m.hosts), m.tier)

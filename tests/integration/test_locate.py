@@ -1,0 +1,87 @@
+"""Locate (master/locate.py): many paths in one call, their holders and tier, and the
+expiring pins that are LMCache's locks, on real clusters."""
+from __future__ import annotations
+
+import errno
+import typing
+
+import pytest
+
+from curvine_py.cluster.local import LocalCluster
+from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
+from curvine_py.sdk import Client
+
+from tests.integration.test_eviction import EVICT_FLAGS, connect, payload, present, settle
+
+MiB = 1 << 20
+
+
+def test_locate_answers_each_path_in_order_with_its_holders(client: Client, remote_dir: str,
+                                                           shared_cluster: LocalCluster) -> None:
+    d = remote_dir
+    client.put_bytes(f"{d}/a", b"x" * (9 * MiB))      # 3 blocks, two replicas each
+    client.put_bytes(f"{d}/empty", b"")
+    client.mkdir(f"{d}/sub")
+    client.put_bytes(f"{d}/sub/b", b"y" * 100)
+    client.symlink(f"{d}/a", f"{d}/link")
+    got = client.locate([f"{d}/a", f"{d}/missing", f"{d}/sub/b", f"{d}/a/under", f"{d}/empty", f"{d}/link",
+                         f"{d}/nodir/x", d])
+    assert [g.errno for g in got] == [0, errno.ENOENT, 0, errno.ENOTDIR, 0, 0, errno.ENOENT, 0]
+    a, _, b, _, empty, link, _, top = got
+    workers = {shared_cluster.worker_host(0), shared_cluster.worker_host(1)}
+    assert a.status is not None and a.status.size == 9 * MiB and a.status.is_file
+    assert set(a.hosts) == workers and list(a.hosts) == sorted(a.hosts)   # 2 workers, 2 replicas: both hold all
+    assert set(b.hosts) == workers
+    assert empty.hosts == () and empty.status is not None and empty.status.size == 0
+    assert link.status is not None and link.status.ino == a.status.ino   # followed, as stat(2)
+    assert top.status is not None and top.status.is_dir and top.hosts == ()
+    assert a.tier == "DISK" or a.tier in ("SSD", "HDD", "MEM", ""), a.tier
+
+
+def test_locate_tier_policy_and_limits(client: Client, remote_dir: str) -> None:
+    d = remote_dir
+    client.put_bytes(f"{d}/f", b"z")
+    client.set_tier(d, "mem")
+    assert client.locate([f"{d}/f"])[0].tier == "MEM"
+    many = [f"{d}/f"] * 1001   # the SDK splits; the master takes at most 1,000 per call
+    assert all(g.found for g in client.locate(many))
+    with pytest.raises(CurvineError) as e:
+        client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=many))
+    assert e.value.errno == errno.EINVAL and "at most 1000" in str(e.value)
+    reply = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=["rel", "/x\0y"]))
+    assert [m.errno for m in reply.files] == [errno.EINVAL, errno.EINVAL]
+
+
+@pytest.fixture
+def small(cluster_factory: typing.Callable[..., LocalCluster]) -> typing.Iterator[tuple[LocalCluster, Client, Client]]:
+    """Two workers of 48 MiB each, two replicas, eviction every 0.1 s; two clients."""
+    c = cluster_factory(capacity="48MiB", extra_master_flags=EVICT_FLAGS)
+    one, other = connect(c), connect(c)
+    try:
+        yield c, one, other
+    finally:
+        one.close()
+        other.close()
+
+
+def test_a_pin_holds_against_eviction_until_its_client_unpins(small: tuple[LocalCluster, Client, Client]) -> None:
+    _, client, other = small
+    client.mkdir("/kv")
+    for i in range(4):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    assert all(g.found for g in client.locate(["/kv/0", "/kv/1"], pin_s=60))   # the oldest: LRU's first victims
+    other.locate(["/kv/2"], pin_s=60)                                           # another client's
+    for i in range(4, 16):   # 64 MiB more into a 48 MiB pool
+        client.put_bytes(f"/kv/{i}", payload(i))
+    settle(client)
+    assert present(client, "/kv/0") and present(client, "/kv/1")
+    assert client.get_bytes("/kv/0") == payload(0)
+    client.unpin_located(["/kv/0", "/kv/2"])   # 2 is other's pin: this client's unpin leaves it
+    for i in range(16, 28):
+        client.put_bytes(f"/kv/{i}", payload(i))
+    settle(client)
+    assert not present(client, "/kv/0")
+    assert present(client, "/kv/1") and client.get_bytes("/kv/1") == payload(1)
+    assert present(client, "/kv/2") and client.get_bytes("/kv/2") == payload(2)
