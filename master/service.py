@@ -30,6 +30,7 @@ from curvine_py.master.group import Group, client_address, open_group
 from curvine_py.master.journal import CHANGES_KEY, Journal
 from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.locate import Locator
+from curvine_py.master.locks import LockCall, LockTable
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
@@ -92,6 +93,13 @@ def envelope(c: pb.Caller) -> Envelope:
     return Envelope(cred=cred_of(c), request_id=c.request_id, client_id=c.client_id, now_ns=0)
 
 
+def lock_call(r: pb.LockRequest) -> LockCall:
+    """The lock table's view of a wire lock request (the mount is the caller's client id)."""
+    if not r.caller.client_id:
+        raise err(errno.EINVAL, "a lock needs the caller's client_id (its mount)")
+    return LockCall(r.caller.client_id, r.ino, r.owner, r.flock, r.type, r.start, r.end, r.pid)
+
+
 class MasterService:
     """One instance per master process."""
 
@@ -131,6 +139,8 @@ class MasterService:
         # mounts' cache sessions; the journal tracks changes from the first one on (a
         # cluster without mounts pays nothing: 10-15% of a mutation's CPU here)
         self.sessions = Sessions(cfg.master.cache_lease_s, lambda: self.group.term)
+        self.locks = LockTable(cfg.master.lock_lease_s)
+        self.locks.new_term()   # a (re)started master: the mounts reclaim their locks first
         self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
                               cfg.ufs.timeout_s, self.evictor.note_read)
         # Locate: many paths at once, and LMCache's expiring locks (master/locate.py)
@@ -171,6 +181,7 @@ class MasterService:
                              term, self.cfg.master.worker_timeout_s)
                     self.registry.clear()
                     self.replicator.restart(self.cfg.master.worker_timeout_s)
+                    self.locks.new_term()
                     self.started = time.monotonic()
                     self._served_term = term
 
@@ -280,6 +291,24 @@ class MasterService:
         if not self.sessions.beat(request.session, request.acked, map(key_of, request.forgotten)):
             raise err(errno.ESTALE, f"cache session {request.session} has ended (its lease ran out)")
         return pb.Empty()
+
+    @handler
+    def Lock(self, request: pb.LockRequest) -> pb.LockReply:
+        """flock and POSIX locks (master/locks.py): granted, or the lock in the way."""
+        c = lock_call(request)
+        if request.test:
+            found = self.locks.test(c)
+        else:
+            found = self.locks.set(c, request.wait)
+        reply = pb.LockReply(granted=found is None, lease_ms=int(self.locks.lease_s * 1000))
+        if found is not None:
+            reply.conflict.CopyFrom(pb.LockRange(type=found.type, start=found.start, end=found.end, pid=found.pid))
+        return reply
+
+    @handler
+    def RenewLocks(self, request: pb.LockRenew) -> pb.LockRenewReply:
+        held = self.locks.renew(request.caller.client_id, [lock_call(r) for r in request.reclaim])
+        return pb.LockRenewReply(held=held, lease_ms=int(self.locks.lease_s * 1000))
 
     def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
                 ino: int = 0) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
@@ -780,6 +809,7 @@ class MasterService:
         self.journal.reclaim()
 
     def _lead_housekeeping(self) -> None:
+        self.locks.expire()
         for wid in self.registry.check_liveness():
             self.replicator.worker_lost(wid)
         self.replicator.tick(self.ns.conn)
