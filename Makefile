@@ -73,7 +73,9 @@ peer-deps:
 
 # Real LMCache for the KV tests (tests/kvclients/lmcache_driver.py, tests/multihost/test_lmcache.py):
 # a venv of its own at .venv/lmcache (torch 2.13.0 CPU; LMCache 0.5.6 without its requirements,
-# which pull CUDA builds; what its CPU path imports), ~1.5 GB, a few minutes the first time.
+# which pull CUDA builds; what its CPU path imports), ~1.5 GB, a few minutes the first time;
+# and this checkout without its dependencies (LMCache loads curvine_py.kv.lmcache, docs/kvcache.md),
+# with the few the SDK imports pinned in the requirements file.
 # Optional: where it cannot be installed (offline), those tests skip and say why.
 LMCACHE_VENV := $(VENV)/lmcache
 LMCACHE_LOG := $(VENV)/lmcache-install.log
@@ -85,6 +87,7 @@ $(LMCACHE_VENV)/.installed: tests/kvclients/lmcache-requirements.txt | install
 	  && $(LMCACHE_VENV)/bin/pip install -q torch==2.13.0 >>$(LMCACHE_LOG) 2>&1 \
 	  && $(LMCACHE_VENV)/bin/pip install -q --no-deps lmcache==0.5.6 >>$(LMCACHE_LOG) 2>&1 \
 	  && $(LMCACHE_VENV)/bin/pip install -q -r tests/kvclients/lmcache-requirements.txt >>$(LMCACHE_LOG) 2>&1 \
+	  && $(LMCACHE_VENV)/bin/pip install -q --no-deps -e . >>$(LMCACHE_LOG) 2>&1 \
 	  && touch $@ \
 	  || echo "warning: real LMCache could not be installed: its tests skip (log: $(LMCACHE_LOG))" >&2
 
