@@ -13,7 +13,13 @@
 # keep the mount's other threads (block streams, prefetches) waiting.  And a write's data
 # reaches the mount as a read-only memoryview of libfuse's receive buffer, valid until the
 # handler returns, instead of a 1 MiB copy into a new bytes per request.  FileInfo.noflush
-# asks for FOPEN_NOFLUSH: a handle that never writes gets no FLUSH at close(2).
+# asks for FOPEN_NOFLUSH: a handle that never writes gets no FLUSH at close(2).  And it adds
+# libfuse's lock handlers, which pyfuse3 3.5 lacks: an Operations with getlk/setlk (and
+# flock) gets POSIX (and flock) locks from the kernel, with the lock owner, a callable
+# saying whether the request was interrupted (a signal), and forget_locks at the close
+# that ends an owner's locks (FLUSH's lock_owner, RELEASE's flock_release);
+# pyfuse3.locks_enabled() says what the kernel agreed to at init (FUSE_CAP_POSIX_LOCKS,
+# FUSE_CAP_FLOCK_LOCKS, asked for only with the handlers there).
 #
 # Where libfuse's tarball comes from: the Debian mirror(s) this machine's apt is configured
 # with (deb822 `URIs:` in /etc/apt/sources.list.d/*.sources, `deb` lines of
