@@ -2,22 +2,36 @@
 
 Every gRPC call carries the cluster's shared secret as metadata; servers refuse calls
 without it (UNAUTHENTICATED, with a message that names the setting).  The data channel
-carries no secret: each block frame carries a *block token* instead, an HMAC of the
-secret over (block id, mode) that only the master mints, when it hands a block out to a
-reader (mode ``r``) or a writer (``w``).  Workers check tokens with the same secret, so
-a peer that knows block ids but was never handed them cannot read or write them, and
-the secret itself never crosses the data channel.
+carries no secret: each block frame carries a *block token* instead, that only the
+master mints, when it hands a block out to a reader (mode ``r``) or a writer (``w``).
+Workers check tokens with the same secret, so a peer that knows block ids but was never
+handed them cannot read or write them, and the secret itself never crosses the data
+channel.
+
+A token expires (``security.block_token_ttl_s`` after it was minted): a token seen on
+the wire (the data channel may run without TLS) is worth a few minutes, not the
+block's life.  Its text is ``<mode><expiry>.<mac>``: the expiry in Unix seconds and
+the first 32 hex digits of HMAC-SHA256(secret, "<block id>:<mode>:<expiry>"), so
+changing the block id, the mode or the expiry breaks the MAC (docs/wire.md,
+docs/security.md).  Workers allow ``security.block_token_grace_s`` of clock skew past
+the expiry.  An expired token is refused with EKEYEXPIRED, a forged or malformed one
+with EACCES: clients renew on the first (ask the master again and retry once), and
+fail on the second.
 
 An empty secret means an open cluster (tests of single components, a laptop); every
 check then passes and tokens are empty.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
+import time
 import typing
 
 import grpc
+
+from curvine_py.common.errors import CurvineError
 
 SECRET_METADATA_KEY = "curvine-secret"
 READ = "r"
@@ -25,33 +39,97 @@ WRITE = "w"
 _MAC_LEN = 32  # hex chars of the HMAC kept in a token (128 bits)
 
 
-class BlockTokens:
-    """Mint and check block tokens for one cluster secret."""
+DEFAULT_TTL_S = 600.0     # security.block_token_ttl_s
+DEFAULT_GRACE_S = 30.0    # security.block_token_grace_s
 
-    def __init__(self, secret: str) -> None:
+
+class TokenRefused(CurvineError):
+    """A worker refused a block token: forged, malformed, for another block or mode (EACCES)."""
+
+    code = errno.EACCES
+
+    def __new__(cls, message: str) -> "TokenRefused":
+        return typing.cast("TokenRefused", super().__new__(cls, cls.code, message))
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.code, message)
+
+
+class TokenExpired(TokenRefused):
+    """A worker refused a genuine block token past its expiry (EKEYEXPIRED): renew it."""
+
+    code = errno.EKEYEXPIRED
+
+
+def token_expired(e: BaseException) -> bool:
+    """Is e a worker's refusal of an expired block token (as it arrives over the data
+    channel: a CurvineError with EKEYEXPIRED)?  The client then asks the master for a
+    fresh token and tries once more."""
+    return isinstance(e, CurvineError) and e.errno == errno.EKEYEXPIRED
+
+
+class BlockTokens:
+    """Mint and check block tokens for one cluster secret.
+
+    ttl_s: how long a minted token is good for; grace_s: how far past its expiry a
+    checked token is still taken (the clocks of the master that minted it and the worker
+    that checks it may differ by that much)."""
+
+    def __init__(self, secret: str, ttl_s: float = DEFAULT_TTL_S, grace_s: float = DEFAULT_GRACE_S,
+                 clock: typing.Callable[[], float] = time.time) -> None:
+        if ttl_s <= 0 or grace_s < 0:
+            raise ValueError(f"block token ttl {ttl_s} s must be positive and grace {grace_s} s not negative")
         self._key = secret.encode()
+        self.ttl_s = ttl_s
+        self.grace_s = grace_s
+        self._clock = clock
 
     @property
     def enabled(self) -> bool:
         return bool(self._key)
 
-    def mint(self, block_id: int, mode: str) -> str:
+    def mint(self, block_id: int, mode: str, expiry: int | None = None) -> str:
+        """A token for block_id in mode, good until expiry (Unix seconds; default now + ttl)."""
         if not self._key:
             return ""
-        return mode + self._mac(block_id, mode)
+        if expiry is None:
+            expiry = int(self._clock() + self.ttl_s + 0.999)
+        return f"{mode}{expiry}.{self._mac(block_id, mode, expiry)}"
+
+    def check(self, token: str, block_id: int, write: bool) -> None:
+        """Raise TokenRefused unless token grants this access (a write token also grants
+        reads: a writer reads back the blocks it patches), TokenExpired if it did until
+        its expiry (plus the grace).  The MAC is checked first: only a genuine token is
+        ever called expired."""
+        if not self._key:
+            return
+        what = "write" if write else "read"
+        mode = token[:1]
+        stamp, dot, mac = token[1:].partition(".")
+        if mode not in (READ, WRITE) or not dot or not stamp.isdigit() or len(stamp) > 12:
+            raise TokenRefused(f"malformed {what} token for block {block_id} "
+                               "(blocks are handed out by the master; check [cluster] secret)")
+        expiry = int(stamp)
+        if not hmac.compare_digest(mac, self._mac(block_id, mode, expiry)):
+            raise TokenRefused(f"forged {what} token for block {block_id}: its MAC does not match "
+                               "(blocks are handed out by the master; check [cluster] secret)")
+        if write and mode != WRITE:
+            raise TokenRefused(f"a read token cannot write block {block_id}")
+        late = self._clock() - expiry
+        if late > self.grace_s:
+            raise TokenExpired(f"{what} token for block {block_id} expired {late:.0f} s ago "
+                               f"(grace {self.grace_s:.0f} s): ask the master for a fresh one")
 
     def allows(self, token: str, block_id: int, write: bool) -> bool:
-        """True if token grants this access; a write token also grants reads (a writer
-        reads back the blocks it patches)."""
-        if not self._key:
-            return True
-        mode = token[:1]
-        if mode not in (READ, WRITE) or (write and mode != WRITE):
+        """check() as a yes or no."""
+        try:
+            self.check(token, block_id, write)
+        except TokenRefused:
             return False
-        return hmac.compare_digest(token[1:], self._mac(block_id, mode))
+        return True
 
-    def _mac(self, block_id: int, mode: str) -> str:
-        msg = f"{block_id}:{mode}".encode()
+    def _mac(self, block_id: int, mode: str, expiry: int) -> str:
+        msg = f"{block_id}:{mode}:{expiry}".encode()
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:_MAC_LEN]
 
 
