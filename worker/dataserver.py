@@ -215,11 +215,11 @@ class DataServer(ConnectionServer):
                     n -= k
 
     def _check_token(self, h: data_pb2.DataHeader, write: bool) -> None:
-        """Only blocks the master handed out (with a token minted from the cluster secret)."""
-        if not self.tokens.allows(h.token, h.block_id, write):
-            what = "write" if write else "read"
-            raise CurvineError(errno.EACCES, f"no valid {what} token for block {h.block_id} "
-                                             "(blocks are handed out by the master; check [cluster] secret)")
+        """Only blocks the master handed out (with a token minted from the cluster secret),
+        while their token lasts: EACCES for a forged one, EKEYEXPIRED for an expired one
+        (the client renews it at the master and tries again).  worker/main.py sets
+        self.tokens with the configured ttl and grace."""
+        self.tokens.check(h.token, h.block_id, write)
 
     # ------------------------------------------------------------ WRITE
 
