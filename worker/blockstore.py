@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 TIERS = ("MEM", "SSD", "HDD", "DISK")
 TIER_INDEX = {name: i + 1 for i, name in enumerate(TIERS)}   # DataHeader.tier; 0 = any
 MAX_FREE_FILES = 256              # recycled files kept per data dir (1 GiB of 4 MiB blocks)
+PRIVATE_DIR_MODE = 0o700          # staging/, free/, blocks/: the worker's uid and root alone
 _DIR_SPEC = re.compile(r"^\s*\[(?P<tier>[A-Za-z]+)(?::(?P<cap>[^\]]*))?\]\s*(?P<path>.+?)\s*$")
 
 
@@ -475,6 +476,9 @@ class BlockStore:
         committed blocks (after the probe: a block in a direct dir is read direct)."""
         for sub in (ddir.staging_dir, ddir.free_dir, ddir.blocks_dir):
             os.makedirs(sub, exist_ok=True)
+            # Only this uid (and root) may reach block files: they are read without a block
+            # token by short-circuit readers on this host (docs/security.md, "Local paths").
+            os.chmod(sub, PRIVATE_DIR_MODE)
         for i in range(256):
             os.makedirs(os.path.join(ddir.blocks_dir, f"{i:02x}"), exist_ok=True)
         for name in os.listdir(ddir.staging_dir):

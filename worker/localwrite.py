@@ -24,20 +24,29 @@ on disk.  Exchanges, one block at a time, any number per connection (docs/wire.m
 A connection that ends (or breaks the protocol) with a block open aborts that block: its
 staging file is recycled and nothing is installed.  The write token is checked as on the
 TCP data channel.
+
+Who may connect: an abstract name has no file mode, so any process on the host could
+reach the socket.  The server reads its peer's credentials (``SO_PEERCRED``, set by the
+kernel at ``connect``, not forgeable by the peer) and serves only root, its own uid and
+the uids of ``security.local_uids``; anyone else gets ``REPLY{errno=EACCES}`` to its
+first request and the connection closed (a client then writes over TCP, where it needs
+a token and, with TLS, a certificate).  docs/security.md, "Local paths".
 """
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
-from typing import Callable
+import struct
+from typing import Callable, Iterable
 
 from curvine_py.common import frames
 from curvine_py.common.blockmeta import LEGACY_CHUNK
 from curvine_py.common.buffers import ALIGN
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.listener import BACKLOG, ConnectionServer
-from curvine_py.common.security import BlockTokens
+from curvine_py.common.security import DEFAULT_GRACE_S, BlockTokens
 from curvine_py.pb import data_pb2
 from curvine_py.worker import metrics
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter
@@ -51,10 +60,13 @@ class LocalWriteServer(ConnectionServer):
     """Serves short-circuit block writes to clients in this network namespace."""
 
     def __init__(self, store: BlockStore, data_port: int, worker_id: Callable[[], int],
-                 secret: str = "", io_timeout_s: float = 60.0, idle_timeout_s: float = 600.0) -> None:
+                 secret: str = "", io_timeout_s: float = 60.0, idle_timeout_s: float = 600.0,
+                 allowed_uids: Iterable[int] = (), token_grace_s: float = DEFAULT_GRACE_S) -> None:
+        """allowed_uids: peers served besides root and this process's uid (security.local_uids)."""
         self.store = store
         self.worker_id = worker_id
-        self.tokens = BlockTokens(secret)
+        self.tokens = BlockTokens(secret, grace_s=token_grace_s)
+        self.allowed_uids = frozenset({0, os.getuid(), *allowed_uids})
         self.io_timeout_s = io_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.name = frames.local_write_socket(data_port)
@@ -75,6 +87,8 @@ class LocalWriteServer(ConnectionServer):
     def serve(self, sock: socket.socket, addr: object) -> None:
         conn = self.conn_of(sock)
         try:
+            if not self._trusted(sock):
+                return
             while not self.closing:
                 conn.waiting()                       # idle: the listener may evict it
                 sock.settimeout(self.idle_timeout_s)
@@ -92,12 +106,25 @@ class LocalWriteServer(ConnectionServer):
         except Exception as e:   # one line per 10 s, not one per connection
             self._failures.note("a local write connection crashed", e, trace=True)
 
+    def _trusted(self, sock: socket.socket) -> bool:
+        """Is the peer one of the allowed uids (SO_PEERCRED)?  If not, its first request is
+        answered EACCES (a client sees why, then goes over TCP) and the connection ends."""
+        pid, uid, gid = peer_credentials(sock)
+        if uid in self.allowed_uids:
+            return True
+        log.warning("local write socket: refused pid %d (uid %d): not root, the worker's uid nor in "
+                    "security.local_uids", pid, uid)
+        sock.settimeout(self.io_timeout_s)
+        frames.recv_header(sock)
+        frames.reply(sock, errno.EACCES, f"uid {uid} may not use this worker's local write socket "
+                                         "(security.local_uids)")
+        return False
+
     def _write(self, sock: socket.socket, open_h: data_pb2.DataHeader) -> None:
         """One block: open a staging file, pass its descriptor, install on commit."""
         bid = open_h.block_id
         try:
-            if not self.tokens.allows(open_h.token, bid, True):
-                raise CurvineError(errno.EACCES, f"no valid write token for block {bid}")
+            self.tokens.check(open_h.token, bid, True)   # EACCES forged, EKEYEXPIRED expired
             tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)
             writer = self.store.create(bid, tier, open_h.length or DEFAULT_BLOCK)
         except CurvineError as e:
@@ -127,3 +154,12 @@ class LocalWriteServer(ConnectionServer):
         ok = data_pb2.DataHeader(op=Op.REPLY, acked=[self.worker_id()], align=ALIGN if writer.direct else 0)
         frames.send_header_with_fd(sock, ok, writer.fd)
 
+
+
+_UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of a Unix socket's peer, as the kernel recorded them at connect."""
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid, gid
