@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import NotLeader, Unavailable, err, handler
+from curvine_py.common.errors import ConfigError, NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.types import RENAME_EXCHANGE, SETATTR_SIZE
 from curvine_py.common.version import package_version
@@ -128,7 +128,11 @@ class MasterService:
         self.lease_ms = int(cfg.master.lease_s * 1000)
         self.capacity = Capacity(self.registry, self.placement, cfg.master.heartbeat_ms / 1000)
         self.evictor = Evictor(cfg.master, db_path, self.registry, self.capacity, self.submit, self.leading)
-        self.tokens = BlockTokens(cfg.cluster.secret)
+        try:
+            self.tokens = BlockTokens(cfg.cluster.secret, cfg.security.block_token_ttl_s,
+                                      cfg.security.block_token_grace_s)
+        except ValueError as e:
+            raise ConfigError(f"security.block_token_*: {e}") from None
         self.started = time.monotonic()
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
