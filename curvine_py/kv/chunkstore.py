@@ -1,0 +1,213 @@
+"""KV chunks as files of one pool directory: the core under LMCache's adapters.
+
+Both of LMCache's ways in (the L2 adapter of its multi-process server and the remote
+storage plugin of its in-process engine, curvine_py/kv/lmcache.py) come down to five
+batched operations on named chunks, done here over the SDK with no LMCache import:
+
+- ``store``: each missing chunk written once, under a temporary name, then renamed into
+  place, so every reader (this adapter, LMCache's ``fs`` adapter on a mount) sees the
+  whole chunk or none.  Chunks already there are skipped (one ``Locate`` for all).
+- ``lookup``: one ``Locate`` call for the whole list.  With ``lock`` the found chunks are
+  pinned against the pool's eviction for this client until ``unlock``; the pin expires
+  unless renewed (a thread renews the held ones every third of ``lock_ttl_s``), so a
+  process that dies leaks none (master/pinleases.py).
+- ``load``: ``Client.get_into`` straight into the caller's buffer (no intermediate copy;
+  the SDK reads a replica on this host from its block file).
+- ``delete``: the sizes of the removed chunks, for LMCache's byte accounting.
+
+Each operation fans its chunks out to ``io_threads`` threads (the SDK's calls block).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import posixpath
+import stat
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from curvine_py.common.errors import CurvineError
+from curvine_py.sdk import Client
+from curvine_py.sdk.results import Location
+
+log = logging.getLogger(__name__)
+Buffer = memoryview
+UNPIN_TRIES = 3
+
+
+@dataclass(frozen=True)
+class ChunkStoreConfig:
+    """Where chunks live and how the store works (LMCache's ``adapter_params``)."""
+    base_path: str                 # the pool directory, e.g. /kv/lmcache (made if missing)
+    io_threads: int = 8            # chunks moved at once
+    lock_ttl_s: float = 30.0       # a lock's pin lasts this long unless renewed
+    block_size: int = 0            # block size of new chunk files (0: the directory's)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A store's outcome: the chunks written now (skipped ones: already there) and bytes."""
+    written: tuple[int, ...]       # indices into the request
+    sizes: tuple[int, ...]
+    failed: int                    # chunks that could not be written
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+
+class ChunkStore:
+    """Named chunks in one directory of the pool; thread-safe."""
+
+    def __init__(self, client: Client, cfg: ChunkStoreConfig) -> None:
+        if cfg.io_threads < 1 or cfg.lock_ttl_s <= 0 or cfg.block_size < 0:
+            raise ValueError(f"bad chunk store settings: {cfg}")
+        self.client = client
+        self.cfg = cfg
+        self.base = "/" + cfg.base_path.strip("/")
+        client.makedirs(self.base)
+        self._io = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="kv-io")
+        self._tmp_tag = uuid.uuid4().hex[:8]
+        self._pin_mu = threading.Lock()       # a pin call and its counts change together
+        self._locks: dict[str, int] = {}      # chunk name -> lookups holding it
+        self._closed = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="kv-lock-renew", daemon=True)
+        self._renewer.start()
+
+    def path(self, name: str) -> str:
+        return posixpath.join(self.base, name)
+
+    # ------------------------------------------------------------------ lookup and locks
+    def lookup(self, names: Sequence[str], lock: bool = False) -> list[bool]:
+        """Which chunks are there, whole (one master call); lock: pin them until unlock."""
+        if not lock:
+            return [_whole(g) for g in self.client.locate([self.path(n) for n in names])]
+        with self._pin_mu:
+            got = self.client.locate([self.path(n) for n in names], pin_s=self.cfg.lock_ttl_s)
+            hits = [_whole(g) for g in got]
+            for name, hit in zip(names, hits):
+                if hit:
+                    self._locks[name] = self._locks.get(name, 0) + 1
+        return hits
+
+    def unlock(self, names: Sequence[str]) -> None:
+        """Give up one lock of each chunk; pins no lookup holds any more are dropped in the
+        background (retried; a pin never dropped runs out after lock_ttl_s anyway)."""
+        with self._pin_mu:
+            for n in names:
+                held = self._locks.get(n, 0)
+                if held > 1:
+                    self._locks[n] = held - 1
+                elif held == 1:
+                    del self._locks[n]
+        if not self._closed.is_set():
+            self._io.submit(self._unpin, list(names))
+
+    def locked(self) -> int:
+        """Chunks this store holds locks on."""
+        with self._pin_mu:
+            return len(self._locks)
+
+    def _unpin(self, names: list[str]) -> None:
+        for attempt in range(UNPIN_TRIES):
+            try:
+                with self._pin_mu:
+                    free = [self.path(n) for n in names if n not in self._locks]
+                    if free:
+                        self.client.unpin_located(free)
+                return
+            except CurvineError as e:
+                log.warning("unpin of %d chunks failed (try %d of %d): %s", len(names), attempt + 1, UNPIN_TRIES, e)
+
+    def _renew_loop(self) -> None:
+        while not self._closed.wait(self.cfg.lock_ttl_s / 3):
+            try:
+                with self._pin_mu:
+                    held = [self.path(n) for n in self._locks]
+                    if held:
+                        self.client.locate(held, pin_s=self.cfg.lock_ttl_s)
+            except CurvineError as e:
+                log.warning("renewing the pins of locked chunks failed (retried in %.0f s): %s",
+                            self.cfg.lock_ttl_s / 3, e)
+
+    # ------------------------------------------------------------------ store, load, delete
+    def store(self, names: Sequence[str], buffers: Sequence[Buffer]) -> Stored:
+        """Write the chunks not there yet, each whole under its name or not at all."""
+        there = self.lookup(names)
+        todo = [i for i, hit in enumerate(there) if not hit]
+        ok = self._each(todo, lambda i: self._store_one(names[i], buffers[i]))
+        written = tuple(i for i, good in zip(todo, ok) if good)
+        return Stored(written, tuple(len(buffers[i]) for i in written), len(todo) - len(written))
+
+    def _store_one(self, name: str, buf: Buffer) -> bool:
+        final = self.path(name)
+        tmp = f"{final}.{self._tmp_tag}.{threading.get_ident():x}.tmp"
+        try:
+            self.client.put_bytes(tmp, buf, self.cfg.block_size)
+            self.client.rename(tmp, final)
+            return True
+        except CurvineError as e:
+            log.warning("storing chunk %s failed: %s", name, e)
+            try:
+                self.client.remove(tmp)
+            except CurvineError:
+                pass
+            return False
+
+    def load(self, names: Sequence[str], buffers: Sequence[Buffer]) -> list[bool]:
+        """Each chunk into its buffer; True where the chunk was there and filled it exactly."""
+        return self._each(range(len(names)), lambda i: self._load_one(names[i], buffers[i]))
+
+    def _load_one(self, name: str, buf: Buffer) -> bool:
+        try:
+            return self.client.get_into(self.path(name), buf) == len(buf)
+        except CurvineError as e:
+            if e.errno not in (errno.ENOENT, errno.EOVERFLOW):
+                log.warning("loading chunk %s failed: %s", name, e)
+            return False
+
+    def delete(self, names: Sequence[str]) -> list[int]:
+        """Remove the chunks; each one's size, -1 where it was not there."""
+        got = self.client.locate([self.path(n) for n in names])
+        sizes = [g.status.size if g.status is not None and g.found else -1 for g in got]
+
+        def one(i: int) -> bool:
+            try:
+                self.client.remove(self.path(names[i]))
+                return True
+            except CurvineError:
+                return False
+        present = [i for i, s in enumerate(sizes) if s >= 0]
+        for i, gone in zip(present, self._each(present, one)):
+            if not gone:
+                sizes[i] = -1
+        return sizes
+
+    def _each(self, items: Sequence[int] | range, fn: Callable[[int], bool]) -> list[bool]:
+        """fn over items on the I/O threads (in this thread for one item), in order."""
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(self._io.map(fn, items))
+
+    def close(self) -> None:
+        """Stop renewing; drop every pin still held (else they run out on their own)."""
+        self._closed.set()
+        self._renewer.join(timeout=5)
+        with self._pin_mu:
+            held = [self.path(n) for n in self._locks]
+            self._locks.clear()
+        if held:
+            try:
+                self.client.unpin_located(held)
+            except CurvineError as e:
+                log.warning("dropping %d pins at close failed (they run out): %s", len(held), e)
+        self._io.shutdown(wait=True)
+
+
+def _whole(g: Location) -> bool:
+    """A chunk counts when it is a complete regular file (a writer still at it: a miss)."""
+    s = g.status
+    return s is not None and s.complete and stat.S_ISREG(s.mode) and s.size > 0
