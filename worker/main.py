@@ -26,7 +26,7 @@ import grpc
 
 from curvine_py.common import config, listener, metrics
 from curvine_py.common.errors import ConfigError
-from curvine_py.common.security import SecretCheck
+from curvine_py.common.security import BlockTokens, SecretCheck
 from curvine_py.common.signals import StopSignals
 from curvine_py.pb import curvine_pb2
 from curvine_py.worker import heartbeat as hb
@@ -97,11 +97,13 @@ class Worker:
         self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
                                secret=self.cfg.cluster.secret, piece_size=w.buffer_size,
                                congestion=self.cfg.cluster.data_congestion, cache_writes=w.cache_received).start()
+        self.data.tokens = self._block_tokens()   # not yet registered: no client holds a token yet
         if w.local_writes:
             data = self.data
             try:
                 self.local = LocalWriteServer(self.store, data.port, lambda: data.worker_id,
-                                              secret=self.cfg.cluster.secret).start()
+                                              secret=self.cfg.cluster.secret, allowed_uids=self._local_uids(),
+                                              token_grace_s=self.cfg.security.block_token_grace_s).start()
             except OSError as e:   # clients on this host then send their bytes over TCP
                 log.warning("short-circuit writes off: cannot listen on the local write socket: %s", e)
         self._start_ufs()
@@ -120,6 +122,22 @@ class Worker:
         else:
             log.warning("worker.master is empty: standalone mode, no master")
             self._announce(self.data.worker_id)
+
+    def _block_tokens(self) -> BlockTokens:
+        """The cluster's block tokens, with the configured ttl (of the tokens this worker
+        mints for its UFS fetch forwards) and grace (past the expiry of those it checks)."""
+        s = self.cfg.security
+        try:
+            return BlockTokens(self.cfg.cluster.secret, s.block_token_ttl_s, s.block_token_grace_s)
+        except ValueError as e:
+            raise ConfigError(f"security.block_token_*: {e}") from None
+
+    def _local_uids(self) -> list[int]:
+        """security.local_uids as numbers."""
+        try:
+            return [int(u) for u in self.cfg.security.local_uids]
+        except ValueError:
+            raise ConfigError(f"security.local_uids: not uids: {self.cfg.security.local_uids}") from None
 
     def _probe_dir(self) -> str:
         """Where the io_uring probe writes its test file: the first data dir, so it
@@ -146,6 +164,7 @@ class Worker:
         self.ufs_fetcher = UfsFetcher(self.store, self.ufs_mounts, self.data.pool, self.cfg.cluster.secret,
                                       self.cfg.ufs.timeout_s, cache_writes=self.cfg.worker.cache_received,
                                       buffers=BlockBuffers())
+        self.ufs_fetcher.tokens = self._block_tokens()
         self.data.ufs = self.ufs_fetcher
 
     def _resolve_mount(self, mount_id: int) -> curvine_pb2.UfsMount:
