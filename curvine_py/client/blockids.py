@@ -14,9 +14,11 @@ from __future__ import annotations
 import errno
 import typing
 
+from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
 from curvine_py.client.metaclient import Identity
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.security import token_expired
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 
@@ -68,6 +70,17 @@ class BlockIds:
                 self._bound()
             raise
         return self._learn(reply)
+
+    def replace(self, failed: pb.BlockInfo, error: BaseException) -> pb.BlockInfo:
+        """A new id for a block whose write failed with error, on other workers than
+        failed's (client/blockship.py) -- unless a worker refused its token as expired:
+        those workers are fine, and the spare ids, minted in the same batch, have expired
+        too (dropped: the master frees ids never committed, as it does failed ones)."""
+        if token_expired(error):
+            metrics.TOKEN_RENEWALS.labels("write").inc()
+            self._spare.clear()
+            return self.allocate(1)[0]
+        return self.allocate(1, exclude=list(failed.workers))[0]
 
     def request(self) -> pb.AllocateBlocksRequest:
         """A batch's AllocateBlocks for the mount's loop to send (then received or unanswered)."""

@@ -3,7 +3,8 @@ whose stream fell back), with its retries.
 
 A block is written under a fresh block id each attempt: a failed attempt may have left
 bytes on some worker, and blocks never change, so a retry asks the master for another
-block on other workers (``elsewhere``).  A worker out of space gets more attempts, with
+block on other workers (``elsewhere``; or on the same ones when a worker refused the
+block's write token as expired: the new id comes with a fresh token).  A worker out of space gets more attempts, with
 waits, while the master's eviction frees room.  A replica on this host goes by
 short-circuit when the client has it (client/blockpaths.py chooses).  The caller (client/writer.py
 ``FileWriter._send``) owns the buffer and the writer's sticky error.
@@ -43,17 +44,18 @@ def _write_wait(attempt: int, e: BaseException) -> float:
 
 
 def store_block(core: ClientCore, offset: int, data: memoryview, target: pb.BlockInfo,
-                owned: memoryview | None, elsewhere: typing.Callable[[pb.BlockInfo], pb.BlockInfo]) -> pb.BlockInfo:
+                owned: memoryview | None,
+                elsewhere: typing.Callable[[pb.BlockInfo, BaseException], pb.BlockInfo]) -> pb.BlockInfo:
     """Store data, the block at file offset `offset`, as target (then as the block
-    elsewhere(failed target) gives, for each retry); the stored block's record.  owned: the
+    elsewhere(failed target, its error) gives, for each retry); the stored block's record.  owned: the
     pooled buffer data lives in, when the short-circuit path may hand it to the local worker."""
     where = [target]   # the block being written: a new one, on other workers, for each retry
 
     def retrying(failed: Failed) -> None:
         log.warning("block %d: %s; retrying on other workers", where[0].block_id, failed.error)
 
-    def moved(_failed: Failed) -> None:   # what this raises (the master's ENOSPC) is not retried
-        where[0] = elsewhere(where[0])
+    def moved(failed: Failed) -> None:   # what this raises (the master's ENOSPC) is not retried
+        where[0] = elsewhere(where[0], failed.error)
 
     policy = Retry(transient=lambda e: isinstance(e, CurvineError), attempts=_write_attempts, wait=_write_wait,
                    before_sleep=retrying, before_retry=moved)

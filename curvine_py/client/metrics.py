@@ -57,6 +57,10 @@ REMOTE_READS, REMOTE_BYTES = READS.labels("remote"), READ_BYTES.labels("remote")
 MEMORY_READS, MEMORY_BYTES = READS.labels("memory"), READ_BYTES.labels("memory")
 PASSTHROUGH_READS = READS.labels("passthrough")
 
+# Counted in every process (rare: once per file and token life at most), so SDK users see it too.
+TOKEN_RENEWALS = Counter("curvine_client_token_renewals",
+                         "Block tokens renewed at the master after a worker refused one as expired, by access "
+                         "(read: a block located again; write: a new block id)", ["access"])
 _meta_children: dict[str, typing.Any] = {}
 
 

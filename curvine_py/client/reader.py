@@ -22,12 +22,14 @@ from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Delays, Retry
+from curvine_py.common.security import token_expired
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
 LOCATION_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
+Renewed = Callable[[pb.BlockLocationsReply], None]   # hears the fresh tokens a renewal brought
 SCATTERED = 2   # small far reads in a row after which a file counts as read at random (FileReader._random)
 T = TypeVar("T")
 
@@ -43,7 +45,7 @@ def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int,
 
 
 def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview,
-                progress: CachedBlock | None = None) -> int:
+                progress: CachedBlock | None = None, renewed: Renewed | None = None) -> int:
     """Read block bytes [offset, offset+len(into)) from the first replica that answers.
 
     When no replica answers, the block's locations are asked again from the master a few
@@ -51,8 +53,13 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
     few heartbeats).  progress hears how many bytes of `into` have arrived (a replica
     tried after a failed one sends the same verified bytes again: the count is only ever
     raised).
+
+    A worker that refuses the block's token as expired (EKEYEXPIRED, common/security.py)
+    is no failure: the block is located again at once, which brings fresh tokens for the
+    whole file (renewed hears them, so the caller's other blocks need no refusal of
+    their own), and read once more.
     """
-    state = _Fetch(block)
+    state = _Fetch(block, renewed)
     try:
         n = _LOCATION_RETRY.call(_fetch_attempt, core, ino, state, offset, into, progress)
     except UfsFailure as e:   # every replica would ask the same UFS: fail now, bounded
@@ -66,11 +73,13 @@ def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, in
 class _Fetch:
     """One fetch_block across its attempts: the block as last located, the last failure."""
 
-    __slots__ = ("block", "last")
+    __slots__ = ("block", "last", "renewed", "tell")
 
-    def __init__(self, block: pb.BlockInfo) -> None:
+    def __init__(self, block: pb.BlockInfo, tell: Renewed | None) -> None:
         self.block = block
         self.last: CurvineError | None = None
+        self.renewed = False      # its token was renewed once already
+        self.tell = tell          # hears the renewal's fresh tokens
 
 
 def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into: memoryview,
@@ -79,12 +88,32 @@ def _fetch_attempt(core: ClientCore, ino: int, state: _Fetch, offset: int, into:
     None: the file no longer holds the block."""
     if state.last is not None:
         try:
-            fresh = _relocate(core, ino, state.block)
+            fresh = _relocate(core, ino, state.block, state.tell)
         except CurvineError:
             raise state.last from None   # the master is unreachable right now: failed as the last one did
         if fresh is None:
             return None
         state.block = fresh
+    try:
+        return _fetch_once(core, state.block, offset, into, progress)
+    except CurvineError as e:
+        state.last = e
+        if not token_expired(e) or state.renewed:
+            raise
+    return _fetch_renewed(core, ino, state, offset, into, progress)
+
+
+def _fetch_renewed(core: ClientCore, ino: int, state: _Fetch, offset: int, into: memoryview,
+                   progress: CachedBlock | None) -> int | None:
+    """The block's token expired: fresh ones from the master (its answer to a block
+    location call), then the read once more.  Failures go on as any failed attempt."""
+    state.renewed = True
+    metrics.TOKEN_RENEWALS.labels("read").inc()
+    log.info("block %d of inode %d: its token expired; renewed at the master", state.block.block_id, ino)
+    fresh = _relocate(core, ino, state.block, state.tell)
+    if fresh is None:
+        return None
+    state.block = fresh
     try:
         return _fetch_once(core, state.block, offset, into, progress)
     except CurvineError as e:
@@ -103,10 +132,12 @@ _LOCATION_RETRY = Retry(transient=_no_replica_answered, wait=Delays(LOCATION_RET
                         attempts=len(LOCATION_RETRY_DELAYS) + 1)
 
 
-def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo) -> pb.BlockInfo | None:
-    """The block's current locations, or None if its file no longer holds it."""
+def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo, tell: Renewed | None = None) -> pb.BlockInfo | None:
+    """The block's current locations (with fresh tokens), or None if its file no longer holds it."""
     reply = core.meta.block_locations(ino)
     core.workers.learn(list(reply.workers))
+    if tell is not None:
+        tell(reply)
     for b in reply.blocks:
         if b.block_id == block.block_id:
             return b
@@ -133,7 +164,13 @@ def _fetch_once(core: ClientCore, block: pb.BlockInfo, offset: int, into: memory
                         return want
         except UfsFailure:
             raise
-        except (CurvineError, OSError) as e:
+        except CurvineError as e:
+            if token_expired(e):   # every replica checks the same token: renew it first (_fetch_attempt)
+                raise
+            errors.append(f"worker {addr.worker_id}: {e}")
+            log.warning("read of block %d from worker %d failed (%s); trying the next replica",
+                        block.block_id, addr.worker_id, e)
+        except OSError as e:
             errors.append(f"worker {addr.worker_id}: {e}")
             log.warning("read of block %d from worker %d failed (%s); trying the next replica",
                         block.block_id, addr.worker_id, e)
@@ -150,11 +187,12 @@ def _note_use(entry: CachedBlock) -> None:
             metrics.READAHEAD_HITS.inc()
 
 
-def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap) -> CachedBlock:
+def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap,
+                renewed: Renewed | None = None) -> CachedBlock:
     """A fetch of the whole block into the pooled buffer raw, on the core's executor."""
     view = memoryview(raw)
     entry = CachedBlock(raw, view)
-    entry.future = core.executor.submit(fetch_block, core, ino, block, 0, view[:block.length], entry)
+    entry.future = core.executor.submit(fetch_block, core, ino, block, 0, view[:block.length], entry, renewed)
     entry.future.add_done_callback(entry.fetched)
     return entry
 
@@ -326,6 +364,17 @@ class FileReader:
             self.size = reply.attr.size
         for entry in entries:
             self._retire(entry)
+
+    def renewed(self, reply: pb.BlockLocationsReply) -> None:
+        """Fresh tokens came for this file (a worker refused one as expired; fetch_block):
+        its blocks take them, so each does not wait for a refusal of its own.  Only the
+        tokens: a block replaced meanwhile is refresh's business (ESTALE)."""
+        fresh = {b.block_id: b.token for b in reply.blocks}
+        with self._lock:
+            for block in self.blocks.values():
+                token = fresh.get(block.block_id)
+                if token:
+                    block.token = token
 
     def _fresh(self, fn: Callable[..., T], *args: object) -> T:
         """Run a read; if a block it needed was replaced (ESTALE), reload the file and run it again."""
@@ -507,7 +556,7 @@ class FileReader:
             self._retire(entry)
 
     def _fill(self, block: pb.BlockInfo, within: int, out: memoryview) -> None:
-        n = fetch_block(self.core, self.attr.ino, block, within, out)
+        n = fetch_block(self.core, self.attr.ino, block, within, out, renewed=self.renewed)
         if n < len(out):
             out[n:] = bytearray(len(out) - n)
 
@@ -523,7 +572,7 @@ class FileReader:
 
     def _start_fetch(self, idx: int, raw: mmap.mmap) -> CachedBlock:
         """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
-        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw)
+        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw, self.renewed)
         self._cache[idx] = entry
         # Room for the read-ahead window beyond the kernel's own read-ahead in flight: a
         # buffered mount has up to 12 requests of 1 MiB (3 blocks) pending at once; with

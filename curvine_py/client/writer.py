@@ -657,7 +657,7 @@ class FileWriter:
         try:
             for _ in range(RESENDS + 1):
                 info = store_block(self.core, idx * self.bs, data, target, owned.view if owned is not None else None,
-                                   lambda failed: self.ids.allocate(1, exclude=list(failed.workers))[0])
+                                   self.ids.replace)
                 if owned is None or self._verified(idx, owned, data, info.block_id, info.checksum):
                     return info
                 target = self.ids.allocate(1)[0]   # the wrong block is never committed (freed at release)
