@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="daemon log (default under /run/curvine)")
     p.add_argument("--debug", action="store_true")
     p.add_argument("--subdir", default="/", metavar="PATH", help="the pool directory to mount as the root (default /)")
-    config.add_flags(p, ["client", "fuse"])
+    config.add_flags(p, ["client", "fuse", "tls"])
     return p
 
 

@@ -14,11 +14,14 @@ leader's address), Unavailable the UNAVAILABLE status.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import logging
 import os
+import select
 import socket
+import ssl
 import threading
 import time
 import typing
@@ -29,6 +32,7 @@ from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError, NotLeader, Unavailable
 from curvine_py.common.frames import send_all
 from curvine_py.common.listener import BACKLOG, ConnectionServer
+from curvine_py.common.tls import Tls
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 
@@ -52,7 +56,7 @@ class FrameServer(ConnectionServer):
 
     def __init__(self, service: object, secret: str, bind: str, port: int,
                  thread_done: typing.Callable[[], None] = lambda: None,
-                 sessions: "SessionHooks | None" = None) -> None:
+                 sessions: "SessionHooks | None" = None, tls: Tls | None = None) -> None:
         """thread_done: called by a connection's thread as it ends (the service closes the
         SQLite reader that thread opened, instead of leaving its 2 files to the GC).
         sessions: where OpenSession goes (the connection becomes a cache session's stream)."""
@@ -64,7 +68,7 @@ class FrameServer(ConnectionServer):
         lsock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a restarted master rebinds at once
         # a connection holds its socket and its thread's SQLite read connection (db + wal)
-        super().__init__(lsock, "frames", fds_per_conn=3)
+        super().__init__(lsock, "frames", fds_per_conn=3, tls=tls)
 
     def start(self) -> "FrameServer":
         """Bind, listen and start accepting (OSError if the port is taken)."""
@@ -149,20 +153,31 @@ class FrameServer(ConnectionServer):
 
     def _serve_one(self, conn: socket.socket, reader: mf.FrameReader, state: typing.Any,
                    lock: threading.Lock) -> int:
-        """Read and answer one request; the session id when it was an OpenSession."""
+        """Read and answer one request; the session id when it was an OpenSession.
+
+        Over TLS a read holds the send lock too (one TLS connection must not be read and
+        written by two threads at once, and a session's pushes come from others): it is
+        taken once the request's first bytes are there, so a push waits for a read only
+        while a frame is half in (and is cut after PUSH_LOCK_WAIT_S, as any slow stream)."""
+        secured = isinstance(conn, ssl.SSLSocket)
         if reader.end == reader.start:   # nothing of the next request here yet: idle
             state.waiting()
             reader.short_of(mf.REQUEST.size)
-            reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
+            if secured and not conn.pending():
+                select.select([conn], [], [])
+            with lock if secured else contextlib.nullcontext():
+                reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
         state.reading()                  # the rest is due within the listener's PARTIAL_S
-        head = reader.fill(mf.REQUEST.size)
-        length, call_id, method_id = mf.REQUEST.unpack(head)
-        if length < mf.REQUEST_REST:
-            raise mf.Closed("a frame shorter than its header")   # the stream cannot be parsed
+        with lock if secured else contextlib.nullcontext():
+            head = reader.fill(mf.REQUEST.size)
+            length, call_id, method_id = mf.REQUEST.unpack(head)
+            if length < mf.REQUEST_REST:
+                raise mf.Closed("a frame shorter than its header")   # the stream cannot be parsed
+            if length <= mf.MAX_FRAME:
+                body = reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]
         if length > mf.MAX_FRAME:
             self._send(conn, lock, call_id, errno.EINVAL, f"frame of {length} bytes exceeds {mf.MAX_FRAME}".encode())
             raise mf.Closed("an oversized frame")   # skipping it would mean reading up to 4 GiB
-        body = reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]
         state.working()
         session = 0
         if method_id == Master.OpenSession.id:
@@ -184,7 +199,7 @@ class FrameServer(ConnectionServer):
             if not lock.acquire(timeout=PUSH_LOCK_WAIT_S):
                 return _cut(conn)
             try:
-                sent = conn.send(frame, socket.MSG_DONTWAIT)
+                sent = _send_now(conn, frame)
             except OSError:
                 sent = -1
             finally:
@@ -239,10 +254,21 @@ class FrameServer(ConnectionServer):
                 send_all(conn, [header, payload])   # no concatenation copy of a big ReadDir
 
 
+def _send_now(conn: socket.socket, frame: bytes) -> int:
+    """Send a push only if the socket takes it now (bytes sent; fewer: the stream is cut).
+    A TLS socket takes no flags: it must be writable now, and a small frame then fits."""
+    if not isinstance(conn, ssl.SSLSocket):
+        return conn.send(frame, socket.MSG_DONTWAIT)
+    if not select.select([], [conn], [], 0)[1]:
+        return 0
+    conn.sendall(frame)
+    return len(frame)
+
+
 def _cut(conn: socket.socket) -> bool:
     """End a session stream that cannot take a push (its thread then sees the close)."""
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
+    try:   # the plain socket's shutdown: a TLS socket's own would drop its state under its thread
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
     except OSError:
         pass
     return False

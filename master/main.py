@@ -15,7 +15,7 @@ from curvine_py.common import config, listener, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.memory import tune_malloc
 from curvine_py.common.signals import StopSignals
-from curvine_py.common.rpc import grpc_servicer, server_options
+from curvine_py.common.rpc import add_port, grpc_servicer, server_options
 from curvine_py.common.security import SecretCheck
 from curvine_py.master.framed import FrameServer
 from curvine_py.master.group import LeaderOnly
@@ -25,6 +25,11 @@ from curvine_py.master.workers import CHECK_EVERY_S
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("curvine.master")
+
+# With TLS, what only a worker's certificate may call: a client certificate cannot join
+# the pool as a worker, report blocks, or read a UFS mount's credentials.
+_WORKERS = frozenset({"worker"})
+WORKERS_ONLY = {m: _WORKERS for m in ("RegisterWorker", "Heartbeat", "ReportBlocks", "UfsMountGet")}
 
 
 @dataclass
@@ -50,7 +55,7 @@ def start_frames(cfg: config.Config, service: MasterService) -> FrameServer:
     """The framed metadata server (docs/wire.md) on master.frame_port: every client's
     metadata calls go there, so it cannot be switched off (build_server refuses -1)."""
     frames = FrameServer(LeaderOnly(service), cfg.cluster.secret, cfg.master.bind, cfg.master.frame_port,
-                         thread_done=service.close_thread_reader, sessions=service)
+                         thread_done=service.close_thread_reader, sessions=service, tls=service.tls)
     try:
         service.frame_port = frames.start().port
     except OSError as e:
@@ -77,11 +82,9 @@ def build_server(cfg: config.Config) -> Servers:
                                                     thread_name_prefix="rpc"),
                          options=server_options() + listener.grpc_server_options(),
                          interceptors=[SecretCheck(cfg.cluster.secret, "master")])
-    pb_grpc.add_MasterServiceServicer_to_server(grpc_servicer(LeaderOnly(service), "MasterService"), server)
-    try:
-        port = server.add_insecure_port(f"{cfg.master.bind}:{cfg.master.port}")
-    except RuntimeError:
-        port = 0
+    pb_grpc.add_MasterServiceServicer_to_server(
+        grpc_servicer(LeaderOnly(service), "MasterService", WORKERS_ONLY), server)
+    port = add_port(server, f"{cfg.master.bind}:{cfg.master.port}", service.tls)
     if port == 0:
         frames.stop()
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
@@ -110,7 +113,7 @@ def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="curvine-master", description="curvine-py metadata server")
-    config.add_flags(parser, ["cluster", "master"])
+    config.add_flags(parser, ["cluster", "master", "tls"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signals = StopSignals()

@@ -13,6 +13,7 @@ import grpc
 
 from curvine_py.common.errors import err, from_rpc_error
 from curvine_py.common.rpc import channel
+from curvine_py.common.tls import Tls
 from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
@@ -21,9 +22,10 @@ from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 class WorkerClients:
     """Stubs by worker id, over channels kept per address."""
 
-    def __init__(self, registry: Registry, secret: str) -> None:
+    def __init__(self, registry: Registry, secret: str, tls: Tls | None = None) -> None:
         self.registry = registry
         self.secret = secret
+        self.tls = tls
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
@@ -36,7 +38,7 @@ class WorkerClients:
         with self._lock:
             ch = self._channels.get(target)
             if ch is None:
-                ch = self._channels[target] = channel(target, self.secret)
+                ch = self._channels[target] = channel(target, self.secret, self.tls, peer="worker")
         return pb_grpc.WorkerServiceStub(ch)
 
     def load(self, worker_id: int, blocks: list[pb.BlockInfo], addrs: list[pb.WorkerAddress],

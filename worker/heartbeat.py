@@ -30,6 +30,7 @@ import grpc
 
 from curvine_py.common.config import WorkerConfig, host_identity
 from curvine_py.common.retry import Exponential
+from curvine_py.common.tls import Tls
 from curvine_py.pb import curvine_pb2
 from curvine_py.worker.blockstore import BlockEntry, BlockStore
 from curvine_py.worker.masterlink import MasterLink
@@ -105,7 +106,7 @@ class Heartbeat:
                  on_registered: Callable[[int], None] | None = None, secret: str = "",
                  report_batch: int = REPORT_BATCH,
                  on_replicate: Callable[[curvine_pb2.ReplicateCommand], None] | None = None,
-                 io_engine: str = "", metrics_port: int = 0) -> None:
+                 io_engine: str = "", metrics_port: int = 0, tls: Tls | None = None) -> None:
         self.cfg = cfg
         self.io_engine = io_engine   # sent at registration; `cv report` shows it
         self.metrics_port = metrics_port   # sent at registration: `cv stats` finds the worker's /metrics
@@ -123,7 +124,7 @@ class Heartbeat:
         self._wake = threading.Event()     # kick(): beat now, not at the end of the interval
         # every call to the master, or to the leader of the masters: also the worker's other
         # calls (UfsMountGet), so one transport to the master(s) per worker process
-        self.link = MasterLink(cfg.master, secret, BACKOFF)
+        self.link = MasterLink(cfg.master, secret, BACKOFF, tls)
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._last_warning = 0.0
 

@@ -28,6 +28,7 @@ import grpc
 from curvine_py.common import rpc
 from curvine_py.common.errors import ERRNO_KEY, RETRYABLE, leader_of
 from curvine_py.common.leader import Backoff, Leader
+from curvine_py.common.tls import Tls
 from curvine_py.pb import curvine_pb2_grpc
 from curvine_py.pb.methods import Method, Rep, Req
 
@@ -38,8 +39,9 @@ class MasterLink:
     """Calls to the leader of the worker's masters; thread-safe (the heartbeat thread and
     the UFS readers share it)."""
 
-    def __init__(self, masters: str, secret: str, backoff: Backoff) -> None:
+    def __init__(self, masters: str, secret: str, backoff: Backoff, tls: Tls | None = None) -> None:
         self.masters = Leader(masters, backoff)
+        self._tls = tls
         self.tried = self.masters.current()   # the master of the latest try (for log lines)
         self._secret = secret
         self._lock = threading.Lock()
@@ -92,7 +94,7 @@ class MasterLink:
             with self._lock:
                 made = self._stubs.get(at)
                 if made is None:
-                    chan = rpc.channel(at, self._secret)
+                    chan = rpc.channel(at, self._secret, self._tls)
                     made = self._stubs[at] = (chan, curvine_pb2_grpc.MasterServiceStub(chan))
         return made[1]
 

@@ -27,6 +27,10 @@ from curvine_py.worker.heartbeat import data_dirs
 from curvine_py.worker.ufsfetch import UfsFetcher, load_blocks
 from curvine_py.worker.ufspersist import Persister
 
+# With TLS, what only the master's certificate may ask of a worker: fetch from the UFS
+# and upload to it (clients read blocks with tokens the master minted, on the data port).
+MASTER_ONLY = {m: frozenset({"master"}) for m in ("LoadBlocks", "Persist")}
+
 
 @dataclass(frozen=True)
 class UfsParts:
@@ -80,4 +84,4 @@ class WorkerService:
 
 
 def add_to_server(service: WorkerService, server: grpc.Server) -> None:
-    curvine_pb2_grpc.add_WorkerServiceServicer_to_server(grpc_servicer(service, "WorkerService"), server)
+    curvine_pb2_grpc.add_WorkerServiceServicer_to_server(grpc_servicer(service, "WorkerService", MASTER_ONLY), server)

@@ -20,6 +20,8 @@ from curvine_py.cli import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Context
 from curvine_py.cli import output
 from curvine_py.common import config as cfgmod
 from curvine_py.client.metagroup import MasterGroup
+from curvine_py.common.errors import ConfigError
+from curvine_py.common.tls import Tls
 from curvine_py.sdk.results import MasterInfo
 
 DEFAULT_DIR = ".curvine"
@@ -39,6 +41,14 @@ def _secret_of(config_path: str | None) -> str:
         return lc.daemon_secret(config_path) if config_path else ""
     except (OSError, cfgmod.ConfigError):
         return ""
+
+
+def _tls_of(config_path: str | None) -> "Tls | None":
+    """The cluster's client TLS (None when off or unreadable: status still shows the processes)."""
+    try:
+        return lc.daemon_tls(config_path) if config_path else None
+    except (ConfigError, OSError):
+        return None
 
 
 def _rel(path: str) -> str:
@@ -135,7 +145,7 @@ def cmd_start(ctx: Context) -> int:
                          "installed); starting without a mount\n")
     cluster = lc.LocalCluster(directory, workers=a.workers, master_port=master_port,
                               capacity=capacity, masters=masters, base_port=base_port, mount=a.mount,
-                              die_with_parent=a.foreground)
+                              die_with_parent=a.foreground, tls=a.tls)
     if a.foreground:
         cluster.launcher_pid = os.getpid()
     # SIGTERM (and a closed terminal in the foreground) take the same path as Ctrl-C:
@@ -230,9 +240,9 @@ def cmd_status(ctx: Context) -> int:
     procs: list[lc.ProcessRecord] = state["processes"]
     alive = [p.is_alive() for p in procs]
     masters = [p for p in procs if p.role == "master"]
-    secret = _secret_of(state.get("config"))
-    infos = _master_infos(masters, secret)
-    rep = (lc.query_report(",".join(m.address for m in masters), secret=secret)
+    secret, tls = _secret_of(state.get("config")), _tls_of(state.get("config"))
+    infos = _master_infos(masters, secret, tls)
+    rep = (lc.query_report(",".join(m.address for m in masters), secret=secret, tls=tls)
            if any(m.is_alive() for m in masters) else None)
     live = sum(1 for w in rep.workers if w.state.lower() == "live") if rep is not None else None
     if ctx.args.json:
@@ -254,12 +264,13 @@ def cmd_status(ctx: Context) -> int:
     return EXIT_OK if all(alive) else EXIT_FAIL
 
 
-def _master_infos(masters: typing.Sequence[lc.ProcessRecord], secret: str) -> dict[str, MasterInfo]:
+def _master_infos(masters: typing.Sequence[lc.ProcessRecord], secret: str,
+                  tls: "Tls | None") -> dict[str, MasterInfo]:
     """Each live master's own status by its address (none asked of a dead one)."""
     live = [m.address for m in masters if m.is_alive()]
     if not live:
         return {}
-    with MasterGroup(live, secret) as group:
+    with MasterGroup(live, secret, tls) as group:
         return {i.address: i for i in group.infos()}
 
 
@@ -328,6 +339,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="worker i uses ports P+2i (rpc) and P+2i+1 (data); default master port + 2")
     p.add_argument("--timeout", type=float, default=lc.START_TIMEOUT_S, metavar="S",
                    help=f"seconds to wait for the workers to register (default {lc.START_TIMEOUT_S:g})")
+    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=lc.DEFAULT_TLS,
+                   help="mutual TLS on every channel of a new cluster: a CA and certificates under "
+                        f"DIR/tls (default {'on' if lc.DEFAULT_TLS else 'off'}; an existing DIR keeps "
+                        "its [tls] settings; docs/security.md)")
     p.set_defaults(func=cmd_start)
 
     p = cmds.add_parser("stop", parents=[common], help="stop the cluster recorded in DIR",

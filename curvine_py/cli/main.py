@@ -74,7 +74,7 @@ def cmd_config(ctx: Context) -> int:
 
 def build_parser() -> CliParser:
     """The whole `cv` command tree."""
-    from curvine_py.cli import bench, cluster, csi, fs, mount, report, stats, ufs
+    from curvine_py.cli import bench, cert, cluster, csi, fs, mount, report, stats, ufs
 
     parser = CliParser(prog="cv", parents=[common_options(suppress=False)],
                        description="Command line of the curvine-py distributed cache filesystem.")
@@ -89,6 +89,7 @@ def build_parser() -> CliParser:
     stats.register(sub, common)
     csi.register(sub, common)
     ufs.register(sub, common)
+    cert.register(sub, common)
     p = sub.add_parser("version", parents=[common], help="print the version")
     p.set_defaults(func=cmd_version)
     p = sub.add_parser("config", parents=[common], help="print the effective configuration as TOML")

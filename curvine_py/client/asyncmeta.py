@@ -41,6 +41,7 @@ from curvine_py.client.metaclient import MasterClient, attempt_timeout
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import Broken, CurvineError, NoServer, Unreached
 from curvine_py.common.retry import Failed, Retry
+from curvine_py.common.tls import Tls, refusal, role_name
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master, Method, Rep, Req
 
@@ -63,19 +64,67 @@ class _AsyncReader(mf.FrameReader):
         return self.view[self.start:self.start + n]
 
 
+class _TlsSock:
+    """A TLS stream with the calls _Conn makes of a trio socket, failing with OSErrors as
+    the socket's do (the ssl.SSLError itself when TLS is why: tls.refusal reads it)."""
+
+    __slots__ = ("stream", "tcp")
+
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream], tcp: typing.Any) -> None:
+        self.stream, self.tcp = stream, tcp
+
+    async def recv_into(self, view: memoryview) -> int:
+        try:
+            data = await self.stream.receive_some(len(view))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            raise _os_error(e) from None
+        view[:len(data)] = data
+        return len(data)
+
+    async def send(self, view: bytes | memoryview) -> int:
+        try:
+            await self.stream.send_all(view)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            raise _os_error(e) from None
+        return len(view)
+
+    def close(self) -> None:
+        self.tcp.close()   # abrupt, as the plain socket's: the master sees the connection end
+
+
+def _os_error(e: BaseException) -> OSError:
+    cause = e.__cause__
+    return cause if isinstance(cause, OSError) else ConnectionResetError(f"TLS stream ended: {e!r}")
+
+
 class _Conn:
-    __slots__ = ("raw", "sock", "reader", "next_id", "where")
+    __slots__ = ("raw", "sock", "reader", "next_id", "where", "tls")
 
     def __init__(self, raw: socket.socket, where: Route) -> None:
         self.raw = raw                                  # for sends that need no wait
         self.where = where                              # the route it was made to
-        self.sock = trio.socket.from_stdlib_socket(raw)   # the same socket, for trio's waits
+        self.sock: typing.Any = trio.socket.from_stdlib_socket(raw)   # the same socket, for trio's waits
         self.reader = _AsyncReader(self.sock)
         self.next_id = 1
+        self.tls = False
+
+    async def secure(self, tls: Tls) -> None:
+        """The client side of a mutual TLS handshake: then every byte goes through it."""
+        stream = trio.SSLStream(trio.SocketStream(self.sock), tls.client_context(),
+                                server_hostname=role_name("master"))
+        try:
+            await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            raise _os_error(e) from None
+        self.sock = self.reader.sock = _TlsSock(stream, self.sock)
+        self.tls = True
 
     async def send(self, data: bytes) -> None:
         """The whole frame: at once when the socket takes it, with no trip through trio's
         scheduler (the wait for the reply is the call's checkpoint), else awaited."""
+        if self.tls:
+            await self.sock.send(data)
+            return
         try:
             sent = self.raw.send(data)
         except BlockingIOError:
@@ -237,11 +286,15 @@ class AsyncMeta:
             with trio.fail_after(timeout):
                 await sock.connect((host, port))
                 sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+                if self._meta.tls is not None:
+                    await conn.secure(self._meta.tls)
                 answer = mf.answer_hello(await conn.reader.afill(mf.HELLO.size), secret, f"{host}:{port}")
                 conn.reader.consume(mf.HELLO.size)
-                await _send_all(sock, answer)
+                await conn.send(answer)
         except (OSError, mf.Closed, trio.TooSlowError) as e:
-            sock.close()
+            conn.sock.close()
+            if why := refusal(e, f"the master at {host}:{port}"):
+                raise CurvineError(errno.EACCES, why) from None
             self._meta.route_failed(port)   # the next attempt asks the master for its port again
             raise NoServer(f"cannot connect to {host}:{port}: {e}",
                            errno.ETIMEDOUT if isinstance(e, trio.TooSlowError) else errno.EHOSTDOWN) from None

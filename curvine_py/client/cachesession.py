@@ -89,7 +89,7 @@ class CacheSession:
 
     def _session(self) -> None:
         host, port, secret = self.meta.learn_route(CONNECT_TIMEOUT_S)
-        sock, reader = connect(host, port, secret, CONNECT_TIMEOUT_S)
+        sock, reader = connect(host, port, secret, CONNECT_TIMEOUT_S, self.meta.tls)
         self._sock = sock
         try:
             sent = time.monotonic()

@@ -15,6 +15,7 @@ from curvine_py.common.buffers import BufferPool
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.config import Config, host_identity
 from curvine_py.common.memory import tune_malloc
+from curvine_py.common.tls import load as load_tls
 from curvine_py.client.blockio import BlockIO, WorkerDirectory
 from curvine_py.client.blockpaths import BlockPaths
 from curvine_py.client.metaclient import MasterClient
@@ -80,10 +81,11 @@ class ClientCore:
         if cfg.client.tune_malloc:
             tune_malloc()
         self.cfg = cfg
-        self.meta = MasterClient(master or cfg.client.master, cfg.client, cfg.cluster.secret)
+        tls = load_tls(cfg.tls, "client")
+        self.meta = MasterClient(master or cfg.client.master, cfg.client, cfg.cluster.secret, tls)
         self.host = host_identity(cfg.client.host)
         self.pool = ConnectionPool(max_idle_per_peer=8, io_timeout_s=cfg.client.data_timeout_s,
-                                   congestion=cfg.cluster.data_congestion)
+                                   congestion=cfg.cluster.data_congestion, tls=tls if tls and tls.data else None)
         self.io = BlockIO(self.pool, read_timeout_s=cfg.client.read_timeout_s)
         self.buffers = BufferPool(cfg.master.block_size, max_buffers=self._pool_buffers(cfg.master.block_size))
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="blockio")
@@ -91,7 +93,7 @@ class ClientCore:
         self._pools: dict[int, BufferPool] = {}   # other block sizes than the master's default
         self._pools_lock = threading.Lock()
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
-        shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad) \
+        shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad, tls=tls) \
             if cfg.client.short_circuit else None
         localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
         if localwrites is not None:   # a replica here is one written without the network

@@ -23,7 +23,8 @@ import threading
 import weakref
 
 from curvine_py.common import metaframes as mf
-from curvine_py.common.errors import Broken, NoServer
+from curvine_py.common.errors import Broken, CurvineError, NoServer
+from curvine_py.common.tls import Tls, refusal
 from curvine_py.pb.methods import Method, Rep, Req
 
 CONNECT_TIMEOUT_S = 5.0
@@ -73,8 +74,9 @@ class _Conn:
 class FramedClient:
     """Calls MasterService methods over frames to one master address; thread-safe."""
 
-    def __init__(self, host: str, port: int, secret: str, master: str = "") -> None:
+    def __init__(self, host: str, port: int, secret: str, master: str = "", tls: Tls | None = None) -> None:
         self.host, self.port = host, port
+        self.tls = tls
         self.master = master   # the gRPC address ("host:port") of the master that named this port
         self._secret = secret
         self._local = threading.local()
@@ -133,7 +135,7 @@ class FramedClient:
     def _connect(self, timeout: float) -> _Conn:
         if self._closed:
             raise NoServer(f"{self!r} is closed")
-        sock, reader = connect(self.host, self.port, self._secret, timeout)
+        sock, reader = connect(self.host, self.port, self._secret, timeout, self.tls)
         conn = _Conn(sock, reader, timeout)
         with self._lock:
             self._conns.add(conn)
@@ -170,9 +172,11 @@ class FramedClient:
             raise Broken(str(e)) from None
 
 
-def connect(host: str, port: int, secret: str, timeout: float) -> tuple[socket.socket, mf.FrameReader]:
-    """A connection to the frame server at host:port, past its handshake; NoServer when
-    nothing answers there, or not a frame server of ours."""
+def connect(host: str, port: int, secret: str, timeout: float,
+            tls: Tls | None = None) -> tuple[socket.socket, mf.FrameReader]:
+    """A connection to the frame server at host:port, past its handshake(s); NoServer when
+    nothing answers there, or not a frame server of ours; CurvineError EACCES when TLS
+    was refused either way (no retry changes that)."""
     try:
         sock = socket.create_connection((host, port), timeout=min(timeout, CONNECT_TIMEOUT_S))
     except OSError as e:
@@ -180,12 +184,16 @@ def connect(host: str, port: int, secret: str, timeout: float) -> tuple[socket.s
     try:
         _tune(sock)
         sock.settimeout(timeout)
+        if tls is not None:
+            sock = tls.connect(sock, "master")
         reader = mf.FrameReader(sock)
         answer = mf.answer_hello(reader.fill(mf.HELLO.size), secret, f"{host}:{port}")
         reader.consume(mf.HELLO.size)
         sock.sendall(answer)
     except OSError as e:   # mf.Closed too: closed before its hello, or not one of ours
         sock.close()
+        if why := refusal(e, f"the master at {host}:{port}"):
+            raise CurvineError(errno.EACCES, why) from None
         raise NoServer(f"no hello from {host}:{port}: {e}") from None
     return sock, reader
 

@@ -45,6 +45,7 @@ from curvine_py.common.errors import (RETRYABLE, ConfigError, CurvineError, NoSe
 from curvine_py.common.leader import Leader
 from curvine_py.common.retry import Exponential, Failed, Retry
 from curvine_py.common.rpc import channel
+from curvine_py.common.tls import Tls, diagnose
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 from curvine_py.pb.methods import Master, Method, Rep, Req
@@ -96,8 +97,10 @@ class MasterClient:
     """Thread-safe; one per process is enough (a frame connection per calling thread, and
     gRPC multiplexes calls on one channel)."""
 
-    def __init__(self, address: str, cfg: ClientConfig, secret: str = "") -> None:
-        """address: the master's gRPC "host:port", or a group's, comma-separated."""
+    def __init__(self, address: str, cfg: ClientConfig, secret: str = "", tls: Tls | None = None) -> None:
+        """address: the master's gRPC "host:port", or a group's, comma-separated; tls: this
+        client's identity when the cluster runs mutual TLS (common/tls.py)."""
+        self.tls = tls
         self.address = address
         try:
             self.masters = Leader(address, MASTER_WAIT)   # which master to call: the leader as last found
@@ -120,7 +123,8 @@ class MasterClient:
         # until client.retry_s (read at each call: the mount lowers it while mounting); the
         # next master of a group at once, MASTER_WAIT after each whole round (Leader.wait)
         self._retry = Retry(transient=_is_unreachable, wait=self.masters.wait,
-                            deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying)
+                            deadline_s=lambda: self.cfg.retry_s, before_sleep=self._retrying,
+                            before_retry=self._tls_verdict)
 
     def close(self) -> None:
         frames = self._frames
@@ -181,6 +185,16 @@ class MasterClient:
             return CurvineError(e.code, f"master {self.address} unreachable: {e}")
         last = f" (last {e.at}: {e})" if e.at else f": {e}"
         return CurvineError(e.code, f"no master of {self.masters} answered{last}")
+
+    def _tls_verdict(self, failed: Failed) -> None:
+        """After a first gRPC call that the master closed at once: when TLS is why (a plain
+        client at a TLS port, a refused certificate), say so now; no retry changes it."""
+        error = failed.error
+        if failed.attempt != 1 or "Socket closed" not in str(error):
+            return
+        at = error.at if isinstance(error, Unreached) and error.at else self.masters.current()
+        if why := diagnose(at, self.tls, "master"):
+            raise CurvineError(errno.EACCES, why)
 
     def _retrying(self, failed: Failed) -> None:
         error = failed.error
@@ -253,14 +267,14 @@ class MasterClient:
             if ring.frame_port == 0:
                 raise CurvineError(errno.EPROTO, f"master {at} serves no framed metadata port, which "
                                                  "clients need (master.frame_port = -1 on an older master)")
-            self._frames = FramedClient(_host_of(at), ring.frame_port, self._secret, at)
+            self._frames = FramedClient(_host_of(at), ring.frame_port, self._secret, at, self.tls)
             return self._frames
 
     def _bootstrap(self, at: str) -> pb_grpc.MasterServiceStub:
         """The GetRing stub of master `at`, its channel made on first use (under _port_lock)."""
         made = self._bootstraps.get(at)
         if made is None:
-            chan = channel(at, self._secret)
+            chan = channel(at, self._secret, self.tls)
             made = self._bootstraps[at] = (chan, pb_grpc.MasterServiceStub(chan))
         return made[1]
 

@@ -18,6 +18,7 @@ import grpc
 from curvine_py.common.errors import leader_of
 from curvine_py.common.leader import Leader
 from curvine_py.common.rpc import channel
+from curvine_py.common.tls import Tls
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 from curvine_py.pb.methods import Method, Rep, Req
@@ -75,9 +76,9 @@ class MasterGroup:
     (``common/leader.py``, the one place that decides which master to call).
     """
 
-    def __init__(self, addresses: typing.Sequence[str], secret: str = "") -> None:
+    def __init__(self, addresses: typing.Sequence[str], secret: str = "", tls: Tls | None = None) -> None:
         self.addresses = tuple(addresses)
-        self._channels = [channel(a, secret) for a in self.addresses]
+        self._channels = [channel(a, secret, tls) for a in self.addresses]
         self._stubs = [pb_grpc.MasterServiceStub(c) for c in self._channels]
         self.masters = Leader(self.addresses, lambda _round: 0.0)   # which one leads, as last found
 

@@ -38,6 +38,7 @@ from curvine_py.common import rpc
 from curvine_py.common.blockmeta import BlockMeta, block_file, mapped_chunk_sums
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.frames import Arrivals
+from curvine_py.common.tls import Tls
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc
 
@@ -62,7 +63,8 @@ class ShortCircuit:
     """Reads of local replicas from their block files; counters say how often it worked."""
 
     def __init__(self, host: str, secret: str = "", max_blocks: int = MAX_CACHED_BLOCKS,
-                 report_bad: Callable[[int, int, str], object] | None = None) -> None:
+                 report_bad: Callable[[int, int, str], object] | None = None, tls: Tls | None = None) -> None:
+        self._tls = tls
         self.host = host
         self.report_bad = report_bad   # (block id, worker id, reason): tell the master of a bad copy
         self.max_blocks = max_blocks
@@ -355,7 +357,7 @@ class ShortCircuit:
         with self._lock:
             stub = self._stubs.get(where)
             if stub is None:
-                channel = rpc.channel(f"{addr.ip}:{addr.rpc_port}", self._secret)
+                channel = rpc.channel(f"{addr.ip}:{addr.rpc_port}", self._secret, self._tls, peer="worker")
                 self._channels.append(channel)
                 stub = self._stubs[where] = curvine_pb2_grpc.WorkerServiceStub(channel)
             return stub

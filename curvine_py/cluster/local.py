@@ -59,7 +59,10 @@ from pathlib import Path
 from curvine_py.cluster import ports as clusterports
 from curvine_py.cluster.ports import MasterPorts, PortPlan
 from curvine_py.common import config as cfgmod
+from curvine_py.common import tls as tlsmod
 from curvine_py.common.mounttable import detach, is_mounted
+from curvine_py.common.tls import Tls
+from curvine_py.common.tls import load as load_tls
 from curvine_py.client.metagroup import MasterGroup
 from curvine_py.cluster.processes import (  # noqa: F401  (re-exported: the CLI and tests use them from here)
     LOCAL_IP, STOP_TIMEOUT_S, ProcessRecord, _start_ticks, free_ports, log_tail, pid_alive,
@@ -70,6 +73,7 @@ from curvine_py.pb.methods import Master
 
 DEFAULT_MASTER_PORT = 8995
 DEFAULT_WORKERS = 2
+DEFAULT_TLS = False   # `cv cluster start` of a new DIR: mutual TLS (docs/security.md has the measured cost)
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "curvine.toml"
 START_TIMEOUT_S = 30.0
@@ -146,10 +150,11 @@ def fuse_available() -> bool:
     return any(Path(loc, "main.py").exists() for loc in (locations or ()))
 
 
-def query_report(address: str, timeout: float = 1.0, secret: str = "") -> curvine_pb2.ReportReply | None:
+def query_report(address: str, timeout: float = 1.0, secret: str = "",
+                 tls: Tls | None = None) -> curvine_pb2.ReportReply | None:
     """The leader's Report (address: one master, or every master comma-separated); None
     when no master answers it within timeout."""
-    with MasterGroup(cfgmod.addresses(address), secret) as group:
+    with MasterGroup(cfgmod.addresses(address), secret, tls) as group:
         return group.call(Master.Report, curvine_pb2.Empty(), timeout)
 
 
@@ -160,6 +165,30 @@ def daemon_secret(config_path: str | Path) -> str:
     """The cluster secret the daemons started with config_path use: the file, then the
     environment (CURVINE_CLUSTER_SECRET wins), as they load it."""
     return cfgmod.load(path=str(config_path)).cluster.secret
+
+
+def daemon_tls(config_path: str | Path) -> Tls | None:
+    """A client's TLS for the cluster whose daemons use config_path (None: TLS off)."""
+    return load_tls(cfgmod.load(path=str(config_path)).tls, "client")
+
+
+def ensure_tls(path: Path, tls_dir: Path) -> None:
+    """Turn TLS on in the config file at path, with the CA and the client certificate in
+    tls_dir, if the file says nothing of TLS yet (the [tls] section as to_toml wrote it:
+    every key at its default).  Users who set [tls] themselves keep their settings."""
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, path)
+    if cfg.tls != cfgmod.TlsConfig():
+        return
+    text = path.read_text()
+    section = (f'[tls]\nenabled = true\nca = "{tls_dir / "ca.pem"}"\ncert = "{tls_dir / "client.pem"}"\n'
+               f'key = "{tls_dir / "client.key"}"\ndata = true\n')
+    old = re.search(r"^\[tls\]\s*$(?:\n(?!\[).*)*", text, re.M)
+    text = text[:old.start()] + section + text[old.end():] if old else text + "\n" + section
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
 
 
 def ensure_secret(path: Path) -> None:
@@ -202,7 +231,9 @@ class LocalCluster:
                  extra_worker_flags: typing.Sequence[str] = (),
                  *, masters: int = 1, base_port: int | None = None, bind: str = LOCAL_IP,
                  mount: str | None = None, die_with_parent: bool = False,
-                 env: typing.Mapping[str, str] | None = None) -> None:
+                 env: typing.Mapping[str, str] | None = None, tls: bool = False) -> None:
+        """tls: turn mutual TLS on in a config that says nothing of it (a new cluster):
+        a CA and every process's certificate under D/tls (common/tls.py)."""
         if workers < 1:
             raise ClusterError("a cluster needs at least one worker")
         if masters < 1 or masters % 2 == 0:
@@ -227,6 +258,9 @@ class LocalCluster:
         self._group: MasterGroup | None = None
         self.hostname = cfgmod.host_identity("")
         self.secret = ""  # the cluster secret, read (or created) by prepare()
+        self.want_tls = tls
+        self.tls_dir = self.dir / "tls"
+        self.tls: Tls | None = None   # the client identity of this cluster's tools, read by prepare()
 
     def _plan_ports(self, master_port: int | None, base_port: int | None) -> PortPlan:
         """Explicit ports follow the documented scheme; master_port=None means "any free
@@ -353,7 +387,8 @@ class LocalCluster:
         """argv of a daemon: the bootstrap interpreter plus the role's flags."""
         argv = self._boot(role)
         if role == "master":
-            return argv + ["--config", str(self.config_path), *self.master_flags(i), *self.extra_master_flags]
+            return argv + ["--config", str(self.config_path), *self.master_flags(i),
+                           *self.tls_flags(self.master_name(i)), *self.extra_master_flags]
         if role == "worker":
             rpc, data = self.worker_ports(i)
             return argv + ["--config", str(self.config_path),
@@ -361,7 +396,8 @@ class LocalCluster:
                            "--worker-ip", self.ip, "--worker-host", self.worker_host(i),
                            "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
                            "--worker-dirs", self.worker_dir_spec(i),
-                           "--worker-metrics-port", str(self.metrics_port("worker", i)), *self.extra_worker_flags]
+                           "--worker-metrics-port", str(self.metrics_port("worker", i)),
+                           *self.tls_flags(f"worker{i}"), *self.extra_worker_flags]
         if role == "fuse":
             assert self.mount is not None
             return argv + [self.mount, "--master", self.master_address, "--config", str(self.config_path),
@@ -399,6 +435,36 @@ class LocalCluster:
             os.replace(tmp, self.config_path)
         ensure_secret(self.config_path)
         self.secret = daemon_secret(self.config_path)
+        if self.want_tls:
+            ensure_tls(self.config_path, self.tls_dir)
+        self._prepare_certificates()
+
+    def _prepare_certificates(self) -> None:
+        """With TLS on in the config: the CA (when absent) and each process's certificate,
+        issued here up front (a daemon could issue its own, but two clients issuing one
+        file at once could pair one's certificate with the other's key)."""
+        tls = cfgmod.load(path=str(self.config_path)).tls
+        if not tls.enabled:
+            self.tls = None
+            return
+        ca = Path(tls.ca)
+        if not ca.exists():
+            tlsmod.create_ca(ca)
+        names = [("client", "client")] + [(self.master_name(i), "master") for i in range(self.n_masters)] \
+            + [(f"worker{i}", "worker") for i in range(self.n_workers)]
+        for name, role in names:
+            cert = Path(tls.cert) if name == "client" and tls.cert else self.tls_dir / f"{name}.pem"
+            if not cert.exists():
+                key = Path(tls.key) if name == "client" and tls.key else tlsmod.key_path_of(cert)
+                tlsmod.issue(ca, f"{name} of {self.dir}", role, cert, key)
+        self.tls = daemon_tls(self.config_path)
+
+    def tls_flags(self, name: str) -> list[str]:
+        """A daemon's own certificate (with TLS on), as flags."""
+        if self.tls is None:
+            return []
+        cert = self.tls_dir / f"{name}.pem"
+        return ["--tls-cert", str(cert), "--tls-key", str(tlsmod.key_path_of(cert))]
 
     # ------------------------------------------------------------ spawning
 
@@ -523,7 +589,7 @@ class LocalCluster:
     def group(self) -> MasterGroup:
         """Channels to every master, opened on first use (the secret is known by then)."""
         if self._group is None:
-            self._group = MasterGroup(self.master_addresses, self.secret)
+            self._group = MasterGroup(self.master_addresses, self.secret, self.tls)
         return self._group
 
     def report(self, timeout: float = 1.0) -> curvine_pb2.ReportReply | None:

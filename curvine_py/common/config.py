@@ -153,6 +153,16 @@ class UfsConfig:
 
 
 @dataclass
+class TlsConfig:
+    """Mutual TLS on every TCP channel (common/tls.py, docs/security.md)."""
+    enabled: bool = False         # TLS with client certificates on gRPC, the framed channel and block data
+    ca: str = ""                  # the cluster CA certificate (PEM); its key beside it (ca.key) issues missing ones
+    cert: str = ""                # this process's certificate; "" = <ca dir>/<role>.pem
+    key: str = ""                 # its private key (mode 0600); "" = the certificate's path with .key
+    data: bool = True             # also the block-data channel (false: trusted networks, full speed)
+
+
+@dataclass
 class Config:
     """The whole configuration; one instance per process."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -162,6 +172,7 @@ class Config:
     client: ClientConfig = field(default_factory=ClientConfig)
     fuse: FuseConfig = field(default_factory=FuseConfig)
     ufs: UfsConfig = field(default_factory=UfsConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     def section(self, name: str) -> typing.Any:
         return getattr(self, name)

@@ -20,6 +20,7 @@ import weakref
 from collections import defaultdict
 
 from curvine_py.common import frames
+from curvine_py.common.tls import Tls
 
 CONNECT_TIMEOUT_S = 1.5   # a LAN connect takes < 1 ms; a silent peer must not stall a read long
 IO_TIMEOUT_S = 30.0
@@ -31,8 +32,11 @@ class ConnectionPool:
 
     def __init__(self, max_idle_per_peer: int = 4, idle_s: float = 60.0,
                  connect_timeout_s: float = CONNECT_TIMEOUT_S, io_timeout_s: float = IO_TIMEOUT_S,
-                 congestion: str = "") -> None:
+                 congestion: str = "", tls: Tls | None = None) -> None:
+        """tls: new connections run a mutual TLS handshake with the worker (the pool
+        is made with one only when tls.data is on)."""
         self.max_idle_per_peer = max_idle_per_peer
+        self.tls = tls
         self.congestion = congestion   # TCP congestion control of new connections ("" = the system's)
         self.idle_s = idle_s
         self.connect_timeout_s = connect_timeout_s
@@ -52,8 +56,8 @@ class ConnectionPool:
         for _, sock in idle:
             sock.close()
         for sock in busy:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)   # its owner's send/recv fails now; it closes it
+            try:   # its owner's send/recv fails now; it closes it (a TLS socket's own shutdown would race it)
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -79,6 +83,12 @@ class ConnectionPool:
                 return self._lend(ip, port, sock)
             sock.close()
         sock = frames.connect(ip, port, self.connect_timeout_s, self.congestion)
+        if self.tls is not None:
+            try:
+                sock = self.tls.connect(sock, "worker")
+            except OSError:
+                sock.close()
+                raise
         sock.settimeout(self.io_timeout_s)
         return self._lend(ip, port, sock)
 

@@ -8,7 +8,10 @@ the reader sees a short read and moves to the other replica).  docs/wire.md
 describes every exchange.
 
 Senders use ``sendmsg`` with the header and the payload as separate buffers (no
-concatenation copy); receivers ``recv_into`` preallocated buffers.
+concatenation copy); receivers ``recv_into`` preallocated buffers.  Over TLS
+(common/tls.py) a socket has neither ``sendmsg`` nor ``sendfile`` nor flags: each buffer
+goes by ``sendall`` (TLS copies it into records anyway), a file's range by ``preadv``
+into a pooled piece, and a server's wait for the next request by ``select``.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import logging
 import os
 import select
 import socket
+import ssl
 import struct
 import typing
 
@@ -55,6 +59,9 @@ class ChannelClosed(CurvineError):
 def send_all(sock: socket.socket, buffers: list[bytes | bytearray | memoryview]) -> None:
     """Send every buffer with as few syscalls as possible (sendmsg gathers them)."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    if isinstance(sock, ssl.SSLSocket):
+        _send_all_tls(sock, views)
+        return
     while views:
         sent = sock.sendmsg(views)
         while sent and views:
@@ -66,6 +73,30 @@ def send_all(sock: socket.socket, buffers: list[bytes | bytearray | memoryview])
                 sent = 0
 
 
+_TLS_JOIN = 16 * 1024   # buffers smaller than a TLS record are joined into one record
+
+
+def _send_all_tls(sock: ssl.SSLSocket, views: list[memoryview]) -> None:
+    """A header and its small payload in one record; a large payload alone (no copy here)."""
+    if sum(len(v) for v in views) <= _TLS_JOIN:
+        sock.sendall(b"".join(views))
+        return
+    for v in views:
+        sock.sendall(v)
+
+
+def wait_request(sock: socket.socket) -> None:
+    """Block until the next request's first bytes are readable (the socket's timeout
+    applies: TimeoutError), without consuming them; EOF shows in the read that follows."""
+    if not isinstance(sock, ssl.SSLSocket):
+        sock.recv(1, socket.MSG_PEEK)
+        return
+    if sock.pending():   # decrypted bytes are waiting already
+        return
+    if not select.select([sock], [], [], sock.gettimeout())[0]:
+        raise TimeoutError("timed out waiting for a request")
+
+
 def send_file(sock: socket.socket, fd: int, offset: int, n: int, head: bytes = b"") -> None:
     """Send head, then n bytes of the file fd from offset, by sendfile(2): the kernel sends
     them from the page cache, with no copy through this process (worker/dataserver.py).
@@ -73,6 +104,9 @@ def send_file(sock: socket.socket, fd: int, offset: int, n: int, head: bytes = b
     head goes with MSG_MORE so it leaves in the same segment as the file's first bytes.
     The socket may have a timeout (internally non-blocking): a full send buffer is waited
     for, up to that timeout, as sendall does."""
+    if isinstance(sock, ssl.SSLSocket):
+        _send_file_tls(sock, fd, offset, n, head)
+        return
     if head:
         view = memoryview(head)
         while view:
@@ -89,6 +123,21 @@ def send_file(sock: socket.socket, fd: int, offset: int, n: int, head: bytes = b
             raise CurvineError(errno.EIO, f"file ended {n} bytes early at {offset}")
         offset += sent
         n -= sent
+
+
+def _send_file_tls(sock: ssl.SSLSocket, fd: int, offset: int, n: int, head: bytes) -> None:
+    """send_file over TLS: the kernel cannot encrypt (no kTLS from Python 3.11's ssl), so
+    the range is read into one buffer and sent (the head in the same record)."""
+    buf = bytearray(len(head) + n)
+    buf[:len(head)] = head
+    view = memoryview(buf)
+    got = len(head)
+    while got < len(buf):
+        k = os.preadv(fd, [view[got:]], offset + got - len(head))
+        if k == 0:
+            raise CurvineError(errno.EIO, f"file ended {len(buf) - got} bytes early at {offset}")
+        got += k
+    sock.sendall(view)
 
 
 def header_bytes(header: DataHeader) -> bytes:

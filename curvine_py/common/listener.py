@@ -47,6 +47,8 @@ import threading
 import time
 import weakref
 
+from curvine_py.common.tls import EVERYONE, Tls
+
 log = logging.getLogger(__name__)
 MAX_CONNS = 4096            # connections one port serves at once (and never more than connection_budget())
 BACKLOG = 4096              # listen backlog (at most net.core.somaxconn): a burst waits there, not dropped
@@ -164,8 +166,8 @@ class Conn:
         """End the connection: its thread's pending recv returns and the thread closes it
         (one still waiting for its first bytes: its accept thread does)."""
         self.evicted = why
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+        try:   # the plain socket's shutdown: a TLS socket's own would drop its state under its thread
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -189,11 +191,16 @@ class ConnectionServer:
 
     def __init__(self, listener: socket.socket, name: str, max_conns: int = MAX_CONNS,
                  first_request_s: float = FIRST_REQUEST_S, partial_s: float = PARTIAL_S,
-                 idle_s: float = IDLE_S, fds_per_conn: int = 1) -> None:
+                 idle_s: float = IDLE_S, fds_per_conn: int = 1, tls: "Tls | None" = None,
+                 accept: frozenset[str] = EVERYONE) -> None:
         """fds_per_conn: the descriptors a connection of this server may hold (its socket,
         a block file or a downstream connection, a SQLite read connection of its thread),
-        what it counts for in connection_budget()."""
+        what it counts for in connection_budget().  tls: each connection's thread first
+        runs the server side of a mutual TLS handshake, and serves peers whose certificate
+        is of a role in `accept` (common/tls.py)."""
         self._listener = listener
+        self._tls = tls
+        self._accept_roles = accept
         self._name = name
         self.fds_per_conn = fds_per_conn
         self.max_conns = min(max_conns, connection_budget() // fds_per_conn)
@@ -344,7 +351,8 @@ class ConnectionServer:
         conn = Conn(sock, addr)
         with _LOCK:
             self._conns[sock] = conn
-        conn.greeting = self.greet(sock)
+        if self._tls is None:   # (with TLS the server speaks only inside it: _secure greets)
+            conn.greeting = self.greet(sock)
         assert self._selector is not None
         self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -391,9 +399,29 @@ class ConnectionServer:
 
     def _run(self, conn: Conn) -> None:
         try:
-            self.serve(conn.sock, conn.addr)
+            if self._tls is None or self._secure(conn, self._tls):
+                self.serve(conn.sock, conn.addr)
         finally:
             self._forget(conn.sock)
+
+    def _secure(self, conn: Conn, tls: "Tls") -> bool:
+        """The TLS handshake (the ClientHello is what woke the connection), then the
+        greeting inside it; False (logged once per 10 s) when the peer is refused."""
+        conn.reading()   # a peer stalled in its handshake may be evicted, as in a request
+        try:
+            secured = tls.accept(conn.sock, self._accept_roles, self.first_request_s)
+        except (OSError, ValueError) as e:   # ssl.SSLError and PeerRefused are OSErrors
+            self._failures.note("a TLS handshake failed", e)
+            return False
+        with _LOCK:   # the plain socket object is detached now: the table keys the TLS one
+            self._conns.pop(conn.sock, None)
+            conn.sock = secured
+            self._conns[secured] = conn
+        try:
+            conn.greeting = self.greet(secured)
+        except OSError:
+            return False
+        return True
 
     # ------------------------------------------------------------ eviction and timeouts
 
