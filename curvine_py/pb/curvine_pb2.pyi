@@ -451,22 +451,28 @@ class LeaseReply(_message.Message):
     def __init__(self, expired: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockLocationsRequest(_message.Message):
-    __slots__ = ("caller", "ino")
+    __slots__ = ("caller", "ino", "lease_id", "pending")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     ino: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
+    lease_id: int
+    pending: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., pending: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockLocationsReply(_message.Message):
-    __slots__ = ("attr", "blocks", "workers")
+    __slots__ = ("attr", "blocks", "workers", "pending")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+    pending: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ...) -> None: ...
 
 class UfsMount(_message.Message):
     __slots__ = ("mount_id", "path", "uri", "options", "write_mode", "metadata_ttl_ms", "ttl_ms", "created_ns")
