@@ -44,12 +44,15 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
                       "--stat-sample", "100", "--round", "100"),
     "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
+    "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
 }
 # under the system temp dir, removed after
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
 MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
-          "ufs_bench.py", "kv_lookup.py"}
+          "ufs_bench.py", "kv_lookup.py", "kv_native.py"}
 NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testing/testhosts.py)
+LMCACHE = {"kv_native.py"}              # real LMCache in its venv (make lmcache-deps)
+LMCACHE_BIN = BENCH.parent / ".venv" / "lmcache" / "bin" / "lmcache"
 COVERED_ELSEWHERE = {"compare": "tests/multihost/test_compare.py"}
 
 
@@ -88,6 +91,8 @@ def test_script_runs_at_its_smallest_size(script: str, tmp_path: Path) -> None:
         pytest.skip(why)
     if script in NETNS and (why := unavailable_reason()):
         pytest.skip(why)
+    if script in LMCACHE and not LMCACHE_BIN.exists():
+        pytest.skip(f"real LMCache is not installed ({LMCACHE_BIN}: make lmcache-deps)")
     work = tmp_path / "work"
     work.mkdir()
     extra = () if script in NO_DIR else ("--dir", str(work))
@@ -179,6 +184,13 @@ def check_figures(script: str, out: str) -> None:
         for name in readers:
             positive(res[name], "cold_MBps", "warm_MBps")
         positive(res["fsspec_over_local"], "cold", "warm")
+    elif script == "kv_native.py":
+        res = json.loads(out)["2 keys"]
+        assert set(res) == {"fs on ext4", "fs on mount", "plugin"}, res
+        for figs in res.values():
+            positive(figs, "store_MBps", "lookup_ms", "load_ms", "load_GBps")
+        for tier in ("fs on mount", "plugin"):
+            positive(res[tier], "store_vs_ext4", "lookup_vs_ext4", "load_vs_ext4")
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:

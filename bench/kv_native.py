@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""LMCache's own L2 benchmark (`lmcache bench l2`, verified) on three L2 tiers, one run.
+
+- plugin: our native adapter (curvine_py.kv.lmcache) through LMCache's `plugin` type,
+  on a worker's host (a replica is local: the SDK reads its block files directly);
+- fs on mount: LMCache's built-in `fs` adapter on a mount of the same pool (default mount
+  settings; the mount's host identity is that worker's host too);
+- fs on ext4: the `fs` adapter on a local directory (the physical limit here).
+
+One local cluster (1 master, 2 workers, a mount) serves the first two.  For each key
+count (`--keys`, default 8 and 32; 14 MiB per key as Qwen2.5-7B's chunks) each tier runs
+`lmcache bench l2 --no-skip-verify --lookup-max-hit-rate 1.0` once, the tiers in turn,
+and its figures are the benchmark's own p50 over `--rounds` rounds: store MB/s, lookup ms,
+load ms, each also as a ratio to the ext4 run.  Each tier's directory is emptied after
+its run.  Needs root (the mount) and the LMCache venv (`make lmcache-deps`).
+
+    .venv/bin/python bench/kv_native.py [--keys 8,32] [--data-size-kb 14336] [--rounds 3]
+        [--dir DIR] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from curvine_py.cluster.local import LocalCluster
+from curvine_py.common import config as cfgmod
+from curvine_py.sdk import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+LMCACHE = ROOT / ".venv" / "lmcache" / "bin" / "lmcache"
+TIERS = ("fs on ext4", "fs on mount", "plugin")
+RUN_TIMEOUT_S = 600
+
+
+def spec(tier: str, cluster: LocalCluster, mnt: Path, local: Path, base: str) -> str:
+    if tier == "plugin":
+        params = {"config": str(cluster.config_path), "base_path": base, "host": cluster.worker_host(0)}
+        return json.dumps({"type": "plugin", "module_path": "curvine_py.kv.lmcache", "class_name": "CurvineL2Adapter",
+                           "config_class_name": "CurvineL2AdapterConfig", "adapter_params": params})
+    directory = (mnt if tier == "fs on mount" else local) / base.strip("/")
+    return json.dumps({"type": "fs", "base_path": str(directory)})
+
+
+def bench_l2(l2_spec: str, keys: int, size_kb: int, rounds: int, work: Path) -> dict[str, float]:
+    """One `lmcache bench l2` run: store MB/s, lookup ms, load ms (p50 of its rounds)."""
+    out = work / "bench-l2.json"
+    argv = [str(LMCACHE), "bench", "l2", "--l2-adapter", l2_spec, "--num-keys", str(keys),
+            "--data-size-kb", str(size_kb), "--rounds", str(rounds), "--no-skip-verify",
+            "--lookup-max-hit-rate", "1.0", "--format", "json", "--output", str(out), "-q"]
+    env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=work, env=env)
+    try:
+        if proc.returncode != 0:   # a failed verification too
+            raise RuntimeError(f"lmcache bench l2 exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+        ops = {op["operation"]: op for op in _ops(json.loads(out.read_text()))}
+    finally:
+        out.unlink(missing_ok=True)
+    for name in ("Store", "Lookup", "Load"):
+        op = ops[name]
+        if op["total_success"] != op["total_keys"]:
+            raise RuntimeError(f"{name}: {op['total_success']} of {op['total_keys']} keys")
+    return {"store_MBps": ops["Store"]["throughput_avg_mbps"], "lookup_ms": ops["Lookup"]["duration_p50_ms"],
+            "load_ms": ops["Load"]["duration_p50_ms"], "load_GBps": ops["Load"]["throughput_avg_mbps"] / 1000}
+
+
+def _ops(report: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for key, value in report.items():
+        if isinstance(value, dict):
+            found += [value] if key.startswith("op_") else _ops(value)
+    return found
+
+
+def start(work: Path) -> tuple[LocalCluster, Path]:
+    mnt = work / "mnt"
+    host = f"{cfgmod.host_identity('')}-w0"   # LocalCluster.worker_host(0): the mount reads replicas locally
+    cluster = LocalCluster(work / "cluster", workers=2, mount=str(mnt), die_with_parent=True,
+                           extra_master_flags=("--master-heartbeat-ms", "200"), env={"CURVINE_CLIENT_HOST": host})
+    return cluster.start(timeout=60), mnt
+
+
+def empty(tier: str, client: Client, local: Path, base: str) -> None:
+    if tier == "fs on ext4":
+        shutil.rmtree(local / base.strip("/"), ignore_errors=True)
+        return
+    for name in client.listdir(base) if client.exists(base) else []:
+        client.remove(f"{base}/{name}")
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, dict[str, float]]]:
+    cluster, mnt = start(work)
+    local = work / "ext4"
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        cfg = cfgmod.Config()
+        cfgmod.load_file(cfg, cluster.config_path)
+        with Client(cluster.master_address, cfg) as client:
+            for keys in args.keys:
+                row = results.setdefault(f"{keys} keys", {})
+                for i, tier in enumerate(TIERS):
+                    base = f"/kvbench/{keys}-{i}"
+                    try:
+                        row[tier] = bench_l2(spec(tier, cluster, mnt, local, base), keys, args.data_size_kb,
+                                             args.rounds, work)
+                    finally:
+                        empty(tier, client, local, base)
+                ext4 = row["fs on ext4"]
+                for tier in TIERS[1:]:
+                    r = row[tier]
+                    r["store_vs_ext4"] = r["store_MBps"] / ext4["store_MBps"]
+                    r["lookup_vs_ext4"] = r["lookup_ms"] / ext4["lookup_ms"]
+                    r["load_vs_ext4"] = r["load_ms"] / ext4["load_ms"]
+            for name in client.listdir("/kvbench") if client.exists("/kvbench") else []:
+                client.rmdir(f"/kvbench/{name}")
+    finally:
+        cluster.stop()
+        shutil.rmtree(local, ignore_errors=True)
+    return results
+
+
+def table(results: dict[str, dict[str, dict[str, float]]], size_kb: int) -> str:
+    lines = [f"lmcache bench l2, {size_kb} KiB per key, verified (ratios: / fs on ext4; load and lookup: lower is "
+             "better)",
+             f"{'keys':<9}{'tier':<13}{'store MB/s':>11}{'x ext4':>8}{'lookup ms':>11}{'x ext4':>8}"
+             f"{'load ms':>10}{'x ext4':>8}{'load GB/s':>11}"]
+    for keys, row in results.items():
+        for tier, r in row.items():
+            lines.append(f"{keys:<9}{tier:<13}{r['store_MBps']:>11.0f}{r.get('store_vs_ext4', 1.0):>8.2f}"
+                         f"{r['lookup_ms']:>11.2f}{r.get('lookup_vs_ext4', 1.0):>8.2f}{r['load_ms']:>10.1f}"
+                         f"{r.get('load_vs_ext4', 1.0):>8.2f}{r['load_GBps']:>11.2f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32],
+                    help="key counts, comma-separated (each a run per tier)")
+    ap.add_argument("--data-size-kb", type=int, default=14336, help="per key (14336: Qwen2.5-7B's 256-token chunk)")
+    ap.add_argument("--rounds", type=int, default=3, help="the benchmark's measured rounds per run")
+    ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not LMCACHE.exists():
+        print(f"kv_native: LMCache is not installed ({LMCACHE}: make lmcache-deps)", file=sys.stderr)
+        return 2
+    if any(k < 1 for k in args.keys) or args.data_size_kb < 1 or args.rounds < 1:
+        print("kv_native: --keys, --data-size-kb and --rounds must be positive", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="kv_native-", dir=args.dir))
+    try:
+        results = measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(results, indent=1) if args.json else table(results, args.data_size_kb))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
