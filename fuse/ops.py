@@ -9,6 +9,7 @@ errors to FUSEError errnos.  Semantics live in the VFS and the master.
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import inspect
 import itertools
@@ -23,11 +24,13 @@ import trio
 
 from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta
+from curvine_py.client.locks import LockAsk, acquire
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, Op, Opened
 from curvine_py.client.reader import LentView
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.lockranges import RDLCK, UNLCK, WRLCK
 from curvine_py.common.types import (
     SETATTR_ATIME, SETATTR_ATIME_NOW, SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW,
     SETATTR_SIZE, SETATTR_UID,
@@ -53,6 +56,10 @@ _ROOT = Identity(0, 0, ())
 # FOPEN_NOFLUSH (Linux 5.14+) with the pyfuse3 that deploy/build-pyfuse3.sh builds; a stock
 # pyfuse3 has no such field, and every close then sends a FLUSH as before.
 _NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+# the kernel's lock types as the master's (POSIX's F_* for fcntl, LOCK_* for flock)
+_FCNTL_TYPES = {fcntl.F_RDLCK: RDLCK, fcntl.F_WRLCK: WRLCK, fcntl.F_UNLCK: UNLCK}
+_TO_FCNTL = {v: k for k, v in _FCNTL_TYPES.items()}
+_FLOCK_TYPES = {fcntl.LOCK_SH: RDLCK, fcntl.LOCK_EX: WRLCK, fcntl.LOCK_UN: UNLCK}
 
 
 def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,12 +139,20 @@ class CurvineOps(pyfuse3.Operations):
         self.timed = cfg.metrics_port != 0
         self.metrics_address = ""
         self.top_dirs = metrics.TopDirs()
+        self._renewing = False   # the lock lease's renewal task runs (while this mount holds a lock)
 
     def init(self) -> None:
-        """The kernel's INIT was answered: passthrough is known to work or not now."""
+        """The kernel's INIT was answered: passthrough and locks are known to work or not now."""
         if self.enable_passthrough:
             self.passthrough = passthrough.start(self.vfs, self._run_backing_file)
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
+        locks_enabled = getattr(pyfuse3, "locks_enabled", None)
+        if locks_enabled is None:
+            log.warning("pyfuse3 without lock handlers (not deploy/build-pyfuse3.sh's): cross-mount locks are off, "
+                        "flock and fcntl locks hold within this mount only")
+        else:
+            posix, flock = locks_enabled()
+            log.info("cross-mount locks: POSIX %s, flock %s", "on" if posix else "off", "on" if flock else "off")
 
     # ------------------------------------------------------------------ helpers
     def _unless_given_up(self) -> None:
@@ -473,6 +488,58 @@ class CurvineOps(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # the client keeps no per-inode lookup state
+
+    # ------------------------------------------------------------------ locks (client/locks.py)
+    @_fs_errors
+    async def getlk(self, fh: int, owner: int, type: int, start: int, end: int,
+                    pid: int) -> tuple[int, int, int, int]:
+        a = LockAsk(0, owner, False, _FCNTL_TYPES.get(type, -1), start, end, pid)
+        found = await self._do(self.vfs.getlk(fh, a))
+        if found is None:
+            return fcntl.F_UNLCK, start, end, pid
+        return _TO_FCNTL[found.type], found.start, found.end, found.pid
+
+    @_fs_errors
+    async def setlk(self, fh: int, owner: int, type: int, start: int, end: int, pid: int, sleep: bool,
+                    interrupted: Callable[[], bool]) -> None:
+        await self._lock(fh, LockAsk(0, owner, False, _FCNTL_TYPES.get(type, -1), start, end, pid), sleep,
+                         interrupted)
+
+    @_fs_errors
+    async def flock(self, fh: int, owner: int, op: int, interrupted: Callable[[], bool]) -> None:
+        kind = _FLOCK_TYPES.get(op & ~fcntl.LOCK_NB, -1)
+        await self._lock(fh, LockAsk(0, owner, True, kind), not op & fcntl.LOCK_NB, interrupted)
+
+    @_fs_errors
+    async def forget_locks(self, fh: int, owner: int, flock: bool) -> None:
+        await self._do(self.vfs.unlock_owner(fh, owner, flock))
+
+    async def _lock(self, fh: int, a: LockAsk, block: bool, interrupted: Callable[[], bool]) -> None:
+        req = CURRENT.get()
+
+        async def attempt(waiting: bool) -> bool:
+            if req is not None:   # each try is bounded: the watchdog bounds the tries, not the wait
+                req.start = _monotonic()
+            return await self._do(self.vfs.setlk(fh, a, waiting))
+        await acquire(attempt, block and a.type != UNLCK, trio.sleep, interrupted)
+        if a.type != UNLCK and not self._renewing:
+            self._renewing = True
+            trio.lowlevel.spawn_system_task(self._renew_locks)
+
+    async def _renew_locks(self) -> None:
+        """Renew the lock lease while this mount holds a lock (VFS.renew_locks)."""
+        try:
+            while True:
+                try:
+                    pause = await self._do(self.vfs.renew_locks())
+                except Exception as e:   # the master unreachable past the retries: go on trying
+                    log.warning("renewing the lock lease: %s", e)
+                    pause = 1.0
+                if not pause:
+                    return
+                await trio.sleep(pause)
+        finally:
+            self._renewing = False
 
     # ------------------------------------------------------------------ xattrs, statfs
     @_fs_errors

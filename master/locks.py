@@ -95,8 +95,8 @@ class LockTable:
         cycle.  UNAVAILABLE (retried by clients) during a new master's grace."""
         self._check(c)
         with self._mu:
-            if c.type != lockranges.UNLCK:
-                self._in_grace()
+            if c.type != lockranges.UNLCK or c.client not in self._mounts:
+                self._in_grace()   # (an unlock, too, comes after its mount's reclaim)
             self._heard(c.client)
             found = self._blocker(c)
             if found is not None:
@@ -113,17 +113,24 @@ class LockTable:
 
     # ------------------------------------------------------------------ leases
     def renew(self, client: str, reclaim: list[LockCall]) -> bool:
-        """A mount's lease renewed; False when the table holds no lock of it.  reclaim:
-        the locks it holds, given back to a master that never dropped them."""
+        """A mount's lease renewed; False: its locks are gone (its lease ran out here, or
+        it comes back after the grace).  reclaim: the locks the mount holds, which a
+        master that has not heard from it since it began leading takes back during its
+        grace (a mount it knows is renewed and its list ignored: the table is the truth)."""
         with self._mu:
             m = self._mounts.get(client)
-            if m is not None and m.inodes:
+            if m is not None:
                 m.heard = self._clock()
                 return True
-            if not reclaim or client in self._expired:
+            if client in self._expired:
+                return False
+            if not reclaim:
+                return True
+            if self._clock() >= self._grace_until:
                 return False
             for c in reclaim:
                 self._install(c)
+            self._mounts[client].heard = self._clock()
             log.info("mount %s reclaimed %d locks", client, len(reclaim))
             return True
 

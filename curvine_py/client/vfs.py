@@ -34,14 +34,16 @@ import threading
 import time
 import typing
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Generator, TypeVar
 
 from curvine_py.client.core import ClientCore
+from curvine_py.client.locks import LockAsk, MountLocks
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, LentView
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
+from curvine_py.common.lockranges import UNLCK, Range
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master, Method, Rep, Req
@@ -118,6 +120,7 @@ class Handle:
     version: int = 0          # InodeState.version the reader was loaded at
     local_block: pb.BlockInfo | None = None   # the file's one block, with a replica here (backing_file)
     staged: Any = None   # the file's one block, staged in memory for the kernel (client/mount/staging.py)
+    lock_owners: set[tuple[int, bool]] = field(default_factory=set)   # (owner, flock?) that locked through it
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ class VFS:
         self.opens: OpenPolicy = opens or SdkOpens()
         core.meta.dirs_listener = self._learn_dirs
         self.cache = core.meta.cache   # the mount's names and attributes under leases (client/metacache.py)
+        self.locks = MountLocks()   # the flock and POSIX locks this client holds (client/locks.py)
 
     def _root_of(self, path: str) -> int:
         """The inode of the mount's root directory: resolved once, so a subdir mount costs
@@ -860,6 +864,8 @@ class VFS:
                 st.writers -= 1
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
+        for owner, flock in h.lock_owners:   # an OFD lock's, or one a no-FLUSH close left
+            yield from self._unlock(h.ino, owner, flock)
         if h.staged is not None:
             self.opens.release(h.staged)
         if h.reader is not None:
@@ -891,6 +897,55 @@ class VFS:
             except Exception as e:  # best effort at shutdown
                 log.error("release of handle %d at unmount: %s", fh, e)
         self.opens.close()
+
+
+    # ------------------------------------------------------------------ locks (client/locks.py)
+    def getlk(self, fh: int, a: LockAsk) -> Op[Range | None]:
+        """F_GETLK: the lock of another owner in a's way, None when a could be had."""
+        a = replace(a, ino=self.handle(fh).ino)
+        reply = yield from ask(Master.Lock, a.request(self.meta.caller(), test=True))
+        c = reply.conflict
+        return None if reply.granted else Range(c.type, c.start, c.end, c.pid)
+
+    def setlk(self, fh: int, a: LockAsk, waiting: bool = False) -> Op[bool]:
+        """One try at taking (or with UNLCK, giving up) a lock through fh: granted or not
+        (waiting: a blocked waiter's try again, EDEADLK when its wait closes a cycle)."""
+        h = self.handle(fh)
+        a = replace(a, ino=h.ino)
+        reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
+        if reply.granted:
+            self.locks.granted(a, reply.lease_ms)
+            if a.type != UNLCK:
+                h.lock_owners.add((a.owner, a.flock))
+        return reply.granted
+
+    def unlock_owner(self, fh: int, owner: int, flock: bool) -> Op[None]:
+        """A close that ends owner's locks on fh's file (FLUSH for POSIX locks, the last
+        RELEASE for flock): one call when it holds any, none otherwise."""
+        h = self._handles.get(fh)
+        if h is not None:
+            h.lock_owners.discard((owner, flock))
+            yield from self._unlock(h.ino, owner, flock)
+
+    def _unlock(self, ino: int, owner: int, flock: bool) -> Op[None]:
+        if not self.locks.holds(ino, owner, flock):
+            return
+        a = LockAsk(ino, owner, flock, UNLCK)
+        reply = yield from ask(Master.Lock, a.request(self.meta.caller()))
+        self.locks.granted(a, reply.lease_ms)
+
+    def renew_locks(self) -> Op[float]:
+        """Renew this client's lock lease: the pause until the next renewal (0: it holds
+        none).  The renewal carries what it holds, which a new leader takes back in its
+        grace (reclaim); a master that dropped them (the lease ran out) says so, and they
+        are logged lost."""
+        if not self.locks.any():
+            return 0.0
+        reply = yield from ask(Master.RenewLocks, self.locks.reclaim(self.meta.caller()))
+        if not reply.held:
+            log.error("the master dropped this mount's %d locks: its lock lease (%.1f s) ran out while it "
+                      "was cut off or stalled", self.locks.lost(), reply.lease_ms / 1000)
+        return max(reply.lease_ms / 3000, 0.1)
 
 
 def _truncate_and_flush(w: FileWriter, size: int) -> None:

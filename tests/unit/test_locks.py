@@ -128,10 +128,17 @@ def test_a_new_master_grants_nothing_during_its_grace_but_takes_reclaims() -> No
     t.new_term()
     with pytest.raises(Unavailable):
         t.set(posix("b", 2, WRLCK))
+    with pytest.raises(Unavailable):              # an unlock too: it would come before a's reclaim
+        t.set(posix("a", 1, UNLCK))
     assert t.renew("a", [posix("a", 1, WRLCK, 0, 9)]) is True     # a mount gives back its lock
+    assert t.set(posix("a", 1, UNLCK, 0, 4)) is None               # known now: its unlock goes through
+    assert t.renew("a", [posix("a", 1, WRLCK, 0, 9)]) is True      # a known mount's list is ignored
+    assert t.renew("c", []) is True                                # nothing to give back, nothing lost
     after_grace(t, clock)
-    assert t.set(posix("b", 2, WRLCK, 5, 5)) == Range(WRLCK, 0, 9, 1)
-    assert t.renew("a", []) is True
+    assert t.set(posix("b", 2, WRLCK, 5, 5)) == Range(WRLCK, 5, 9, 1)
+    assert t.set(posix("b", 2, WRLCK, 0, 4)) is None
+    assert t.renew("d", [posix("d", 4, WRLCK, 20, 20)]) is False   # after the grace: too late
+    assert t.set(posix("b", 2, WRLCK, 20, 20)) is None
 
 
 def test_a_silent_mount_loses_its_locks_and_cannot_reclaim_them() -> None:
@@ -147,15 +154,18 @@ def test_a_silent_mount_loses_its_locks_and_cannot_reclaim_them() -> None:
     assert t.count() == 0
     assert t.set(posix("b", 2, WRLCK)) is None
     assert t.renew("a", [posix("a", 1, WRLCK)]) is False   # told its locks are gone
+    assert t.renew("a", []) is False
     assert t.test(posix("c", 3, RDLCK)) == Range(WRLCK, 0, TO_EOF, 1)   # b's, not a's
 
 
-def test_unlocking_everything_forgets_the_mount() -> None:
+def test_a_mount_that_unlocked_everything_is_forgotten_quietly() -> None:
     t, clock = table()
     assert t.set(posix("a", 1, WRLCK, 0, 9)) is None
     t.release("a", 7, 1, flock=False)
     assert t.count() == 0
-    assert t.renew("a", []) is False             # nothing held: no renewals needed
+    clock.t += 10
+    assert t.expire() == []                      # it held nothing: nothing is lost
+    assert t.renew("a", []) is True
 
 
 # ---------------------------------------------------------------- EDEADLK

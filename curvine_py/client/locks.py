@@ -1,0 +1,120 @@
+"""A mount's side of the master's locks (master/locks.py, docs/posix.md "Locks").
+
+The master holds every flock(2) and POSIX byte-range lock, keyed by (this mount's client
+id, the kernel's lock owner).  This module keeps the mount's own record of what it
+holds (the same range arithmetic as the master's, common/lockranges.py), because:
+- the mount renews its lock lease while it holds anything (every third of the lease),
+  and gives the record back to a master that lost it (a new leader, a restart: reclaim);
+- a close that ends an owner's locks needs a call only when the owner holds one.
+
+A blocking wait (F_SETLKW, flock without LOCK_NB) is a loop of bounded calls (``acquire``):
+a master call never stays open while another owner holds the lock, each try tells the
+master this owner waits (EDEADLK detection), and between tries the kernel's interrupt
+(a signal to the waiting process) ends the wait with EINTR.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Iterator
+
+from curvine_py.common import lockranges
+from curvine_py.common.errors import err
+from curvine_py.common.lockranges import Range
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+FIRST_POLL_S = 0.01     # a blocked waiter asks again after this, then twice as long each time...
+POLL_MAX_S = 0.5        # ...up to this: a released lock is taken within half a second
+Key = tuple[bool, int, int]   # (flock?, ino, lock owner)
+
+
+@dataclass(frozen=True)
+class LockAsk:
+    """One lock call of the mount: which lock, for whom."""
+
+    ino: int
+    owner: int
+    flock: bool
+    type: int
+    start: int = 0
+    end: int = lockranges.TO_EOF
+    pid: int = 0
+
+    def request(self, caller: pb.Caller, test: bool = False, wait: bool = False) -> pb.LockRequest:
+        return pb.LockRequest(caller=caller, ino=self.ino, owner=self.owner, flock=self.flock, type=self.type,
+                              start=self.start, end=self.end, pid=self.pid, test=test, wait=wait)
+
+
+class MountLocks:
+    """What this mount holds (thread-safe), and the requests that renew or reclaim it."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._held: dict[Key, tuple[Range, ...]] = {}
+        self.lease_s = 0.0   # the master's lock lease, from its last reply (0: none heard yet)
+
+    def granted(self, ask: LockAsk, lease_ms: int) -> None:
+        """The master took ask (or with UNLCK, let it go): the record follows."""
+        key = (ask.flock, ask.ino, ask.owner)
+        with self._mu:
+            ranges = lockranges.put(self._held.get(key, ()), Range(ask.type, ask.start, ask.end, ask.pid))
+            if ranges:
+                self._held[key] = ranges
+            else:
+                self._held.pop(key, None)
+            if lease_ms:
+                self.lease_s = lease_ms / 1000
+
+    def holds(self, ino: int, owner: int, flock: bool) -> bool:
+        with self._mu:
+            return (flock, ino, owner) in self._held
+
+    def owners_on(self, ino: int) -> list[tuple[int, bool]]:
+        """(owner, flock?) of every lock this mount holds on ino."""
+        with self._mu:
+            return [(owner, flock) for flock, i, owner in self._held if i == ino]
+
+    def any(self) -> bool:
+        with self._mu:
+            return bool(self._held)
+
+    def lost(self) -> int:
+        """The master dropped them all (this mount's lease ran out): forget them; how many."""
+        with self._mu:
+            n = len(self._held)
+            self._held.clear()
+        return n
+
+    def reclaim(self, caller: pb.Caller) -> pb.LockRenew:
+        """The renewal, with every held lock for a master that knows none of them."""
+        with self._mu:
+            asks = [LockAsk(ino, owner, flock, r.type, r.start, r.end, r.pid)
+                    for (flock, ino, owner), ranges in self._held.items() for r in ranges]
+        return pb.LockRenew(caller=caller, reclaim=[a.request(caller) for a in asks])
+
+
+def polls() -> Iterator[float]:
+    """The pauses of a blocked waiter between its tries."""
+    pause = FIRST_POLL_S
+    while True:
+        yield pause
+        pause = min(pause * 2, POLL_MAX_S)
+
+
+async def acquire(attempt: Callable[[bool], Awaitable[bool]], block: bool,
+                  sleep: Callable[[float], Awaitable[None]], interrupted: Callable[[], bool]) -> None:
+    """Take a lock by attempt(waiting) (True: granted): once without block (EAGAIN when
+    refused), else again after each pause until granted (EINTR once interrupted)."""
+    if await attempt(False):
+        return
+    if not block:
+        raise err(errno.EAGAIN, "the lock is held by another owner")
+    for pause in polls():
+        await sleep(pause)
+        if interrupted():
+            raise err(errno.EINTR, "the wait for a lock was interrupted")
+        if await attempt(True):
+            return

@@ -1,0 +1,275 @@
+"""flock(2) and POSIX byte-range locks across mounts on different hosts (issue 41): the
+master holds them (master/locks.py), so two or three mounts of one pool exclude each
+other as processes on one host do; a mount that dies loses its locks within its lock
+lease; a blocked waiter gets the lock when it is released, and a signal ends its wait.
+
+Only one mount may have a file open for writing (master/files.py: one writer per file, EBUSY
+otherwise), and a POSIX write lock needs a descriptor open for writing: so the second
+mount here takes read locks and asks F_GETLK, and the holder on the first takes write locks."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.testing.netcluster import NetCluster
+from tests.conftest import FAST_MASTER_FLAGS
+
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
+LEASE_S = 2.0
+LOCK_FLAGS = (*FAST_MASTER_FLAGS, "--master-lock-lease-s", str(LEASE_S))
+Factory = typing.Callable[..., NetCluster]
+# struct flock on x86-64 Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid
+FLOCK_FMT = "hhqqi4x"
+
+
+def lk(fd: int, cmd: int, type: int, start: int, length: int) -> tuple[int, int, int, int]:
+    """fcntl(fd, cmd, struct flock): the (type, start, len, pid) it leaves (F_GETLK's answer)."""
+    out = fcntl.fcntl(fd, cmd, struct.pack(FLOCK_FMT, type, os.SEEK_SET, start, length, 0))
+    t, _whence, s, n, pid = struct.unpack(FLOCK_FMT, out)
+    return t, s, n, pid
+
+
+def cluster(factory: Factory, **kw: typing.Any) -> NetCluster:
+    c = factory(worker_hosts=(1, 2), extra_master_flags=LOCK_FLAGS, **kw)
+    return c
+
+
+def wait_granted(c: NetCluster, path: Path) -> None:
+    """The first lock of a fresh master waits out its reclaim grace (one lease)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# A process holding locks through one mount until told (a line on stdin) to go on.
+HOLDER = r"""
+import fcntl, os, struct, sys
+path, script = sys.argv[1], sys.argv[2:]
+fd = os.open(path, os.O_RDWR)
+for step in script:
+    kind, *args = step.split(":")
+    if kind == "flock":
+        fcntl.flock(fd, {"ex": fcntl.LOCK_EX, "sh": fcntl.LOCK_SH, "un": fcntl.LOCK_UN}[args[0]])
+    elif kind == "wait":
+        print("ready", flush=True)
+        sys.stdin.readline()
+    else:  # lk:TYPE:START:LEN with TYPE w, r or u
+        t = {"w": fcntl.F_WRLCK, "r": fcntl.F_RDLCK, "u": fcntl.F_UNLCK}[args[0]]
+        fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack("hhqqi4x", t, 0, int(args[1]), int(args[2]), 0))
+print("done", flush=True)
+"""
+
+
+class Holder:
+    """A process that locks through one mount, step by step (HOLDER)."""
+
+    def __init__(self, path: Path, *script: str) -> None:
+        self.p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), *script], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def until_ready(self) -> None:
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline().strip()
+        assert line == "ready", f"holder said {line!r} (exit {self.p.poll()})"
+
+    def go_on(self) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write("\n")
+        self.p.stdin.flush()
+
+    def end(self) -> None:
+        self.p.kill()
+        self.p.wait(10)
+
+
+def refused(fn: typing.Callable[[], object]) -> bool:
+    try:
+        fn()
+    except OSError as e:
+        assert e.errno in (errno.EAGAIN, errno.EACCES), e
+        return True
+    return False
+
+
+def eventually(fn: typing.Callable[[], object], within: float = 5.0) -> float:
+    """Seconds until fn stops being refused (a lock released by an asynchronous RELEASE)."""
+    t0 = time.monotonic()
+    while refused(fn):
+        assert time.monotonic() - t0 < within, "still refused"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_flock_across_three_mounts(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    c = cluster(net_cluster_factory)
+    m = [c.mount(h, tmp_path / f"m{h}") for h in (1, 2, 3)]
+    (m[0] / "lockfile").write_bytes(b"x")
+    wait_granted(c, m[0] / "lockfile")
+    f = [open(mp / "lockfile", "rb") for mp in m]
+    try:
+        fcntl.flock(f[0], fcntl.LOCK_EX)
+        for other in f[1:]:   # exclusive: nobody else gets either kind
+            assert refused(lambda: fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB))
+            assert refused(lambda: fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB))
+        fcntl.flock(f[0], fcntl.LOCK_UN)
+        fcntl.flock(f[1], fcntl.LOCK_SH | fcntl.LOCK_NB)   # shared by two mounts
+        fcntl.flock(f[2], fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert refused(lambda: fcntl.flock(f[0], fcntl.LOCK_EX | fcntl.LOCK_NB))
+        fcntl.flock(f[2], fcntl.LOCK_UN)
+        fcntl.flock(f[1], fcntl.LOCK_UN)
+
+        # a blocked waiter on host 2 gets the lock when host 1's holder lets it go
+        fcntl.flock(f[0], fcntl.LOCK_EX)
+        got: list[float] = []
+
+        def wait() -> None:
+            fcntl.flock(f[1], fcntl.LOCK_EX)
+            got.append(time.monotonic())
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.0)
+        assert not got, "the waiter got a lock that was held"
+        released = time.monotonic()
+        fcntl.flock(f[0], fcntl.LOCK_UN)
+        waiter.join(10)
+        assert got and got[0] - released < 1.5, f"waiter got it {got[0] - released if got else None} s after"
+        assert refused(lambda: fcntl.flock(f[2], fcntl.LOCK_SH | fcntl.LOCK_NB))
+        f[1].close()   # the close of the holder's descriptor ends its flock (at the kernel's RELEASE, just after)
+        assert eventually(lambda: fcntl.flock(f[2], fcntl.LOCK_EX | fcntl.LOCK_NB)) < 0.5
+    finally:
+        for x in f:
+            if not x.closed:
+                x.close()
+
+
+def test_byte_ranges_across_two_mounts(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "db").write_bytes(b"\0" * 4096)
+    wait_granted(c, m1 / "db")
+    h = Holder(m1 / "db", "lk:w:0:100", "lk:r:200:100", "wait", "lk:u:0:50", "wait")
+    fd = os.open(m2 / "db", os.O_RDONLY)
+    try:
+        h.until_ready()
+        # F_GETLK reports the holder's range and type
+        t, s, n, pid = lk(fd, fcntl.F_GETLK, fcntl.F_WRLCK, 50, 10)
+        assert (t, s, n) == (fcntl.F_WRLCK, 0, 100)
+        t, s, n, _ = lk(fd, fcntl.F_GETLK, fcntl.F_WRLCK, 250, 1)
+        assert (t, s, n) == (fcntl.F_RDLCK, 200, 100)
+        t, *_ = lk(fd, fcntl.F_GETLK, fcntl.F_RDLCK, 250, 1)
+        assert t == fcntl.F_UNLCK                                    # readers share
+        assert refused(lambda: lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 99, 2))
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 100, 100)               # between the two: free
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 250, 10)                # a read lock beside a read lock
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 1000, 0)                # to the end of the file, however long
+        t, s, n, _ = lk(fd, fcntl.F_GETLK, fcntl.F_WRLCK, 5000, 1)   # the holder sees ours (from here)
+        h.go_on()
+        h.until_ready()                                              # the holder unlocked [0, 50)
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 0, 50)
+        assert refused(lambda: lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 49, 2))
+        t, s, n, _ = lk(fd, fcntl.F_GETLK, fcntl.F_WRLCK, 0, 0)      # the first lock in the way
+        assert (t, s, n) == (fcntl.F_WRLCK, 50, 50)
+        h.go_on()
+        assert h.p.stdout is not None and h.p.stdout.readline().strip() == "done"
+        h.p.wait(10)                                                 # its exit ends its locks
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 0, 1000)
+    finally:
+        os.close(fd)
+        h.end()
+
+
+def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "f").write_bytes(b"\0" * 10)
+    wait_granted(c, m1 / "f")
+    a = Holder(m1 / "f", "lk:w:0:1", "wait", "lk:w:1:1")   # host 1: byte 0, then waits for byte 1
+    fd = os.open(m2 / "f", os.O_RDONLY)
+    try:
+        a.until_ready()
+        # a signal ends a blocked F_SETLKW (the handler raises, so Python does not retry)
+        probe = (
+            "import fcntl, os, signal, struct, sys, time\n"
+            "def late(*_): raise TimeoutError\n"
+            "signal.signal(signal.SIGALRM, late); signal.alarm(1)\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY); t = time.monotonic()\n"
+            "try: fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 1, 0))\n"
+            "except TimeoutError: print(round(time.monotonic() - t, 2))\n")
+        out = subprocess.run([sys.executable, "-c", probe, str(m2 / "f")], capture_output=True, text=True,
+                             timeout=30)
+        assert out.stdout.strip() and float(out.stdout) < 2.5, (out.stdout, out.stderr)
+        # a cycle: host 3 holds byte 1 and waits for byte 0, host 1 holds 0 and waits for 1
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 1, 1)
+        a.go_on()
+        time.sleep(0.5)                                       # host 1 now waits for byte 1
+        with pytest.raises(OSError) as e:
+            lk(fd, fcntl.F_SETLKW, fcntl.F_RDLCK, 0, 1)
+        assert e.value.errno == errno.EDEADLK
+        lk(fd, fcntl.F_SETLK, fcntl.F_UNLCK, 1, 1)            # host 1's wait ends: it gets byte 1
+        assert a.p.stdout is not None and a.p.stdout.readline().strip() == "done"
+    finally:
+        os.close(fd)
+        a.end()
+
+
+def test_a_killed_mount_loses_its_locks_within_the_lease(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "f").write_bytes(b"x")
+    wait_granted(c, m1 / "f")
+    h = Holder(m1 / "f", "flock:ex", "lk:w:0:0", "wait")
+    fd = os.open(m2 / "f", os.O_RDONLY)
+    try:
+        h.until_ready()
+        assert refused(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+        daemon = next(p for p in c.processes if p.role == "fuse" and p.address == str(m1))
+        killed = time.monotonic()
+        os.kill(daemon.pid, signal.SIGKILL)
+        fcntl.flock(fd, fcntl.LOCK_EX)                        # blocks until the master drops m1's locks
+        lk(fd, fcntl.F_SETLKW, fcntl.F_RDLCK, 0, 0)
+        took = time.monotonic() - killed
+        # the lease, then the next housekeeping tick (1 s) and the waiter's next poll (0.5 s at most)
+        assert took < LEASE_S + 2.0, f"the locks of a killed mount were freed after {took:.1f} s"
+        print(f"killed mount's locks free after {took:.2f} s (lock lease {LEASE_S} s)")
+    finally:
+        os.close(fd)
+        h.end()
+
+
+def test_locks_survive_a_leader_failover(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    c = cluster(net_cluster_factory, master_hosts=(0, 1, 2))
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "f").write_bytes(b"x")
+    wait_granted(c, m1 / "f")
+    h = Holder(m1 / "f", "flock:ex", "lk:w:10:10", "wait")
+    fd = os.open(m2 / "f", os.O_RDONLY)
+    try:
+        h.until_ready()
+        leader = c.leader_index()
+        c.kill_master(leader)
+        t0 = time.monotonic()
+        # the new leader knows no locks; m1 gives them back while it grants none (one lease)
+        assert refused(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+        assert refused(lambda: lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 15, 1))
+        t, s, n, _ = lk(fd, fcntl.F_GETLK, fcntl.F_RDLCK, 0, 0)
+        assert (t, s, n) == (fcntl.F_WRLCK, 10, 10)
+        print(f"after the failover the locks held; the first lock call answered in {time.monotonic() - t0:.2f} s")
+        h.go_on()
+        assert h.p.stdout is not None and h.p.stdout.readline().strip() == "done"
+        h.p.wait(10)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 0, 0)
+    finally:
+        os.close(fd)
+        h.end()
