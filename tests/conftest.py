@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from curvine_py.common.config import Config
+from curvine_py.common.config import load as load_config
 from curvine_py.cluster.local import LocalCluster, log_tail
 from curvine_py.worker.ioengine import IoEngine, ProbeResult, liburing_installed
 
@@ -228,6 +229,8 @@ def client_config(cluster: LocalCluster) -> Config:
     cfg.cluster.secret = cluster.secret
     cfg.client.master = cluster.master_address
     cfg.client.retry_s = 30.0
+    if cluster.tls is not None:   # a cluster started with tls=True: its client certificate
+        cfg.tls = load_config(path=str(cluster.config_path)).tls
     return cfg
 
 

@@ -23,6 +23,7 @@ import select
 import socket
 import ssl
 import struct
+import threading
 import typing
 
 from curvine_py.common.errors import CurvineError
@@ -128,16 +129,22 @@ def send_file(sock: socket.socket, fd: int, offset: int, n: int, head: bytes = b
 def _send_file_tls(sock: ssl.SSLSocket, fd: int, offset: int, n: int, head: bytes) -> None:
     """send_file over TLS: the kernel cannot encrypt (no kTLS from Python 3.11's ssl), so
     the range is read into one buffer and sent (the head in the same record)."""
-    buf = bytearray(len(head) + n)
-    buf[:len(head)] = head
-    view = memoryview(buf)
+    total = len(head) + n
+    buf = getattr(_tls_scratch, "buf", None)
+    if buf is None or len(buf) < total:   # one per sending thread, as large as its largest piece
+        buf = _tls_scratch.buf = bytearray(total)
+    view = memoryview(buf)[:total]
+    view[:len(head)] = head
     got = len(head)
-    while got < len(buf):
+    while got < total:
         k = os.preadv(fd, [view[got:]], offset + got - len(head))
         if k == 0:
-            raise CurvineError(errno.EIO, f"file ended {len(buf) - got} bytes early at {offset}")
+            raise CurvineError(errno.EIO, f"file ended {total - got} bytes early at {offset}")
         got += k
     sock.sendall(view)
+
+
+_tls_scratch = threading.local()
 
 
 def header_bytes(header: DataHeader) -> bytes:

@@ -104,7 +104,8 @@ def create_ca(cert_path: Path, name: str = "curvine cluster CA") -> None:
 
 def issue(ca_path: Path, name: str, role: str, cert_path: Path, key_path: Path,
           days: int = CERT_DAYS, addresses: typing.Iterable[str] = ()) -> None:
-    """A certificate for `name` in `role`, signed by the CA at ca_path (its key beside it).
+    """A certificate for `name` in `role`, signed by the CA at ca_path (its key beside it);
+    its common name is name's first 64 characters (X.509's limit).
 
     addresses: IPs or host names added to the subjectAltName (not needed by our own
     clients, which check the role name; useful to other tools)."""
@@ -124,7 +125,7 @@ def issue(ca_path: Path, name: str, role: str, cert_path: Path, key_path: Path,
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64] or role),
                                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]))
             .issuer_name(ca.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -299,6 +300,9 @@ _VERDICTS = {
     "TLSV13_ALERT_CERTIFICATE_REQUIRED": "requires a client certificate (set [tls] cert and key)",
     "SSLV3_ALERT_BAD_CERTIFICATE": "refused this certificate (issued by another CA?)",
     "TLSV1_ALERT_UNKNOWN_CA": "refused this certificate: not issued by its CA",
+    "TLSV1_ALERT_DECRYPT_ERROR": "refused this certificate (issued by another CA of the same name?)",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "refused this certificate",
+    "TLSV1_ALERT_ACCESS_DENIED": "refused this certificate",
     "SSLV3_ALERT_CERTIFICATE_EXPIRED": "refused this certificate: it has expired",
     "SSLV3_ALERT_HANDSHAKE_FAILURE": "refused the handshake",
 }

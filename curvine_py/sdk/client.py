@@ -518,7 +518,7 @@ class Client:
         applied index, lag behind the leader), asked of all at once over gRPC with a
         short deadline: one that does not answer within timeout is ``unreachable``, so
         this shows a group with a master down rather than waiting for it."""
-        with MasterGroup(self.master_addresses, self.config.cluster.secret) as group:
+        with MasterGroup(self.master_addresses, self.config.cluster.secret, self.meta.tls) as group:
             return group.infos(timeout)
 
     def statfs(self) -> StatFs:
