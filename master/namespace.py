@@ -37,6 +37,7 @@ MAX_SYMLINKS = 40
 MIN_BLOCK = 4096             # block sizes: multiples of the O_DIRECT unit...
 MAX_BLOCK = 1 << 30         # ...up to 1 GiB
 XATTR_MAX = 64 * 1024
+MAX_PENDING_ASKED = 1024     # GetBlockLocations: pending block ids looked at per call
 
 
 def _kept(keep: tuple[int, ...], victim: Row) -> bool:
@@ -147,6 +148,16 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
     def file_blocks(self, ino: int) -> tuple[Row, list[Row]]:
         row = self.inode(ino)
         return row, self.blocks(ino)
+
+    def pending_of(self, ino: int, lease_id: int, block_ids: list[int]) -> list[int]:
+        """Those of block_ids that lease_id allocated to ino and has not committed."""
+        ids = block_ids[:MAX_PENDING_ASKED]
+        if not ids or not lease_id:
+            return []
+        marks = ",".join("?" * len(ids))
+        return [r[0] for r in self.conn.execute(
+            f"SELECT block_id FROM pending_blocks WHERE ino=? AND lease_id=? AND block_id IN ({marks})",
+            (ino, lease_id, *ids))]
 
     def counts(self) -> tuple[int, int]:
         """Inodes and blocks, from the counts the store's triggers keep (schema.COUNTS)."""
