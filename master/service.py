@@ -625,7 +625,10 @@ class MasterService:
     @handler
     def GetBlockLocations(self, request: pb.BlockLocationsRequest) -> pb.BlockLocationsReply:
         row, blocks, workers = self.file_blocks(request.ino)
-        return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers)
+        # a writer's own blocks, shipped and not committed: fresh write tokens (client/reader.py)
+        pending = [pb.BlockInfo(block_id=bid, token=self.tokens.mint(bid, WRITE))
+                   for bid in self.ns.pending_of(request.ino, request.lease_id, list(request.pending))]
+        return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers, pending=pending)
 
     @handler
     def Locate(self, request: pb.LocateRequest) -> pb.LocateReply:
