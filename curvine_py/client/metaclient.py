@@ -395,8 +395,12 @@ class MasterClient:
         return self.call(Master.ReadDir, pb.ReadDirRequest(caller=self.caller(ident), ino=ino, offset=offset,
                                                       limit=limit, plus=plus))
 
-    def block_locations(self, ino: int, ident: Identity | None = None) -> pb.BlockLocationsReply:
-        return self.call(Master.GetBlockLocations, pb.BlockLocationsRequest(caller=self.caller(ident), ino=ino))
+    def block_locations(self, ino: int, ident: Identity | None = None, lease_id: int = 0,
+                        pending: list[int] | None = None) -> pb.BlockLocationsReply:
+        """ino's blocks with fresh read tokens; with lease_id, fresh write tokens too for
+        those of `pending` (blocks shipped and not committed) the lease holds."""
+        return self.call(Master.GetBlockLocations, pb.BlockLocationsRequest(
+            caller=self.caller(ident), ino=ino, lease_id=lease_id, pending=pending or []))
 
     def report_bad_block(self, block_id: int, worker_id: int, reason: str) -> None:
         """Tell the master a replica's bytes failed their checksum (it is then re-copied)."""

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Protocol, TypeVar
 
 from curvine_py.client import metrics
 from curvine_py.client.blockio import UfsFailure
@@ -22,16 +22,22 @@ from curvine_py.client.core import ClientCore
 from curvine_py.common.buffers import IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Delays, Retry
-from curvine_py.common.security import token_expired
+from curvine_py.common.security import WRITE, token_expired
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
 LOCATION_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
-Renewed = Callable[[pb.BlockLocationsReply], None]   # hears the fresh tokens a renewal brought
 SCATTERED = 2   # small far reads in a row after which a file counts as read at random (FileReader._random)
 T = TypeVar("T")
+
+
+class Renewals(Protocol):
+    """Who hears of the fresh tokens a renewal brought (a FileReader, for its other blocks)."""
+    lease_id: int     # its writer's lease (0: none): blocks shipped under it can be renewed too
+
+    def renewed(self, reply: pb.BlockLocationsReply) -> None: ...
 
 
 def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int, int, int]]:
@@ -45,7 +51,7 @@ def slots(offset: int, length: int, block_size: int) -> Iterator[tuple[int, int,
 
 
 def fetch_block(core: ClientCore, ino: int, block: pb.BlockInfo, offset: int, into: memoryview,
-                progress: CachedBlock | None = None, renewed: Renewed | None = None) -> int:
+                progress: CachedBlock | None = None, renewed: Renewals | None = None) -> int:
     """Read block bytes [offset, offset+len(into)) from the first replica that answers.
 
     When no replica answers, the block's locations are asked again from the master a few
@@ -75,7 +81,7 @@ class _Fetch:
 
     __slots__ = ("block", "last", "renewed", "tell")
 
-    def __init__(self, block: pb.BlockInfo, tell: Renewed | None) -> None:
+    def __init__(self, block: pb.BlockInfo, tell: Renewals | None) -> None:
         self.block = block
         self.last: CurvineError | None = None
         self.renewed = False      # its token was renewed once already
@@ -110,8 +116,15 @@ def _fetch_renewed(core: ClientCore, ino: int, state: _Fetch, offset: int, into:
     state.renewed = True
     metrics.TOKEN_RENEWALS.labels("read").inc()
     log.info("block %d of inode %d: its token expired; renewed at the master", state.block.block_id, ino)
+    own = state.block.token.startswith(WRITE)   # a writer's: shipped, maybe not committed yet
     fresh = _relocate(core, ino, state.block, state.tell)
+    if fresh is None and own:
+        fresh = _renew_shipped(core, ino, state)
     if fresh is None:
+        if own:
+            raise UnrenewableToken(errno.EKEYEXPIRED, f"block {state.block.block_id} of inode {ino}: its write "
+                                   "token expired and the master renews it no more (the writer's lease "
+                                   "no longer holds it)")
         return None
     state.block = fresh
     try:
@@ -121,9 +134,34 @@ def _fetch_renewed(core: ClientCore, ino: int, state: _Fetch, offset: int, into:
         raise
 
 
+def _renew_shipped(core: ClientCore, ino: int, state: _Fetch) -> pb.BlockInfo | None:
+    """The block, with a fresh write token, if the caller's writer shipped it under its
+    lease and has not committed it (the file's block list does not hold it yet)."""
+    lease_id = state.tell.lease_id if state.tell is not None else 0
+    if not lease_id:
+        return None
+    reply = core.meta.block_locations(ino, lease_id=lease_id, pending=[state.block.block_id])
+    if state.tell is not None:
+        state.tell.renewed(reply)
+    token = next((b.token for b in reply.pending if b.block_id == state.block.block_id), "")
+    if not token:
+        return None
+    fresh = pb.BlockInfo()
+    fresh.CopyFrom(state.block)
+    fresh.token = token
+    return fresh
+
+
+class UnrenewableToken(CurvineError):
+    """A writer read back a block it shipped, after the block's write token expired, and
+    the master renewed it neither as a committed block nor as one its lease holds.
+    Final (not a replaced block: the writer's own slots must not be reloaded from the
+    master, which would drop the block from them)."""
+
+
 def _no_replica_answered(e: BaseException) -> bool:
     """A failed read worth trying again, not a UFS failure (every replica would ask that UFS alike)."""
-    return isinstance(e, CurvineError) and not isinstance(e, UfsFailure)
+    return isinstance(e, CurvineError) and not isinstance(e, (UfsFailure, UnrenewableToken))
 
 
 # A block no replica answered for: located again after each of these waits, then given up
@@ -132,12 +170,12 @@ _LOCATION_RETRY = Retry(transient=_no_replica_answered, wait=Delays(LOCATION_RET
                         attempts=len(LOCATION_RETRY_DELAYS) + 1)
 
 
-def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo, tell: Renewed | None = None) -> pb.BlockInfo | None:
+def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo, tell: Renewals | None = None) -> pb.BlockInfo | None:
     """The block's current locations (with fresh tokens), or None if its file no longer holds it."""
     reply = core.meta.block_locations(ino)
     core.workers.learn(list(reply.workers))
     if tell is not None:
-        tell(reply)
+        tell.renewed(reply)
     for b in reply.blocks:
         if b.block_id == block.block_id:
             return b
@@ -188,7 +226,7 @@ def _note_use(entry: CachedBlock) -> None:
 
 
 def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap,
-                renewed: Renewed | None = None) -> CachedBlock:
+                renewed: Renewals | None = None) -> CachedBlock:
     """A fetch of the whole block into the pooled buffer raw, on the core's executor."""
     view = memoryview(raw)
     entry = CachedBlock(raw, view)
@@ -302,6 +340,7 @@ class FileReader:
         self._used = time.monotonic()    # when that was (the pool takes from idle readers)
         self._lock = threading.RLock()
         self._closed = False
+        self.lease_id = 0                # a writer's reader: its lease (Renewals)
         core.workers.learn(list(reply.workers))
         self.pool.hold(self, cheap=True)
 
@@ -369,7 +408,7 @@ class FileReader:
         """Fresh tokens came for this file (a worker refused one as expired; fetch_block):
         its blocks take them, so each does not wait for a refusal of its own.  Only the
         tokens: a block replaced meanwhile is refresh's business (ESTALE)."""
-        fresh = {b.block_id: b.token for b in reply.blocks}
+        fresh = {b.block_id: b.token for b in (*reply.blocks, *reply.pending)}
         with self._lock:
             for block in self.blocks.values():
                 token = fresh.get(block.block_id)
@@ -556,7 +595,7 @@ class FileReader:
             self._retire(entry)
 
     def _fill(self, block: pb.BlockInfo, within: int, out: memoryview) -> None:
-        n = fetch_block(self.core, self.attr.ino, block, within, out, renewed=self.renewed)
+        n = fetch_block(self.core, self.attr.ino, block, within, out, renewed=self)
         if n < len(out):
             out[n:] = bytearray(len(out) - n)
 
@@ -572,7 +611,7 @@ class FileReader:
 
     def _start_fetch(self, idx: int, raw: mmap.mmap) -> CachedBlock:
         """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
-        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw, self.renewed)
+        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw, self)
         self._cache[idx] = entry
         # Room for the read-ahead window beyond the kernel's own read-ahead in flight: a
         # buffered mount has up to 12 requests of 1 MiB (3 blocks) pending at once; with

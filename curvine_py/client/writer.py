@@ -103,6 +103,7 @@ class FileWriter:
         self.label = f"inode {self.ino}"   # what logs call the file (the SDK and the mount name it when they can)
         self.lease_id = reply.lease_id
         self.reader = FileReader(core, reply)
+        self.reader.lease_id = self.lease_id   # its shipped blocks' tokens are renewed under the lease
         self.bs = self.reader.bs
         self.committed_size = reply.attr.size
         self.pool = core.buffer_pool(self.bs)
