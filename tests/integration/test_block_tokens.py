@@ -301,6 +301,18 @@ def test_a_mount_reads_and_writes_files_held_open_past_their_tokens(tmp_path: Pa
         finally:
             os.close(fd)
         assert got == blocks
+
+        # A block shipped and not yet committed, read back after its write token expired:
+        # renewed under the writer's lease (BlockLocationsRequest.pending).
+        fd = os.open(path.with_name("patched"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            assert os.write(fd, blocks[0]) == MiB          # a whole block: shipped at once
+            time.sleep(PAUSE_S)
+            assert os.pread(fd, MiB, 0) == blocks[0]
+            assert os.pwrite(fd, b"patch", 10) == 5         # the block read back and shipped anew
+        finally:
+            os.close(fd)
+        assert path.with_name("patched").read_bytes() == blocks[0][:10] + b"patch" + blocks[0][15:]
         counts = scrape(fuse)
         assert counts.total("curvine_client_token_renewals_total", access="write") >= 1
         assert counts.total("curvine_client_token_renewals_total", access="read") >= len(blocks)
