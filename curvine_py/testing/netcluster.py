@@ -99,7 +99,8 @@ class _Daemons(LocalCluster):
                                  parent=os.getpid(), module=ROLE_MODULES[role])
         argv = [sys.executable, "-c", boot, "--config", str(self.config_path)]
         if role == "master":
-            return self.master_host_list[i].wrap(argv + [*self.master_flags(i), *self.extra_master_flags])
+            return self.master_host_list[i].wrap(argv + [*self.master_flags(i), *self.tls_flags(self.master_name(i)),
+                                                         *self.extra_master_flags])
         if role == "worker":
             h = self.worker_host_list[i]
             rpc, data = self.worker_ports(i)
@@ -107,7 +108,8 @@ class _Daemons(LocalCluster):
                 "--worker-master", self.master_address, "--worker-bind", h.ip, "--worker-ip", h.ip,
                 "--worker-host", h.name, "--worker-rpc-port", str(rpc), "--worker-data-port", str(data),
                 "--worker-dirs", self.worker_dir_spec(i),
-                "--worker-metrics-port", str(self.metrics_port("worker", i)), *self.extra_worker_flags])
+                "--worker-metrics-port", str(self.metrics_port("worker", i)), *self.tls_flags(f"worker{i}"),
+                *self.extra_worker_flags])
         host, mountpoint, extra = self.mounts[i]
         return host.wrap(argv[:3] + [mountpoint, "--master", self.master_address, "--config",
                                      str(self.config_path), "--client-host", host.name,
@@ -144,12 +146,13 @@ class NetCluster:
     def __init__(self, hosts: Hosts, dir: str | Path, master_hosts: typing.Sequence[int] = (0,),
                  worker_hosts: typing.Sequence[int] = (1, 2), extra_master_flags: typing.Sequence[str] = (),
                  extra_worker_flags: typing.Sequence[str] = (), secret: str | None = None,
-                 capacity: int | str | None = None, die_with_parent: bool = True) -> None:
+                 capacity: int | str | None = None, die_with_parent: bool = True, tls: bool = False) -> None:
+        """tls: mutual TLS on every channel (common/tls.py), certificates under dir/tls."""
         self.hosts = hosts
         self._d = _Daemons(hosts, dir, [hosts[i] for i in master_hosts], [hosts[i] for i in worker_hosts],
                            secret or secrets.token_hex(16), capacity=capacity,
                            extra_master_flags=extra_master_flags, extra_worker_flags=extra_worker_flags,
-                           die_with_parent=die_with_parent)
+                           die_with_parent=die_with_parent, tls=tls)
         self.dir = self._d.dir
         self.config_path = self._d.config_path
 

@@ -165,3 +165,17 @@ def test_remote_layout_with_4_mib_fuse_requests(compare_ready: None, tmp_path: P
     for system, result in out["remote"].items():
         assert_remote_reads(system, result)
     assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
+
+
+def test_tls_beside_plain(compare_ready: None, tmp_path: Path) -> None:
+    """`--systems curvine-kv,curvine-kv-tls`: the same KV setup with mutual TLS on every
+    channel, every byte verified, and the TLS/plain ratio column of the cost table."""
+    r = subprocess.run([sys.executable, str(COMPARE), "--small", "--json", "--layout", "local",
+                        "--systems", "curvine-kv,curvine-kv-tls", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["errors"] == [] and set(out["systems"]) == {"curvine-kv", "curvine-kv-tls"}
+    assert out["systems"]["curvine-kv-tls"]["kvcache"]["write_GBps"] > 0
+    assert any(row.get("curvine-kv-tls/curvine-kv") not in (None, "-") for row in out["table"])
+    assert list(tmp_path.iterdir()) == [] and mounts_under(tmp_path) == []
