@@ -35,6 +35,7 @@ from curvine_py.common.buffers import BufferPool
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.listener import BACKLOG, ConnectionServer
 from curvine_py.common.security import BlockTokens
+from curvine_py.common.tls import Tls
 from curvine_py.pb import data_pb2
 from curvine_py.worker.blockfile import BlockReader, FileRange
 from curvine_py.worker.blockstore import DEFAULT_BLOCK, TIER_INDEX, BlockStore, BlockWriter, PendingWrite
@@ -133,9 +134,11 @@ class DataServer(ConnectionServer):
                  secret: str = "", piece_size: int = MiB, pipeline: int = 4,
                  max_piece_buffers: int = 1024, idle_timeout_s: float = 600.0,
                  io_timeout_s: float = 60.0, pool: ConnectionPool | None = None, congestion: str = "",
-                 cache_writes: bool = False) -> None:
+                 cache_writes: bool = False, tls: Tls | None = None) -> None:
         """congestion: the TCP congestion control of this server's data sockets, accepted
         (block reads are sent on them) and opened downstream ("" = the system's).
+        tls: mutual TLS on this port and on the connections to downstream workers (given
+        only when tls.data is on).
         cache_writes: blocks received here are written through the page cache."""
         self.store = store
         self.cache_writes = cache_writes
@@ -145,14 +148,15 @@ class DataServer(ConnectionServer):
         self.pipeline = max(2, pipeline)
         self.idle_timeout_s = idle_timeout_s
         self.io_timeout_s = io_timeout_s
-        self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S, congestion=congestion)
+        self.pool = pool or ConnectionPool(io_timeout_s=CHAIN_IO_TIMEOUT_S, congestion=congestion, tls=tls)
         self.ufs: UfsFetcher | None = None   # READs of UFS blocks not here (set by worker/main.py)
         self.piece_pool = BufferPool(piece_size, max_buffers=max_piece_buffers)
         self._piece_lock = threading.Lock()
         listener = socket.create_server((bind, port), backlog=BACKLOG, reuse_port=False)
         frames.set_congestion(listener, congestion)   # accepted connections inherit it
         self.address: tuple[str, int] = listener.getsockname()[:2]
-        super().__init__(listener, "data", fds_per_conn=2)   # its socket + a block file or a downstream one
+        # its socket + a block file or a downstream one
+        super().__init__(listener, "data", fds_per_conn=2, tls=tls)
 
     @property
     def port(self) -> int:
@@ -178,7 +182,7 @@ class DataServer(ConnectionServer):
             while not self.closing:
                 conn.waiting()                       # idle: the listener may evict it
                 sock.settimeout(self.idle_timeout_s)
-                sock.recv(1, socket.MSG_PEEK)        # a request begins (or EOF, which recv_header raises)
+                frames.wait_request(sock)            # a request begins (or EOF, which recv_header raises)
                 conn.reading()                       # the header is due within the listener's partial_s
                 h = frames.recv_header(sock)
                 conn.working()

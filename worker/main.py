@@ -27,7 +27,10 @@ import grpc
 from curvine_py.common import config, listener, metrics
 from curvine_py.common.errors import ConfigError
 from curvine_py.common.security import BlockTokens, SecretCheck
+from curvine_py.common.rpc import add_port
 from curvine_py.common.signals import StopSignals
+from curvine_py.common.tls import Tls
+from curvine_py.common.tls import load as load_tls
 from curvine_py.pb import curvine_pb2
 from curvine_py.worker import heartbeat as hb
 from curvine_py.worker import service
@@ -79,6 +82,7 @@ class Worker:
         self.rpc: grpc.Server | None = None
         self.rpc_port = 0
         self.heartbeat: hb.Heartbeat | None = None
+        self.tls: Tls | None = None   # this worker's TLS (tls.enabled), loaded by start()
         self.copies: CopyQueue | None = None
         self.ufs_mounts: UfsMounts | None = None
         self.ufs_fetcher: UfsFetcher | None = None
@@ -94,9 +98,11 @@ class Worker:
         except OSError as e:
             raise ConfigError(f"cannot use worker.dirs: {e}") from None
         first_dir = self.store.dirs[0].path
+        self.tls = load_tls(self.cfg.tls, "worker", f"worker {w.ip}:{w.data_port}")
         self.data = DataServer(self.store, w.bind, w.data_port, worker_id=hb.load_worker_id(first_dir),
                                secret=self.cfg.cluster.secret, piece_size=w.buffer_size,
-                               congestion=self.cfg.cluster.data_congestion, cache_writes=w.cache_received).start()
+                               congestion=self.cfg.cluster.data_congestion, cache_writes=w.cache_received,
+                               tls=self.tls if self.tls and self.tls.data else None).start()
         self.data.tokens = self._block_tokens()   # not yet registered: no client holds a token yet
         if w.local_writes:
             data = self.data
@@ -117,7 +123,8 @@ class Worker:
                                           secret=self.cfg.cluster.secret,
                                           on_replicate=self._replicate,
                                           io_engine=self.io_choice.name if self.io_choice else "",
-                                          metrics_port=self.metrics.port if self.metrics else 0).start()
+                                          metrics_port=self.metrics.port if self.metrics else 0,
+                                          tls=self.tls).start()
             self.store.on_full = self.heartbeat.kick
         else:
             log.warning("worker.master is empty: standalone mode, no master")
@@ -189,10 +196,7 @@ class Worker:
         data = self.data
         service.add_to_server(service.WorkerService(self.store, lambda: data.worker_id, w.host,
                                                     ufs=self._ufs_parts()), self.rpc)
-        try:
-            self.rpc_port = self.rpc.add_insecure_port(f"{w.bind}:{w.rpc_port}")
-        except RuntimeError:
-            self.rpc_port = 0
+        self.rpc_port = add_port(self.rpc, f"{w.bind}:{w.rpc_port}", self.tls)
         if not self.rpc_port:
             raise OSError(f"cannot listen on {w.bind}:{w.rpc_port} for rpc")
         self.rpc.start()
@@ -236,7 +240,7 @@ class Worker:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="curvine-worker",
                                      description="curvine-py block server (stores and serves blocks)")
-    config.add_flags(parser, ["cluster", "worker"])
+    config.add_flags(parser, ["cluster", "worker", "tls"])
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
