@@ -21,6 +21,7 @@ from typing import Any, Iterable
 from curvine_py.common.config import Config
 from curvine_py.common.errors import ConfigError, NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
+from curvine_py.common.tls import load as load_tls
 from curvine_py.common.types import RENAME_EXCHANGE, SETATTR_SIZE
 from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
@@ -137,7 +138,8 @@ class MasterService:
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
         self.ufs = UfsMounts(lambda: self.ns, self.submit, cfg.ufs.timeout_s)
-        self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret)
+        self.tls = load_tls(cfg.tls, "master", f"master {self.address}")   # None: TLS off
+        self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret, self.tls)
         self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks,
                                  self.leading)
         # mounts' cache sessions; the journal tracks changes from the first one on (a
