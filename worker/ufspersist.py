@@ -31,6 +31,7 @@ import xxhash
 from curvine_py.common import frames
 from curvine_py.common.connpool import ConnectionPool
 from curvine_py.common.errors import CurvineError
+from curvine_py.common.security import READ, BlockTokens
 from curvine_py.pb import curvine_pb2, data_pb2
 from curvine_py.ufs.base import ObjectInfo, Ufs, UfsError, UfsWriter
 from curvine_py.worker import metrics
@@ -48,7 +49,11 @@ class Persister:
     """Uploads files to their UFS; one Persist call at a time per gRPC thread."""
 
     def __init__(self, store: BlockStore, mounts: UfsMounts, pool: ConnectionPool, buffers: BlockBuffers,
-                 worker_id: Callable[[], int], timeout_s: float = 30.0) -> None:
+                 worker_id: Callable[[], int], timeout_s: float = 30.0, tokens: BlockTokens | None = None) -> None:
+        """tokens: the cluster's (this worker holds the secret): each block read from another
+        worker goes with a read token minted just then, not the one the master sent with
+        the request, which an upload longer than the token life would outlast."""
+        self.tokens = tokens
         self.store = store
         self.mounts = mounts
         self.pool = pool
@@ -142,6 +147,8 @@ class Persister:
                       into: memoryview) -> None:
         me = self.worker_id()
         errors: list[str] = []
+        if self.tokens is not None and self.tokens.enabled:
+            b.token = self.tokens.mint(b.block_id, READ)
         for wid in b.workers:
             addr = addresses.get(wid)
             if wid == me or addr is None:

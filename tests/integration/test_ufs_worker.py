@@ -397,6 +397,28 @@ def test_persist_uploads_local_and_remote_blocks_byte_exact(nodes, ufs, rpc_a):
     assert ufs.reads == []
 
 
+def test_persist_reads_remote_blocks_with_tokens_it_mints(nodes, ufs):
+    """An upload that outlasts the read tokens the master sent (here: sent expired) still
+    reads the blocks other workers hold: a persister with the cluster's tokens mints its
+    own per read; one without them is refused (issue 40: tokens expire)."""
+    a, b = nodes
+    data = os.urandom(MiB)
+    store_block(b, 950, data)
+    stale = TOKENS.mint(950, READ, expiry=int(time.time()) - 3600)
+
+    def persist(persister: Persister, key: str) -> None:
+        block = curvine_pb2.BlockInfo(block_id=950, offset=0, length=MiB, workers=[B_ID], token=stale,
+                                      checksum=xxhash.xxh3_64_intdigest(data))
+        persister.persist(curvine_pb2.PersistRequest(mount_id=MOUNT, key=key, size=MiB, blocks=[block],
+                                                     workers=[a.address, b.address]))
+
+    with pytest.raises(CurvineError, match="expired"):
+        persist(Persister(a.store, a.mounts, ConnectionPool(), a.fetcher.buffers, lambda: A_ID, 5.0), "out/stale")
+    persist(Persister(a.store, a.mounts, ConnectionPool(), a.fetcher.buffers, lambda: A_ID, 5.0, tokens=TOKENS),
+            "out/fresh")
+    assert (Path(ufs.uri[len("file://"):]) / "out" / "fresh").read_bytes() == data
+
+
 def test_persist_failures_abort_the_upload(nodes, ufs, rpc_a):
     a, b = nodes
     store_block(a, 900, b"x" * MiB)
