@@ -184,7 +184,7 @@ class Worker:
         assert self.ufs_mounts is not None
         data = self.data
         persister = Persister(self.store, self.ufs_mounts, data.pool, self.ufs_fetcher.buffers,
-                              lambda: data.worker_id, self.cfg.ufs.timeout_s)
+                              lambda: data.worker_id, self.cfg.ufs.timeout_s, tokens=self._block_tokens())
         return service.UfsParts(self.ufs_fetcher, persister, self.cfg.ufs.load_threads)
 
     def _start_rpc(self) -> None:
