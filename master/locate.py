@@ -9,7 +9,9 @@ call with ``unpin``; ``Client.locate`` and ``cv fs locate`` are it without eithe
 
 Paths are answered per directory, not per path: each distinct parent is resolved once
 and its names are read in one statement (LMCache keeps every chunk of a model in one
-flat directory), and all the files' blocks in one more.
+flat directory), and all the files' blocks in one more.  The per-path work is kept to
+plain tuples and one snapshot of the registry per call, and the reply's fields are set
+in place: at 256 paths the per-path costs are the whole call.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import errno
 import posixpath
 import stat
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.master import posix
@@ -25,27 +27,30 @@ from curvine_py.master.cachepolicy import Policies
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.pinleases import PinLeases
 from curvine_py.master.posix import X, Cred
-from curvine_py.master.store import ATTR_COLS, Row
 from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
 
 MAX_PATHS = 1000
 MAX_PIN_MS = 600_000   # a lock outliving 10 minutes unrenewed is a bug of the caller's
-_CHUNK = 500           # names per IN (...) statement, well under SQLite's variable limit
-_NAMES = ("SELECT d.name, " + ", ".join(f"i.{c.strip()}" for c in ATTR_COLS.split(",")) + ", i.target"
+_CHUNK = 500           # values per IN (...) statement, well under SQLite's variable limit
+# the columns of a found name, in pb.Attr's field names (complete last but one: a bool there)
+_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
+           "block_size", "replicas", "generation")
+_NAMES = ("SELECT d.name, " + ", ".join(f"i.{f}" for f in _FIELDS) + ", i.complete"
           " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name IN ({})")
+_INO, _MODE, _COMPLETE = 0, 1, len(_FIELDS)
+Found = tuple[Any, ...]   # _FIELDS' values then complete
 
 
 class Locator:
     """Answers Locate from a read connection, the registry and the evictor's pins."""
 
     def __init__(self, ns: Callable[[], Namespace], registry: Registry, pins: PinLeases,
-                 fresh_dir: Callable[[int], object], to_attr: Callable[[Row], pb.Attr]) -> None:
+                 fresh_dir: Callable[[int], object]) -> None:
         self._ns = ns
         self.registry = registry
         self.pins = pins
         self._fresh_dir = fresh_dir   # a UFS directory's listing refreshed before its names are read
-        self._to_attr = to_attr
 
     def locate(self, request: pb.LocateRequest) -> pb.LocateReply:
         paths = list(request.paths)
@@ -57,28 +62,34 @@ class Locator:
         cred = Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
         ns = self._ns()
         rows = self._rows(ns, cred, paths)
-        files = [r["ino"] for r in rows if isinstance(r, dict) and stat.S_ISREG(r["mode"])]
+        files = [r[_INO] for r in rows if isinstance(r, tuple) and stat.S_ISREG(r[_MODE])]
         if request.unpin:
             self.pins.release(c.client_id, files)
             return pb.LocateReply()
         if request.pin_ms:
             self.pins.hold(c.client_id, files, request.pin_ms / 1000)
-        holders = self._holders(ns, files)
+        holders, host_tiers = self._holders(ns, files)
         policies = Policies(ns.conn)
-        out = []
+        reply = pb.LocateReply()
         for r in rows:
+            m = reply.files.add()
             if isinstance(r, int):
-                out.append(pb.Located(errno=r))
+                m.errno = r
                 continue
-            hosts = holders.get(r["ino"], ())
-            out.append(pb.Located(attr=self._to_attr(r), hosts=sorted(hosts),
-                                  tier=self._tier(policies, r["ino"], hosts)))
-        return pb.LocateReply(files=out)
+            a = m.attr
+            for f, v in zip(_FIELDS, r):
+                setattr(a, f, v)
+            a.complete = bool(r[_COMPLETE])
+            hosts = holders.get(r[_INO])
+            if hosts:
+                m.hosts.extend(sorted(hosts))
+            m.tier = policies.tier(r[_INO]) or _one_tier(hosts, host_tiers)
+        return reply
 
     # ------------------------------------------------------------------ names
-    def _rows(self, ns: Namespace, cred: Cred, paths: list[str]) -> list[Row | int]:
-        """Each path's row, or the errno of its absence, in order."""
-        out: list[Row | int] = [errno.ENOENT] * len(paths)
+    def _rows(self, ns: Namespace, cred: Cred, paths: list[str]) -> list[Found | int]:
+        """Each path's columns, or the errno of its absence, in order."""
+        out: list[Found | int] = [errno.ENOENT] * len(paths)
         by_dir: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for i, p in enumerate(paths):
             if not p.startswith("/") or "\0" in p:
@@ -95,7 +106,7 @@ class Locator:
         return out
 
     def _in_dir(self, ns: Namespace, cred: Cred, parent: str, items: list[tuple[int, str]],
-                paths: list[str], out: list[Row | int]) -> None:
+                paths: list[str], out: list[Found | int]) -> None:
         try:
             d = ns.resolve(cred, parent, True, self._fresh_dir)
             if not stat.S_ISDIR(d["mode"]):
@@ -106,57 +117,65 @@ class Locator:
             for i, _ in items:
                 out[i] = e.errno or errno.EIO
             return
-        found: dict[str, Row] = {}
+        found: dict[str, Found] = {}
         names = sorted({n for _, n in items})
+        cur = ns.conn.cursor()
+        cur.row_factory = None   # plain tuples: no Row, no dict per name
         for k in range(0, len(names), _CHUNK):
             part = names[k:k + _CHUNK]
-            sql = _NAMES.format(",".join("?" * len(part)))
-            for r in ns.conn.execute(sql, (d["ino"], *part)):
-                got = dict(r)
-                found[got.pop("name")] = got
+            for r in cur.execute(_NAMES.format(",".join("?" * len(part))), (d["ino"], *part)):
+                found[r[0]] = r[1:]
         for i, name in items:
             row = found.get(name)
             if row is None:
                 out[i] = errno.ENAMETOOLONG if len(name.encode("utf-8", "surrogateescape")) > 255 else errno.ENOENT
-            elif stat.S_ISLNK(row["mode"]):
+            elif stat.S_ISLNK(row[_MODE]):
                 out[i] = self._one(ns, cred, paths[i])   # followed, as stat(2) does
             else:
                 out[i] = row
 
-    def _one(self, ns: Namespace, cred: Cred, path: str) -> Row | int:
+    def _one(self, ns: Namespace, cred: Cred, path: str) -> Found | int:
         try:
-            return ns.resolve(cred, path, True, self._fresh_dir)
+            row = ns.resolve(cred, path, True, self._fresh_dir)
         except CurvineError as e:
             return e.errno or errno.EIO
+        return (*(row[f] for f in _FIELDS), row.get("complete", 1))
 
     # ------------------------------------------------------------------ where
-    def _holders(self, ns: Namespace, inos: Iterable[int]) -> dict[int, set[str]]:
-        """Per file, the hosts with a live replica of every one of its blocks."""
+    def _holders(self, ns: Namespace, inos: Iterable[int]) -> tuple[dict[int, set[str]], dict[str, set[str]]]:
+        """Per file, the hosts with a live replica of every one of its blocks; and the
+        tiers of each live host's data dirs."""
         blocks: dict[int, list[int]] = defaultdict(list)
         inos = sorted(set(inos))
+        cur = ns.conn.cursor()
+        cur.row_factory = None
         for k in range(0, len(inos), _CHUNK):
             part = inos[k:k + _CHUNK]
-            sql = f"SELECT ino, block_id FROM blocks WHERE ino IN ({','.join('?' * len(part))})"
-            for ino, bid in ns.conn.execute(sql, part):
+            for ino, bid in cur.execute(f"SELECT ino, block_id FROM blocks WHERE ino IN ({','.join('?' * len(part))})",
+                                        part):
                 blocks[ino].append(bid)
         out: dict[int, set[str]] = {}
-        for ino, bids in blocks.items():
-            hosts: set[str] | None = None
-            for bid in bids:
-                here = {w.host for w in map(self.registry.get, self.registry.replicas(bid)) if w is not None}
-                hosts = here if hosts is None else hosts & here
-                if not hosts:
-                    break
-            out[ino] = hosts or set()
-        return out
+        with self.registry.lock:   # one snapshot for the call
+            host_of = {w.worker_id: w.host for w in self.registry.workers.values() if w.live}
+            tiers: dict[str, set[str]] = defaultdict(set)
+            for w in self.registry.workers.values():
+                if w.live:
+                    tiers[w.host].update(d.tier.upper() for d in w.dirs)
+            locations = self.registry.locations
+            for ino, bids in blocks.items():
+                hosts: set[str] | None = None
+                for bid in bids:
+                    here = {host_of[w] for w in locations.get(bid, ()) if w in host_of}
+                    hosts = here if hosts is None else hosts & here
+                    if not hosts:
+                        break
+                out[ino] = hosts or set()
+        return out, tiers
 
-    def _tier(self, policies: Policies, ino: int, hosts: Iterable[str]) -> str:
-        """The file's tier policy; else the one tier of its holders' data dirs ('' = mixed)."""
-        tier = policies.tier(ino)
-        if tier:
-            return tier
-        hosts = set(hosts)
-        if not hosts:
-            return ""
-        tiers = {d.tier.upper() for w in self.registry.live_workers() if w.host in hosts for d in w.dirs}
-        return tiers.pop() if len(tiers) == 1 else ""
+
+def _one_tier(hosts: set[str] | None, host_tiers: dict[str, set[str]]) -> str:
+    """The one tier of the holders' data dirs ('' = mixed or no holder)."""
+    if not hosts:
+        return ""
+    tiers = set().union(*(host_tiers.get(h, set()) for h in hosts))
+    return tiers.pop() if len(tiers) == 1 else ""

@@ -150,7 +150,7 @@ class MasterService:
         self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
                               cfg.ufs.timeout_s, self.evictor.note_read)
         # Locate: many paths at once, and LMCache's expiring locks (master/locate.py)
-        self.locator = Locator(lambda: self.ns, self.registry, self.evictor.pins, self.ufs.fresh_dir, to_attr)
+        self.locator = Locator(lambda: self.ns, self.registry, self.evictor.pins, self.ufs.fresh_dir)
 
     # ------------------------------------------------------------------ plumbing
     @property
