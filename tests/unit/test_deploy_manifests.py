@@ -397,7 +397,7 @@ def test_the_documented_overlay_renders(tmp_path: Path) -> None:
     rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == \
         sorted((o.kind, o.name) for o in objects() if o.path.parent == K8S)
-    (secret,) = [d for d in rendered if d["kind"] == "Secret"]
+    (secret,) = [d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"] == "curvine-secret"]
     import base64
     assert base64.b64decode(secret["data"]["cluster-secret"]).decode() == TEST_SECRET
     assert secret["metadata"]["namespace"] == NAMESPACE
@@ -939,3 +939,21 @@ def test_systemd_command_lines_parse_with_the_real_parsers(tmp_path: Path) -> No
     assert checked >= 4
     for unit in unit_files():
         assert "Environment=CURVINE_CONF=/etc/curvine/curvine.toml" in unit.read_text(), unit.name
+
+
+def test_every_role_takes_its_own_tls_certificate_from_the_secret(toml_path: Path) -> None:
+    """With [tls] enabled in the ConfigMap, each of our pods presents its role's
+    certificate from the Secret curvine-tls, mounted read-only where the ConfigMap's CA is."""
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, toml_path)
+    assert cfg.tls.enabled is False and cfg.tls.ca.startswith("/etc/curvine-tls/")
+    want = {"master": "master", "worker": "worker", "csi-node": "client", "csi-controller": "client"}
+    for c in our_containers():
+        role = want[c.role]
+        assert c.env["CURVINE_TLS_CERT"] == f"/etc/curvine-tls/{role}.pem", c.id
+        assert c.env["CURVINE_TLS_KEY"] == f"/etc/curvine-tls/{role}.key", c.id
+        (mount,) = [m for m in c.body["volumeMounts"] if m["mountPath"] == "/etc/curvine-tls"]
+        (vol,) = [v for v in c.spec["volumes"] if v["name"] == mount["name"]]
+        assert mount["readOnly"] and vol["secret"]["secretName"] == "curvine-tls", c.id
+        assert vol["secret"]["defaultMode"] == 0o400 and vol["secret"]["optional"] is True, c.id
+    assert one("Secret", "curvine-tls")
