@@ -247,3 +247,16 @@ def test_cv_cert_issue_makes_a_working_client_certificate(tls_cluster: LocalClus
     assert again.returncode != 0 and again.stderr.count("\n") == 1 and "--force" in again.stderr
     bad = cv("cert", "issue", "bob", "--ca", str(tmp_path / "nope.pem"), "--out", str(tmp_path))
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "not found" in bad.stderr, bad.stderr
+
+
+def test_three_masters_over_tls_survive_the_leaders_loss(cluster_factory: typing.Any) -> None:
+    """Clients and workers follow a new leader over TLS (the Raft port itself is PySyncObj's,
+    encrypted with the cluster secret: docs/security.md)."""
+    c = cluster_factory(masters=3, tls=True)
+    with Client(master=",".join(c.master_addresses), config=client_config(c)) as cl:
+        cl.put_bytes("/ha-before", b"a" * 1000)
+        leader = c.leader_index()
+        c.kill_master(leader)
+        cl.put_bytes("/ha-after", b"b" * 1000)
+        assert cl.get_bytes("/ha-before") == b"a" * 1000 and cl.get_bytes("/ha-after") == b"b" * 1000
+        assert [m for m in cl.masters() if m.role == "leader"]
