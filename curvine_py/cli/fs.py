@@ -248,6 +248,22 @@ def cmd_blocks(ctx: Context) -> int:
     return 0
 
 
+def cmd_locate(ctx: Context) -> int:
+    """Where files live, many at once (one master call per 1,000): each one's size, the
+    hosts holding all of its blocks, its tier.  Exit 1 when any path is absent."""
+    paths = [remote(p) for p in ctx.args.paths]
+    got = ctx.client.locate(paths)
+    if ctx.args.json:
+        output.print_json([{"path": g.path, "found": g.found, "size": g.status.size if g.status else None,
+                            "hosts": list(g.hosts), "tier": g.tier,
+                            "error": os.strerror(g.errno) if g.errno else None} for g in got])
+    else:
+        rows = [(g.path, g.status.size if g.status else "-", ",".join(g.hosts) or "-", g.tier or "-")
+                if g.found else (g.path, "-", f"({os.strerror(g.errno)})", "-") for g in got]
+        print(output.table(rows, headers=("PATH", "SIZE", "HOSTS WITH EVERY BLOCK", "TIER"), right={1}))
+    return 0 if all(g.found for g in got) else 1
+
+
 # ---------------------------------------------------------------- namespace changes
 
 
@@ -552,3 +568,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = add("blocks", cmd_blocks, "show a file's blocks and the workers holding them",
             json_flag=True)
     p.add_argument("path", metavar="PATH")
+
+    p = add("locate", cmd_locate, "where files live: the hosts holding all of each one's blocks, and its tier",
+            json_flag=True)
+    p.add_argument("paths", nargs="+", metavar="PATH")

@@ -3,7 +3,9 @@ expiring pins that are LMCache's locks, on real clusters."""
 from __future__ import annotations
 
 import errno
+import json
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 from curvine_py.sdk import Client
 
+from tests.integration.test_cli import run_cv
 from tests.integration.test_eviction import EVICT_FLAGS, connect, payload, present, settle
 
 MiB = 1 << 20
@@ -85,3 +88,17 @@ def test_a_pin_holds_against_eviction_until_its_client_unpins(small: tuple[Local
     assert not present(client, "/kv/0")
     assert present(client, "/kv/1") and client.get_bytes("/kv/1") == payload(1)
     assert present(client, "/kv/2") and client.get_bytes("/kv/2") == payload(2)
+
+
+def test_cv_fs_locate(client: Client, remote_dir: str, shared_cluster: LocalCluster, tmp_path: Path) -> None:
+    d = remote_dir
+    client.put_bytes(f"{d}/a", b"q" * 1000)
+    got = run_cv("fs", "locate", f"{d}/a", f"{d}/nope", "--json", master=shared_cluster.master_address, cwd=tmp_path)
+    assert got.returncode == 1, got.stderr   # one path absent
+    a, nope = json.loads(got.stdout)
+    assert a["found"] and a["size"] == 1000 and set(a["hosts"]) == {shared_cluster.worker_host(0),
+                                                                    shared_cluster.worker_host(1)}
+    assert not nope["found"] and nope["error"] == "No such file or directory"
+    got = run_cv("fs", "locate", f"{d}/a", master=shared_cluster.master_address, cwd=tmp_path)
+    text = got.stdout.decode()
+    assert got.returncode == 0 and f"{d}/a" in text and shared_cluster.worker_host(0) in text, text
