@@ -50,6 +50,7 @@ from curvine_py.master.workers import Registry
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
+U64_MAX = (1 << 64) - 1
 PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than master.retry_cache_s this often
 #                        (or every master.retry_cache_s, when that is shorter)
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
@@ -78,6 +79,12 @@ def to_attr(row: Row) -> pb.Attr:
 
 def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
     return [to_attr(d) for d in result.get("dirs", ())]
+
+
+def _u64(n: int) -> int:
+    """n as a uint64 field can carry it: workers' reported dirs summed past 2^64 bytes
+    (a broken or hostile report, found by fuzzing) made every later StatFs and Report fail."""
+    return min(n, U64_MAX)
 
 
 def _require_root(c: pb.Caller, what: str) -> None:
@@ -313,7 +320,10 @@ class MasterService:
 
     @handler
     def RenewLocks(self, request: pb.LockRenew) -> pb.LockRenewReply:
-        held = self.locks.renew(request.caller.client_id, [lock_call(r) for r in request.reclaim])
+        reclaim = [lock_call(r) for r in request.reclaim]
+        if any(c.client != request.caller.client_id for c in reclaim):   # (found by fuzzing: a KeyError)
+            raise err(errno.EINVAL, "RenewLocks: a mount reclaims its own locks only (each one's caller is its own)")
+        held = self.locks.renew(request.caller.client_id, reclaim)
         return pb.LockRenewReply(held=held, lease_ms=int(self.locks.lease_s * 1000))
 
     def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
@@ -434,7 +444,7 @@ class MasterService:
     @handler
     def StatFs(self, request: pb.Empty) -> pb.StatFsReply:
         live = self.registry.live_workers()
-        cap, used = sum(w.capacity for w in live), sum(w.used for w in live)
+        cap, used = _u64(sum(w.capacity for w in live)), _u64(sum(w.used for w in live))
         files, _ = self.ns.counts()
         return pb.StatFsReply(capacity=cap, used=used, available=max(0, cap - used), files=files,
                               block_size=self.cfg.master.block_size)
@@ -733,13 +743,13 @@ class MasterService:
         now = time.monotonic()
         for w in sorted(self.registry.workers.values(), key=lambda w: w.worker_id):
             statuses.append(pb.WorkerStatus(
-                address=w.address(), state="live" if w.live else "lost", capacity=w.capacity, used=w.used,
+                address=w.address(), state="live" if w.live else "lost", capacity=_u64(w.capacity), used=_u64(w.used),
                 dirs=w.dirs, blocks=len(w.blocks), last_heartbeat_ms=int((now - w.last_heartbeat) * 1000),
                 io_engine=w.io_engine, metrics_port=w.metrics_port))
         live = self.registry.live_workers()
         files, nblocks = self.ns.counts()
         return pb.ReportReply(workers=statuses, ring_epoch=self.placement.ring().epoch,
-                              capacity=sum(w.capacity for w in live), used=sum(w.used for w in live),
+                              capacity=_u64(sum(w.capacity for w in live)), used=_u64(sum(w.used for w in live)),
                               files=files, blocks=nblocks, under_replicated=self.under_replicated(),
                               master_address=self.address, version=package_version(),
                               evicted_files=self.evictor.evicted_files, evicted_bytes=self.evictor.evicted_bytes,
