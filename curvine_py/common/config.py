@@ -183,7 +183,7 @@ SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
 
 
 def _field_types(section_obj: typing.Any) -> dict[str, typing.Any]:
-    return _types_of(type(section_obj))
+    return _types_of(section_obj.__class__)
 
 
 @functools.cache
