@@ -13,14 +13,14 @@ STAMP := $(VENV)/.installed
 # import hook); sed gives the paths it prints back as the folders' own.
 MYPY_LINKS := $(VENV)/mypy-path/curvine_py
 
-.PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean image
+.PHONY: run test install system-deps peer-deps lmcache-deps proto bench compare clean image fuzz
 
 # ARGS: more `cv cluster start` flags, e.g. make run ARGS="--master-port 18995 --base-port 19000"
 run: install
 	$(VENV)/bin/cv cluster start --dir .curvine --workers 2 --mount mnt --foreground $(ARGS)
 
 test: install peer-deps lmcache-deps
-	$(VENV)/bin/ruff check curvine_py master worker fuse tests bench bench/compare
+	$(VENV)/bin/ruff check curvine_py master worker fuse tests bench bench/compare fuzz
 	@mkdir -p $(MYPY_LINKS) && for d in master worker fuse; do ln -sfn ../../../$$d $(MYPY_LINKS)/$$d; done
 	set -o pipefail; $(VENV)/bin/mypy | sed 's,^$(MYPY_LINKS)/,,'
 	$(PY) -m pytest -q tests
@@ -90,6 +90,16 @@ $(LMCACHE_VENV)/.installed: tests/kvclients/lmcache-requirements.txt | install
 	  && $(LMCACHE_VENV)/bin/pip install -q --no-deps -e . >>$(LMCACHE_LOG) 2>&1 \
 	  && touch $@ \
 	  || echo "warning: real LMCache could not be installed: its tests skip (log: $(LMCACHE_LOG))" >&2
+
+# Coverage-guided fuzzing (fuzz/, docs/testing.md "Fuzzing"): each target under atheris for
+# FUZZ_SECONDS, then one table of executions and crashes (inputs under .fuzz/<target>/).
+# atheris (the [fuzz] extra) is installed here, not by make install or make test.
+FUZZ_SECONDS ?= 60
+fuzz: install
+	@$(PY) -m pip install -q -e '.[fuzz]' >$(VENV)/fuzz-install.log 2>&1 || { \
+	  echo "make fuzz: atheris could not be installed on this machine (no wheel for this Python, no compiler?); log: $(VENV)/fuzz-install.log" >&2; \
+	  exit 1; }
+	$(PY) -m fuzz.run_all --seconds $(FUZZ_SECONDS)
 
 # Regenerate the protobuf/gRPC code in curvine_py/pb from proto/ (never edit it by hand).
 proto:
