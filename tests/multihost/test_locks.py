@@ -196,6 +196,35 @@ def test_byte_ranges_across_two_mounts(net_cluster_factory: Factory, tmp_path: P
         h.end()
 
 
+def test_ofd_locks_across_two_mounts(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """OFD locks belong to the open file description: two descriptors of one process
+    conflict, and the last close of the description ends its locks."""
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "f").write_bytes(b"\0" * 100)
+    wait_granted(c, m1 / "f")
+    w = os.open(m1 / "f", os.O_RDWR)
+    r1, r2 = os.open(m2 / "f", os.O_RDONLY), os.open(m2 / "f", os.O_RDONLY)
+    try:
+        lk(w, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, 10)
+        t, s, n, _ = lk(r1, fcntl.F_OFD_GETLK, fcntl.F_RDLCK, 5, 1)
+        assert (t, s, n) == (fcntl.F_WRLCK, 0, 10)
+        assert refused(lambda: lk(r1, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, 9, 1))
+        lk(r1, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, 10, 10)
+        lk(r2, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, 15, 10)     # readers share, across descriptions too
+        lk(w, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, 0, 10)
+        assert refused(lambda: lk(w, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, 11))   # r1's read lock at 10
+        lk(w, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, 10)
+        os.close(r1)                                          # its description's locks end (RELEASE)
+        r1 = -1
+        assert eventually(lambda: lk(w, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, 15)) < 0.5
+        assert refused(lambda: lk(w, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, 16))   # r2's still there
+    finally:
+        for fd in (w, r1, r2):
+            if fd >= 0:
+                os.close(fd)
+
+
 def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_factory: Factory, tmp_path: Path) -> None:
     c = cluster(net_cluster_factory)
     m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
