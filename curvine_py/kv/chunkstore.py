@@ -134,19 +134,26 @@ class ChunkStore:
                             self.cfg.lock_ttl_s / 3, e)
 
     # ------------------------------------------------------------------ store, load, delete
-    def store(self, names: Sequence[str], buffers: Sequence[Buffer]) -> Stored:
-        """Write the chunks not there yet, each whole under its name or not at all."""
+    def store(self, names: Sequence[str], buffers: Sequence[Buffer],
+              headers: Sequence[bytes] | None = None) -> Stored:
+        """Write the chunks not there yet, each whole under its name or not at all;
+        headers: bytes written ahead of each buffer (LMCache's in-process format)."""
         there = self.lookup(names)
         todo = [i for i, hit in enumerate(there) if not hit]
-        ok = self._each(todo, lambda i: self._store_one(names[i], buffers[i]))
+        ok = self._each(todo, lambda i: self._store_one(names[i], buffers[i], headers[i] if headers else b""))
         written = tuple(i for i, good in zip(todo, ok) if good)
         return Stored(written, tuple(len(buffers[i]) for i in written), len(todo) - len(written))
 
-    def _store_one(self, name: str, buf: Buffer) -> bool:
+    def _store_one(self, name: str, buf: Buffer, header: bytes = b"") -> bool:
         final = self.path(name)
         tmp = f"{final}.{self._tmp_tag}.{threading.get_ident():x}.tmp"
         try:
-            self.client.put_bytes(tmp, buf, self.cfg.block_size)
+            if header:
+                with self.client.open(tmp, "wb", self.cfg.block_size) as f:
+                    f.write(header)
+                    f.write(buf)
+            else:
+                self.client.put_bytes(tmp, buf, self.cfg.block_size)
             self.client.rename(tmp, final)
             return True
         except CurvineError as e:

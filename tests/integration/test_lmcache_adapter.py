@@ -136,3 +136,37 @@ def test_native_writer_and_fs_adapter_on_a_mount_share_one_cache(shared_cluster:
                                        for x in names), names
     finally:
         m.stop()
+
+
+ENGINE_DRIVER = ROOT / "tests" / "kvclients" / "lmcache_driver.py"
+
+
+def engine(tmp_path: Path, *args: str) -> dict[str, typing.Any]:
+    """LMCache's in-process engine (tests/kvclients/lmcache_driver.py): one JSON line."""
+    proc = run_lmcache([str(PYTHON), str(ENGINE_DRIVER), *args], tmp_path)
+    out = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and out, f"{args[0]}: exit {proc.returncode}: {out[-1:]} {proc.stderr[-2000:]}"
+    return typing.cast(dict[str, typing.Any], json.loads(out[-1]))
+
+
+def test_in_process_engine_through_the_remote_storage_plugin(shared_cluster: LocalCluster, tmp_path: Path) -> None:
+    """LMCache's engine stores a prompt through CurvineConnector; a fresh process retrieves
+    it through the plugin, and another through fs:// on a mount (same files); and an fs://
+    writer's prompt is retrieved through the plugin.  Every byte checked."""
+    m = start_mount(shared_cluster, tmp_path / "mnt", tmp_path / "run", tmp_path / "mount.log")
+    try:
+        def plugin(base: str) -> tuple[str, ...]:
+            params = {"base_path": base, "config": str(shared_cluster.config_path),
+                      "host": shared_cluster.worker_host(0)}
+            return ("--curvine", json.dumps(params), "--dir", str(m.path / base.strip("/")))
+        put = engine(tmp_path, "put", *plugin("/kv/inproc-a"), "--tokens", "1925", "--seed", "7")
+        assert put["chunks"] == 8 and len(put["files"]) == 8
+        for reader in (plugin("/kv/inproc-a"), ("--dir", str(m.path / "kv" / "inproc-a"))):
+            got = engine(tmp_path, "get", *reader, "--tokens", "1925", "--seed", "7", "--check-files")
+            assert got["hit_tokens"] == got["retrieved_tokens"] == 1925, got
+            assert got["bad_chunks"] == 0 and not got["file_bad_chunks"], got
+        engine(tmp_path, "put", "--dir", str(m.path / "kv" / "inproc-b"), "--tokens", "700", "--seed", "8")
+        got = engine(tmp_path, "get", *plugin("/kv/inproc-b"), "--tokens", "700", "--seed", "8")
+        assert got["hit_tokens"] == got["retrieved_tokens"] == 700 and got["bad_chunks"] == 0, got
+    finally:
+        m.stop()

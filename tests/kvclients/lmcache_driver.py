@@ -223,8 +223,10 @@ class Engine:
     fs: Any  # the FSConnector inside it
 
 
-def build_engine(directory: Path, shape: ModelShape, cpu_gb: float) -> Engine:
+def build_engine(directory: Path, shape: ModelShape, cpu_gb: float, curvine: dict[str, Any] | None = None) -> Engine:
     """LMCacheEngine with local CPU + fs:// remote; fail loudly if the remote is missing.
+    curvine: the pool's own remote storage plugin instead (curvine_py.kv.lmcache_connector,
+    these its extra_config keys), writing the same files (directory: where they show).
 
     ``fs:///abs/path`` looks valid (LMCache's own docstring shows it) but
     ``parse_remote_url`` asserts a host and a port; RemoteBackend catches that,
@@ -238,14 +240,20 @@ def build_engine(directory: Path, shape: ModelShape, cpu_gb: float) -> Engine:
     from lmcache.v1.storage_backend.connector.fs_connector import FSConnector
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+    remote: dict[str, Any] = {"remote_url": f"fs://localhost:0{directory.resolve()}"}
+    if curvine is not None:
+        prefix = "remote_storage_plugin.curvine."
+        remote = {"remote_storage_plugins": ["curvine"], "extra_config": {
+            prefix + "module_path": "curvine_py.kv.lmcache_connector", prefix + "class_name": "CurvineConnector",
+            **{prefix + k: v for k, v in curvine.items()}}}
     config = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK,
         local_cpu=True,
         max_local_cpu_size=cpu_gb,
-        remote_url=f"fs://localhost:0{directory.resolve()}",
         remote_serde="naive",
         save_unfull_chunk=True,
         lmcache_instance_id=INSTANCE,
+        **remote,
     )
     config.validate()
     metadata = LMCacheMetadata(
@@ -268,6 +276,10 @@ def build_engine(directory: Path, shape: ModelShape, cpu_gb: float) -> Engine:
         raise DriverError(f"LMCache built no RemoteBackend (backends: {list(backends)})")
     conn = remotes[0].connection
     fs = getattr(conn, "_connector", conn)  # CreateConnector wraps it in InstrumentedRemoteConnector
+    if curvine is not None:
+        if type(fs).__name__ != "CurvineConnector":
+            raise DriverError(f"RemoteBackend has no CurvineConnector (connection={conn!r})")
+        return Engine(engine, remotes[0], fs)
     if not isinstance(fs, FSConnector):
         raise DriverError(f"RemoteBackend has no FSConnector (connection={conn!r}); "
                           "remote_url rejected?")
@@ -276,9 +288,9 @@ def build_engine(directory: Path, shape: ModelShape, cpu_gb: float) -> Engine:
     return Engine(engine, remotes[0], fs)
 
 
-def chunk_files(eng: Engine, tokens: list[int]) -> list[tuple[int, int, Path]]:
-    """(start, end, file) per chunk, named by LMCache's own key + FSConnector naming."""
-    return [(s, e, eng.fs._get_file_path(key))
+def chunk_files(eng: Engine, tokens: list[int], directory: Path) -> list[tuple[int, int, Path]]:
+    """(start, end, file in directory) per chunk, named by LMCache's own key + its connector's naming."""
+    return [(s, e, directory / Path(eng.fs._get_file_path(key)).name)
             for s, e, key in eng.engine.token_database.process_tokens(tokens)]
 
 
@@ -396,8 +408,8 @@ def do_put(args: argparse.Namespace, shape: ModelShape) -> tuple[int, dict]:
     tokens = make_tokens(args.seed, args.tokens, shape)
     kv = build_kv(args.seed, shape, args.tokens)
     args.dir.mkdir(parents=True, exist_ok=True)
-    eng = build_engine(args.dir, shape, args.cpu_gb)
-    chunks = chunk_files(eng, tokens)
+    eng = build_engine(args.dir, shape, args.cpu_gb, args.curvine)
+    chunks = chunk_files(eng, tokens, args.dir)
     spawner = Spawner() if args.spawn_children else None
     t0 = time.perf_counter()
     try:
@@ -448,8 +460,8 @@ def do_get(args: argparse.Namespace, shape: ModelShape) -> tuple[int, dict]:
     import torch
 
     tokens = make_tokens(args.seed, args.tokens, shape)
-    eng = build_engine(args.dir, shape, args.cpu_gb)
-    chunks = chunk_files(eng, tokens)
+    eng = build_engine(args.dir, shape, args.cpu_gb, args.curvine)
+    chunks = chunk_files(eng, tokens, args.dir)
     out: dict[str, Any] = {"mode": "get", "tokens": args.tokens, "chunks": len(chunks)}
     if args.check_files:
         t0 = time.perf_counter()
@@ -509,6 +521,9 @@ def main() -> None:
                    help="put: wait this long for LMCache's writes; whole run: +30 s hard limit")
     p.add_argument("--spawn-children", action="store_true",
                    help="put: another thread starts child processes all through the store")
+    p.add_argument("--curvine", type=json.loads, default=None, metavar="JSON",
+                   help="the pool's remote storage plugin (its extra_config keys: base_path, config, host) "
+                        "instead of fs://; --dir is a mount of base_path, where the files show")
     p.add_argument("--check-files", action="store_true",
                    help="get: also read every .data file directly and compare")
     args = p.parse_args()
