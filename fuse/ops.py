@@ -105,6 +105,15 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _invalidate(ino: int) -> None:
+    """Drop the kernel's cached pages and attributes of ino (one it has forgotten: nothing to do)."""
+    try:
+        pyfuse3.invalidate_inode(ino)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            raise
+
+
 def _close_fd(fd: int | None) -> None:
     """An abandoned passthrough hop's block file descriptor: nobody will hand it to the kernel."""
     if fd is not None:
@@ -522,7 +531,11 @@ class CurvineOps(pyfuse3.Operations):
                 req.start = _monotonic()
             return await self._do(self.vfs.setlk(fh, a, waiting))
         await acquire(attempt, block and a.type != UNLCK, trio.sleep, interrupted)
-        if a.type != UNLCK and not self._renewing:
+        if a.type == UNLCK:
+            return
+        # what the kernel cached of the file is read again (NFS's rule; VFS.setlk)
+        await self._run(_invalidate, self.vfs.handle(fh).ino)
+        if not self._renewing:
             self._renewing = True
             trio.lowlevel.spawn_system_task(self._renew_locks)
 

@@ -864,8 +864,6 @@ class VFS:
                 st.writers -= 1
             if st.handles == 0:
                 self._inodes.pop(h.ino, None)
-        for owner, flock in h.lock_owners:   # an OFD lock's, or one a no-FLUSH close left
-            yield from self._unlock(h.ino, owner, flock)
         if h.staged is not None:
             self.opens.release(h.staged)
         if h.reader is not None:
@@ -879,6 +877,8 @@ class VFS:
                 yield Blocking(st.writer.close)
             except CurvineError as e:
                 log.error("closing inode %d: %s", h.ino, e)
+        for owner, flock in h.lock_owners:   # an OFD lock's, or one a no-FLUSH close left (after the commit)
+            yield from self._unlock(h.ino, owner, flock)
         if st.handles == 0 and st.hidden is not None:
             parent, name, ident = st.hidden
             try:
@@ -909,14 +909,23 @@ class VFS:
 
     def setlk(self, fh: int, a: LockAsk, waiting: bool = False) -> Op[bool]:
         """One try at taking (or with UNLCK, giving up) a lock through fh: granted or not
-        (waiting: a blocked waiter's try again, EDEADLK when its wait closes a cycle)."""
+        (waiting: a blocked waiter's try again, EDEADLK when its wait closes a cycle).
+
+        NFS's rule for locked data: this client's writes of the file reach the master
+        before an unlock does (the writer flushed, its lease kept), and a lock taken makes
+        this client's readers of the file load it again from the master, so the lock
+        holder reads what the previous holder wrote (the kernel's cache: the mount's)."""
         h = self.handle(fh)
         a = replace(a, ino=h.ino)
+        w = h.state.writer
+        if a.type == UNLCK and w is not None and not w.closed:
+            yield Blocking(w.flush, False, True)
         reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
         if reply.granted:
             self.locks.granted(a, reply.lease_ms)
             if a.type != UNLCK:
                 h.lock_owners.add((a.owner, a.flock))
+                h.state.version += 1
         return reply.granted
 
     def unlock_owner(self, fh: int, owner: int, flock: bool) -> Op[None]:

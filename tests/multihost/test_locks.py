@@ -225,6 +225,34 @@ def test_ofd_locks_across_two_mounts(net_cluster_factory: Factory, tmp_path: Pat
                 os.close(fd)
 
 
+def test_a_lock_holder_reads_what_the_previous_holder_wrote(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """NFS's rule: the writer's data reaches the master at its unlock (the file stays open
+    for writing), and a lock taken on another host drops what that host cached, so the
+    reader there, whose descriptor was open all along, reads the new bytes."""
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "log").write_bytes(b"v1" * 4096)
+    wait_granted(c, m1 / "log")
+    r = os.open(m2 / "log", os.O_RDONLY)
+    w = os.open(m1 / "log", os.O_RDWR)
+    try:
+        assert os.pread(r, 4, 0) == b"v1v1"                   # host 3 has read (and cached) v1
+        fcntl.flock(w, fcntl.LOCK_EX)
+        os.pwrite(w, b"v2" * 4096, 0)
+        fcntl.flock(w, fcntl.LOCK_UN)                         # flushed here; w stays open
+        fcntl.flock(r, fcntl.LOCK_SH)
+        assert os.pread(r, 8192, 0) == b"v2" * 4096
+        fcntl.flock(r, fcntl.LOCK_UN)
+        lk(w, fcntl.F_SETLKW, fcntl.F_WRLCK, 0, 0)            # and with POSIX locks
+        os.pwrite(w, b"v3" * 4096, 0)
+        lk(w, fcntl.F_SETLK, fcntl.F_UNLCK, 0, 0)
+        lk(r, fcntl.F_SETLKW, fcntl.F_RDLCK, 0, 0)
+        assert os.pread(r, 8192, 0) == b"v3" * 4096
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_factory: Factory, tmp_path: Path) -> None:
     c = cluster(net_cluster_factory)
     m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
