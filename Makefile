@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux curl patch
+APT_PKGS := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv iproute2 util-linux curl patch acl
 # MooseFS: the peer bench/compare (and tests/multihost/test_compare.py) measures us against.
 PEER_PKGS := moosefs-master moosefs-chunkserver moosefs-client
 STAMP := $(VENV)/.installed
@@ -53,7 +53,8 @@ image:
 	bash deploy/build-image.sh $(TAG)
 
 # Debian packages the mount needs (fusermount3 to mount; a compiler, curl and patch to build
-# libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh; the compiler also
+# libfuse 3.17 and pyfuse3 with passthrough, see deploy/build-pyfuse3.sh; acl: setfacl and getfacl for
+# the ACL tests; the compiler also
 # builds the io_uring binding, liburing, from its source for this machine's CPU).
 system-deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
