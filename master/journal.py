@@ -324,4 +324,6 @@ def _pack(o: Any) -> Any:
 def _unpack(d: dict[str, Any]) -> Any:
     if len(d) == 1 and PACKED_ATTR in d:
         return dict(zip(ATTR_KEYS, d[PACKED_ATTR]))
+    if len(d) == 1 and "__bytes" in d:   # json_default's bytes (an inode's ACL)
+        return bytes.fromhex(d["__bytes"])
     return d

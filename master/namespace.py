@@ -21,7 +21,7 @@ from curvine_py.common.types import (
     SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
     XATTR_CREATE, XATTR_REPLACE,
 )
-from curvine_py.master import cachepolicy, posix, schema
+from curvine_py.master import acl, cachepolicy, posix, schema
 from curvine_py.master.cacheops import CacheOps
 from curvine_py.master.files import FileOps
 from curvine_py.master.groupops import GroupOps
@@ -38,6 +38,7 @@ MIN_BLOCK = 4096             # block sizes: multiples of the O_DIRECT unit...
 MAX_BLOCK = 1 << 30         # ...up to 1 GiB
 XATTR_MAX = 64 * 1024
 MAX_PENDING_ASKED = 1024     # GetBlockLocations: pending block ids looked at per call
+_ACL_COLUMN = {acl.ACCESS: "acl", acl.DEFAULT: "default_acl"}   # where an inode keeps each ACL
 
 
 def _kept(keep: tuple[int, ...], victim: Row) -> bool:
@@ -133,14 +134,20 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
     def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
         row = self.inode(ino)
         self._xattr_access(row, cred, name, write=False)
+        if name in acl.NAMES:
+            value = row[_ACL_COLUMN[name]]
+            if not value:
+                raise err(errno.ENODATA)
+            return bytes(value)
         r = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
         if r is None:
             raise err(errno.ENODATA)
         return bytes(r[0])
 
     def listxattr(self, cred: Cred, ino: int) -> list[str]:
-        self.inode(ino)
+        row = self.inode(ino)
         names = [r[0] for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+        names += [name for name in acl.NAMES if row[_ACL_COLUMN[name]]]
         if not cred.root:
             names = [n for n in names if not n.startswith("trusted.")]
         return names
@@ -182,8 +189,13 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
         elif ns == "security":
             if write:
                 posix.require_owner(row, cred)
-        elif ns != "system":
-            raise err(errno.EOPNOTSUPP, f"unsupported xattr namespace {ns!r}")
+        elif name in acl.NAMES:
+            if stat.S_ISLNK(row["mode"]):
+                raise err(errno.EOPNOTSUPP, "symlinks have no ACLs")
+            if write:
+                posix.require_owner(row, cred)
+        else:   # system.* other than the ACLs: nothing here would enforce it, so it is not stored
+            raise err(errno.EOPNOTSUPP, f"unsupported xattr {name!r}")
 
     def _dirs(self, *inos: int) -> list[Row]:
         """The directories an op changed, as they now are (clients cache them)."""
@@ -242,7 +254,16 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
             raise err(errno.EINVAL, "bad file type")
         if ftype in (stat.S_IFCHR, stat.S_IFBLK) and not cred.root:
             raise err(errno.EPERM)
-        perm = 0o777 if ftype == stat.S_IFLNK else (mode & 0o7777) & ~rec.umask
+        default = acl.stored(d["default_acl"]) if ftype != stat.S_IFLNK else None
+        if ftype == stat.S_IFLNK:
+            perm = 0o777
+        elif default is not None:   # POSIX.1e: the default ACL, not the umask, limits the mode
+            perm = mode & 0o7777
+        else:
+            perm = (mode & 0o7777) & ~rec.umask
+        access: acl.Acl | None = None
+        if default is not None:
+            access, perm = acl.inherit(default, perm)
         gid, full = posix.new_owner(d, cred, ftype | perm)
         ino = self.counter("next_ino")
         target = rec.target or None
@@ -255,9 +276,11 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
             raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
         self.conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
-            " block_size, replicas, target) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " block_size, replicas, target, acl, default_acl) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
-             rec.rdev, block_size, d["replicas"] or self.default_replicas, target))
+             rec.rdev, block_size, d["replicas"] or self.default_replicas, target,
+             access.to_bytes() if access is not None else None,
+             d["default_acl"] if ftype == stat.S_IFDIR else None))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
@@ -430,6 +453,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
                 mode = posix.clear_suid(mode, cred)
         self._settimes(row, cred, rec, sets)
         sets["mode"] = mode
+        if row["acl"] and valid & SETATTR_MODE:   # chmod's group bits are the mask's
+            sets["acl"] = acl.parse(bytes(row["acl"])).chmod(mode).to_bytes()   # type: ignore[union-attr]
         sets["ctime_ns"] = now
         cols = ", ".join(f"{k}=?" for k in sets)
         self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
@@ -454,7 +479,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
             if explicit and not (cred.root or cred.uid == row["uid"]):
                 raise err(errno.EPERM)
             if not explicit and not (cred.root or cred.uid == row["uid"]
-                                     or posix.allowed(row["mode"], row["uid"], row["gid"], cred, W)):
+                                     or posix.allowed(row["mode"], row["uid"], row["gid"], cred, W, row["acl"])):
                 raise err(errno.EACCES)
         if valid & SETATTR_ATIME_NOW:
             sets["atime_ns"] = now
@@ -472,6 +497,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
         self._xattr_access(row, cred, name, write=True)
         if len(value) > XATTR_MAX:
             raise err(errno.E2BIG)
+        if name in acl.NAMES:
+            return self._set_acl(row, rec)
         if name in cachepolicy.POLICY_XATTRS:
             value = cachepolicy.normalize(name, value)
         exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
@@ -483,10 +510,45 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}
 
+    def _set_acl(self, row: Row, rec: Setxattr) -> Row:
+        """setfacl: a valid ACL (else EINVAL) becomes the inode's.  An access ACL sets the
+        mode's bits (owner, mask or owning group, other) and is kept only when it says more
+        than they do; a default ACL only on a directory (EACCES elsewhere, as Linux).  An
+        empty ACL removes it.  A caller outside the owning group (not root) drops setgid."""
+        column, exists = _ACL_COLUMN[rec.name], bool(row[_ACL_COLUMN[rec.name]])
+        if rec.flags & XATTR_CREATE and exists:
+            raise err(errno.EEXIST)
+        if rec.flags & XATTR_REPLACE and not exists:
+            raise err(errno.ENODATA)
+        parsed = acl.parse(bytes(rec.value))
+        sets: dict[str, Any] = {"ctime_ns": rec.now_ns}
+        if rec.name == acl.DEFAULT:
+            if not stat.S_ISDIR(row["mode"]):
+                if parsed is not None:
+                    raise err(errno.EACCES, "a default ACL is for directories only")
+                return {}
+            sets[column] = parsed.to_bytes() if parsed is not None else None
+        elif parsed is not None:
+            mode = (row["mode"] & ~0o777) | parsed.mode_bits()
+            if not rec.cred.root and not rec.cred.in_group(row["gid"]):
+                mode &= ~stat.S_ISGID
+            sets.update(mode=mode, acl=None if parsed.minimal else parsed.to_bytes())
+        else:
+            sets[column] = None
+        cols = ", ".join(f"{k}=?" for k in sets)
+        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
+        return {}
+
     @applies(Removexattr)
     def op_removexattr(self, rec: Removexattr) -> Row:
         row = self.inode(rec.ino)
         self._xattr_access(row, rec.cred, rec.name, write=True)
+        if rec.name in acl.NAMES:
+            if not row[_ACL_COLUMN[rec.name]]:
+                raise err(errno.ENODATA)
+            self.conn.execute(f"UPDATE inodes SET {_ACL_COLUMN[rec.name]}=NULL, ctime_ns=? WHERE ino=?",
+                              (rec.now_ns, row["ino"]))
+            return {}
         if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
             raise err(errno.ENODATA)
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import NAME_MAX
+from curvine_py.master import acl as acls
 
 R, W, X = 4, 2, 1
 
@@ -29,8 +30,10 @@ class Cred:
         return gid == self.gid or gid in self.groups
 
 
-def allowed(mode: int, uid: int, gid: int, cred: Cred, want: int) -> bool:
-    """May cred access an inode (mode/uid/gid) for want (R|W|X bits)?"""
+def allowed(mode: int, uid: int, gid: int, cred: Cred, want: int, acl: bytes | None = None) -> bool:
+    """May cred access an inode (mode/uid/gid, and its access ACL's stored value, if it
+    has one) for want (R|W|X bits)?  The owner is judged by the mode's bits (an ACL's
+    owner entry is those bits); anyone else by the ACL when there is one."""
     if cred.root:
         # root bypasses rwx, but execute needs some x bit on non-directories
         if want & X and not stat.S_ISDIR(mode) and not mode & 0o111:
@@ -38,6 +41,8 @@ def allowed(mode: int, uid: int, gid: int, cred: Cred, want: int) -> bool:
         return True
     if cred.uid == uid:
         perm = (mode >> 6) & 7
+    elif acl and (a := acls.stored(acl)) is not None:
+        return a.allows(gid, cred.uid, cred.in_group, want)
     elif cred.in_group(gid):
         perm = (mode >> 3) & 7
     else:
@@ -46,7 +51,7 @@ def allowed(mode: int, uid: int, gid: int, cred: Cred, want: int) -> bool:
 
 
 def require(row: dict, cred: Cred, want: int) -> None:
-    if not allowed(row["mode"], row["uid"], row["gid"], cred, want):
+    if not allowed(row["mode"], row["uid"], row["gid"], cred, want, row.get("acl")):
         raise err(errno.EACCES)
 
 

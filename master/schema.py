@@ -6,7 +6,9 @@ import sqlite3
 import stat
 import time
 
+from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
+from curvine_py.master import acl
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,8 @@ CREATE TABLE IF NOT EXISTS inodes (
   complete INTEGER NOT NULL DEFAULT 1, generation INTEGER NOT NULL DEFAULT 0,
   target TEXT,
   lease_id INTEGER NOT NULL DEFAULT 0, lease_client TEXT NOT NULL DEFAULT '',
-  lease_expiry_ms INTEGER NOT NULL DEFAULT 0
+  lease_expiry_ms INTEGER NOT NULL DEFAULT 0,
+  acl BLOB, default_acl BLOB
 );
 CREATE INDEX IF NOT EXISTS inodes_lease ON inodes(lease_expiry_ms) WHERE lease_id != 0;
 CREATE TABLE IF NOT EXISTS dirents (
@@ -123,6 +126,7 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     replicas must hold the same root: the group's first LeaderAnnounce sets them)."""
     conn.executescript(SCHEMA)
     migrate(conn)
+    acl_columns(conn)
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
@@ -184,7 +188,7 @@ def count(conn: sqlite3.Connection, key: str) -> int:
 # times, not these); a directory's whole listing (ino, '/'), which every name change in
 # it changes.  Only columns a client caches count: a lease renewal changes none.
 ATTR_COLUMNS = ("mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, replicas,"
-                " complete, generation, target")
+                " complete, generation, target, acl, default_acl")
 CHANGES = "temp.cache_changes"
 
 
@@ -198,7 +202,7 @@ def track_changes(conn: sqlite3.Connection) -> None:
             ("names_moved", "UPDATE ON dirents",
              "(OLD.parent, OLD.name), (OLD.parent, '/'), (NEW.parent, NEW.name), (NEW.parent, '/')"),
             ("attrs_set", f"UPDATE OF {ATTR_COLUMNS} ON inodes", "(NEW.ino, NULL)"),
-            ("perms_set", "UPDATE OF mode, uid, gid ON inodes", "(NEW.ino, '')"),
+            ("perms_set", "UPDATE OF mode, uid, gid, acl ON inodes", "(NEW.ino, '')"),
             ("attrs_gone", "DELETE ON inodes", "(OLD.ino, NULL), (OLD.ino, '')")):
         conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS cache_{name} AFTER {when}"
                      f" BEGIN INSERT INTO cache_changes(ino, name) VALUES {rows}; END")
@@ -240,6 +244,35 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise
     log.info("meta.db: the oplog now keeps request ids and results only (%d retry-cache rows kept) in %.2f s",
              kept, time.perf_counter() - start)
+
+
+def acl_columns(conn: sqlite3.Connection) -> None:
+    """Give a store made before ACLs were enforced its inodes' ``acl`` and ``default_acl``
+    columns, and move the ACL xattrs it kept unenforced (rows of the xattrs table) into
+    them: valid ones become enforced (the mode's bits are left as they were), invalid ones
+    are dropped with a warning.  At open, and after a Raft snapshot from an older master."""
+    if "acl" in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE inodes ADD COLUMN acl BLOB")
+        conn.execute("ALTER TABLE inodes ADD COLUMN default_acl BLOB")
+        rows = conn.execute("SELECT ino, name, value FROM xattrs WHERE name IN (?, ?)", acl.NAMES).fetchall()
+        for ino, name, value in rows:
+            try:
+                parsed = acl.parse(bytes(value))
+            except CurvineError as e:
+                log.warning("inode %d: its %s xattr is not a valid ACL (%s): dropped", ino, name, e)
+                continue
+            if parsed is not None and not (name == acl.ACCESS and parsed.minimal):
+                column = "acl" if name == acl.ACCESS else "default_acl"
+                conn.execute(f"UPDATE inodes SET {column}=? WHERE ino=?", (parsed.to_bytes(), ino))
+        conn.execute("DELETE FROM xattrs WHERE name IN (?, ?)", acl.NAMES)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    log.info("meta.db: inodes have ACL columns now (%d ACL xattrs moved into them)", len(rows))
 
 
 def incremental_vacuum_on(conn: sqlite3.Connection) -> None:

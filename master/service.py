@@ -236,14 +236,19 @@ class MasterService:
         session may cache it (read at epoch): the name, the inode's attributes and the
         directory's mode, with which the mount checks a later caller's search permission
         itself.  Not under a UFS mount: its names change behind the master's back
-        (metadata_ttl_s); not "." or "..": a move changes "..", and no key says so."""
+        (metadata_ttl_s); not "." or "..": a move changes "..", and no key says so.  Not
+        the mode of a directory with an access ACL: its mode alone cannot answer who may
+        search it, so the mount asks the master for each lookup in it it has not cached."""
         reply = pb.AttrReply(attr=to_attr(row) if row is not None else None)
         if request.caller.session and not under_ufs and request.name not in (".", ".."):
-            keys: list[Key] = [(request.parent, request.name), (request.parent, "")]
+            mode_key = not d.get("acl")
+            keys: list[Key] = [(request.parent, request.name)]
+            if mode_key:
+                keys.append((request.parent, ""))
             if row is not None:
                 keys.append((row["ino"], None))
             reply.lease_seq = self.sessions.grant(request.caller.session, keys, epoch)
-            if reply.lease_seq:
+            if reply.lease_seq and mode_key:
                 reply.parent.CopyFrom(to_attr(d))
         return reply
 
@@ -401,7 +406,7 @@ class MasterService:
             return reply
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
-            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R) else None
+            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R, row.get("acl")) else None
             reply.blocks.extend(self._block_info(b, a.block_size, mode) for b in self.ns.blocks(a.ino))
         return reply
 
@@ -473,10 +478,13 @@ class MasterService:
 
     def _made(self, caller: pb.Caller, parent: int, name: str, result: Row) -> pb.AttrReply:
         """Mknod's and Link's reply: the new name may be cached at once by its maker, and
-        a new directory's listing (empty: complete) and mode too."""
+        a new directory's listing (empty: complete) and mode too (not when it has an
+        access ACL, inherited: see _looked_up)."""
         attr = result["attr"]
         ino = attr["ino"]
-        new_dir: list[Key] = [(ino, LISTING), (ino, "")] if stat.S_ISDIR(attr["mode"]) else []
+        new_dir: list[Key] = [(ino, LISTING)] if stat.S_ISDIR(attr["mode"]) else []
+        if new_dir and not attr.get("acl"):
+            new_dir.append((ino, ""))
         seq, granted = self._mutation_lease(caller, result, (parent, name, ino), new_dir)
         return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), **own_change(result),
                             lease_seq=seq, granted=cache_keys(granted))

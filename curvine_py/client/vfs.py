@@ -414,7 +414,9 @@ class VFS:
                                       block_size=bs, ident=ident)
         reply = self.meta.saw_dirs((yield from ask(Master.Mknod, req)))
         if self.cache is not None:
-            new_dir = reply.attr if stat.S_ISDIR(reply.attr.mode) else None
+            # its mode and owner are granted unless an inherited ACL decides who may search it
+            mode_granted = any(k.ino == reply.attr.ino and k.entry and not k.name for k in reply.granted)
+            new_dir = reply.attr if stat.S_ISDIR(reply.attr.mode) and mode_granted else None
             self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino),
                                new_dir, reply.granted)
         return reply.attr
