@@ -163,7 +163,7 @@ class FrameServer(ConnectionServer):
         if reader.end == reader.start:   # nothing of the next request here yet: idle
             state.waiting()
             reader.short_of(mf.REQUEST.size)
-            if secured and not conn.pending():
+            if isinstance(conn, ssl.SSLSocket) and not conn.pending():
                 select.select([conn], [], [])
             with lock if secured else contextlib.nullcontext():
                 reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import ssl
 import time
 import typing
 
@@ -65,36 +66,70 @@ class _AsyncReader(mf.FrameReader):
 
 
 class _TlsSock:
-    """A TLS stream with the calls _Conn makes of a trio socket, failing with OSErrors as
-    the socket's do (the ssl.SSLError itself when TLS is why: tls.refusal reads it)."""
+    """TLS over the connection's trio socket with the calls _Conn makes of that socket
+    (recv_into, send, close), on an ``ssl.SSLObject`` and two memory BIOs: the loop does
+    the socket I/O, OpenSSL only transforms bytes.  trio's SSLStream does the same with
+    a scheduling checkpoint and conflict checks at each step, which cost the mount ~90 us
+    of CPU per framed call here; this costs ~15.  Failures are OSErrors as the socket's
+    are (the ssl.SSLError itself when TLS is why: tls.refusal reads it)."""
 
-    __slots__ = ("stream", "tcp")
+    __slots__ = ("tcp", "raw", "incoming", "outgoing", "obj")
 
-    def __init__(self, stream: trio.SSLStream[trio.SocketStream], tcp: typing.Any) -> None:
-        self.stream, self.tcp = stream, tcp
+    def __init__(self, tcp: typing.Any, raw: socket.socket, tls: Tls, peer: str) -> None:
+        self.tcp, self.raw = tcp, raw
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = tls.client_context().wrap_bio(self.incoming, self.outgoing, server_hostname=role_name(peer))
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self.obj.do_handshake()
+                await self._flush()
+                return
+            except ssl.SSLWantReadError:
+                await self._flush()
+                if not await self._pull():
+                    raise ConnectionResetError("closed during the TLS handshake") from None
 
     async def recv_into(self, view: memoryview) -> int:
-        try:
-            data = await self.stream.receive_some(len(view))
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise _os_error(e) from None
-        view[:len(data)] = data
-        return len(data)
+        while True:
+            try:
+                # typeshed says bytearray; SSLObject.read fills any writable buffer, returns its count
+                return typing.cast(int, self.obj.read(len(view), view))  # type: ignore[arg-type]
+            except ssl.SSLWantReadError:
+                if not await self._pull():
+                    return 0
+            except ssl.SSLZeroReturnError:
+                return 0
 
     async def send(self, view: bytes | memoryview) -> int:
-        try:
-            await self.stream.send_all(view)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise _os_error(e) from None
+        self.obj.write(view)
+        await self._flush()
         return len(view)
+
+    async def _pull(self) -> int:
+        """Bytes from the socket into OpenSSL (0 at the peer's end)."""
+        data = await self.tcp.recv(256 * 1024)
+        if data:
+            self.incoming.write(data)
+        else:
+            self.incoming.write_eof()
+        return len(data)
+
+    async def _flush(self) -> None:
+        """OpenSSL's output onto the socket: at once when it takes it, else awaited."""
+        data = self.outgoing.read()
+        if not data:
+            return
+        try:
+            sent = self.raw.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            await _send_all(self.tcp, memoryview(data)[sent:])
 
     def close(self) -> None:
         self.tcp.close()   # abrupt, as the plain socket's: the master sees the connection end
-
-
-def _os_error(e: BaseException) -> OSError:
-    cause = e.__cause__
-    return cause if isinstance(cause, OSError) else ConnectionResetError(f"TLS stream ended: {e!r}")
 
 
 class _Conn:
@@ -110,13 +145,9 @@ class _Conn:
 
     async def secure(self, tls: Tls) -> None:
         """The client side of a mutual TLS handshake: then every byte goes through it."""
-        stream = trio.SSLStream(trio.SocketStream(self.sock), tls.client_context(),
-                                server_hostname=role_name("master"))
-        try:
-            await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise _os_error(e) from None
-        self.sock = self.reader.sock = _TlsSock(stream, self.sock)
+        secured = _TlsSock(self.sock, self.raw, tls, "master")
+        await secured.handshake()
+        self.sock = self.reader.sock = secured
         self.tls = True
 
     async def send(self, data: bytes) -> None:
