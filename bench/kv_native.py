@@ -7,31 +7,40 @@
   settings; the mount's host identity is that worker's host too);
 - fs on ext4: the `fs` adapter on a local directory (the physical limit here).
 
-One local cluster (1 master, 2 workers, a mount) serves the first two.  For each key
+One local cluster (1 master, 2 workers, a mount) serves the first two.  With
+`--no-replica` the cluster runs on network-namespace hosts (master on host 0, workers on
+1 and 2) and LMCache (and the mount) on host 3, which holds no replica: every block
+crosses the network (curvine_py/testing/testhosts.py).  For each key
 count (`--keys`, default 8 and 32; 14 MiB per key as Qwen2.5-7B's chunks) each tier runs
-`lmcache bench l2 --no-skip-verify --lookup-max-hit-rate 1.0` once, the tiers in turn,
-and its figures are the benchmark's own p50 over `--rounds` rounds: store MB/s, lookup ms,
-load ms, each also as a ratio to the ext4 run.  Each tier's directory is emptied after
+`lmcache bench l2 --no-skip-verify --lookup-max-hit-rate 1.0`, the tiers in turn, `--repeat`
+times (alternated: a change of the shared machine's load meets every tier alike); a
+tier's figures are the median over its runs of the benchmark's own p50 over `--rounds`
+rounds: store MB/s, lookup ms, load ms, each also as a ratio to the ext4 run.  Each tier's directory is emptied after
 its run.  Needs root (the mount) and the LMCache venv (`make lmcache-deps`).
 
     .venv/bin/python bench/kv_native.py [--keys 8,32] [--data-size-kb 14336] [--rounds 3]
-        [--dir DIR] [--json]
+        [--repeat 1] [--no-replica] [--dir DIR] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.common import config as cfgmod
-from curvine_py.sdk import Client
+from curvine_py.testing.netcluster import NetCluster
+from curvine_py.testing.testhosts import Hosts, HostsError
 
 ROOT = Path(__file__).resolve().parents[1]
 LMCACHE = ROOT / ".venv" / "lmcache" / "bin" / "lmcache"
@@ -39,23 +48,35 @@ TIERS = ("fs on ext4", "fs on mount", "plugin")
 RUN_TIMEOUT_S = 600
 
 
-def spec(tier: str, cluster: LocalCluster, mnt: Path, local: Path, base: str) -> str:
+Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@dataclass
+class Place:
+    """Where LMCache runs: its cluster's config, its host identity, its mount, how to start it."""
+    config: Path
+    host: str
+    mnt: Path
+    run: Run
+
+
+def spec(tier: str, place: Place, local: Path, base: str) -> str:
     if tier == "plugin":
-        params = {"config": str(cluster.config_path), "base_path": base, "host": cluster.worker_host(0)}
+        params = {"config": str(place.config), "base_path": base, "host": place.host}
         return json.dumps({"type": "plugin", "module_path": "curvine_py.kv.lmcache", "class_name": "CurvineL2Adapter",
                            "config_class_name": "CurvineL2AdapterConfig", "adapter_params": params})
-    directory = (mnt if tier == "fs on mount" else local) / base.strip("/")
+    directory = (place.mnt if tier == "fs on mount" else local) / base.strip("/")
     return json.dumps({"type": "fs", "base_path": str(directory)})
 
 
-def bench_l2(l2_spec: str, keys: int, size_kb: int, rounds: int, work: Path) -> dict[str, float]:
+def bench_l2(run: Run, l2_spec: str, keys: int, size_kb: int, rounds: int, work: Path) -> dict[str, float]:
     """One `lmcache bench l2` run: store MB/s, lookup ms, load ms (p50 of its rounds)."""
     out = work / "bench-l2.json"
     argv = [str(LMCACHE), "bench", "l2", "--l2-adapter", l2_spec, "--num-keys", str(keys),
             "--data-size-kb", str(size_kb), "--rounds", str(rounds), "--no-skip-verify",
             "--lookup-max-hit-rate", "1.0", "--format", "json", "--output", str(out), "-q"]
     env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=work, env=env)
+    proc = run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=work, env=env)
     try:
         if proc.returncode != 0:   # a failed verification too
             raise RuntimeError(f"lmcache bench l2 exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
@@ -78,51 +99,62 @@ def _ops(report: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def start(work: Path) -> tuple[LocalCluster, Path]:
+@contextlib.contextmanager
+def replica_host(work: Path) -> Iterator[Place]:
+    """A local cluster; LMCache and the mount with worker 0's host identity (a replica here)."""
     mnt = work / "mnt"
-    host = f"{cfgmod.host_identity('')}-w0"   # LocalCluster.worker_host(0): the mount reads replicas locally
+    host = f"{cfgmod.host_identity('')}-w0"   # LocalCluster.worker_host(0)
     cluster = LocalCluster(work / "cluster", workers=2, mount=str(mnt), die_with_parent=True,
                            extra_master_flags=("--master-heartbeat-ms", "200"), env={"CURVINE_CLIENT_HOST": host})
-    return cluster.start(timeout=60), mnt
+    cluster.start(timeout=60)
+    try:
+        yield Place(cluster.config_path, host, mnt, subprocess.run)
+    finally:
+        cluster.stop()
 
 
-def empty(tier: str, client: Client, local: Path, base: str) -> None:
-    if tier == "fs on ext4":
-        shutil.rmtree(local / base.strip("/"), ignore_errors=True)
-        return
-    for name in client.listdir(base) if client.exists(base) else []:
-        client.remove(f"{base}/{name}")
+@contextlib.contextmanager
+def no_replica_host(work: Path) -> Iterator[Place]:
+    """Network-namespace hosts: master on 0, workers on 1 and 2, LMCache and the mount on 3."""
+    with Hosts(4) as hosts:
+        cluster = NetCluster(hosts, work / "cluster").start()
+        try:
+            mnt = cluster.mount(3, work / "mnt")
+            yield Place(cluster.config_path, hosts[3].name, mnt, hosts[3].run)
+        finally:
+            cluster.stop()
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, dict[str, float]]]:
-    cluster, mnt = start(work)
     local = work / "ext4"
     results: dict[str, dict[str, dict[str, float]]] = {}
-    try:
-        cfg = cfgmod.Config()
-        cfgmod.load_file(cfg, cluster.config_path)
-        with Client(cluster.master_address, cfg) as client:
+    with (no_replica_host if args.no_replica else replica_host)(work) as place:
+        try:
             for keys in args.keys:
-                row = results.setdefault(f"{keys} keys", {})
-                for i, tier in enumerate(TIERS):
-                    base = f"/kvbench/{keys}-{i}"
+                runs: dict[str, list[dict[str, float]]] = {tier: [] for tier in TIERS}
+                for r, (i, tier) in itertools.product(range(args.repeat), enumerate(TIERS)):
+                    base = f"kvbench/{keys}-{r}-{i}"
                     try:
-                        row[tier] = bench_l2(spec(tier, cluster, mnt, local, base), keys, args.data_size_kb,
-                                             args.rounds, work)
-                    finally:
-                        empty(tier, client, local, base)
-                ext4 = row["fs on ext4"]
-                for tier in TIERS[1:]:
-                    r = row[tier]
-                    r["store_vs_ext4"] = r["store_MBps"] / ext4["store_MBps"]
-                    r["lookup_vs_ext4"] = r["lookup_ms"] / ext4["lookup_ms"]
-                    r["load_vs_ext4"] = r["load_ms"] / ext4["load_ms"]
-            for name in client.listdir("/kvbench") if client.exists("/kvbench") else []:
-                client.rmdir(f"/kvbench/{name}")
-    finally:
-        cluster.stop()
-        shutil.rmtree(local, ignore_errors=True)
+                        runs[tier].append(bench_l2(place.run, spec(tier, place, local, f"/{base}"), keys,
+                                                   args.data_size_kb, args.rounds, work))
+                    finally:   # each tier's chunks go before the next tier's run
+                        shutil.rmtree((local if tier == "fs on ext4" else place.mnt) / base, ignore_errors=True)
+                row = results[f"{keys} keys"] = {tier: {k: statistics.median(x[k] for x in got) for k in got[0]}
+                                                 for tier, got in runs.items()}
+                ratios(row)
+        finally:
+            shutil.rmtree(place.mnt / "kvbench", ignore_errors=True)
+            shutil.rmtree(local, ignore_errors=True)
     return results
+
+
+def ratios(row: dict[str, dict[str, float]]) -> None:
+    ext4 = row["fs on ext4"]
+    for tier in TIERS[1:]:
+        r = row[tier]
+        r["store_vs_ext4"] = r["store_MBps"] / ext4["store_MBps"]
+        r["lookup_vs_ext4"] = r["lookup_ms"] / ext4["lookup_ms"]
+        r["load_vs_ext4"] = r["load_ms"] / ext4["load_ms"]
 
 
 def table(results: dict[str, dict[str, dict[str, float]]], size_kb: int) -> str:
@@ -144,21 +176,28 @@ def main() -> int:
                     help="key counts, comma-separated (each a run per tier)")
     ap.add_argument("--data-size-kb", type=int, default=14336, help="per key (14336: Qwen2.5-7B's 256-token chunk)")
     ap.add_argument("--rounds", type=int, default=3, help="the benchmark's measured rounds per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tier, alternated; medians reported")
+    ap.add_argument("--no-replica", action="store_true",
+                    help="LMCache on a network-namespace host without a worker (needs root)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not LMCACHE.exists():
         print(f"kv_native: LMCache is not installed ({LMCACHE}: make lmcache-deps)", file=sys.stderr)
         return 2
-    if any(k < 1 for k in args.keys) or args.data_size_kb < 1 or args.rounds < 1:
-        print("kv_native: --keys, --data-size-kb and --rounds must be positive", file=sys.stderr)
+    if any(k < 1 for k in args.keys) or min(args.data_size_kb, args.rounds, args.repeat) < 1:
+        print("kv_native: --keys, --data-size-kb, --rounds and --repeat must be positive", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="kv_native-", dir=args.dir))
     try:
         results = measure(args, work)
+    except HostsError as e:
+        print(f"kv_native: {e}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(results, indent=1) if args.json else table(results, args.data_size_kb))
+    where = "LMCache on a host with no replica" if args.no_replica else "LMCache on a replica's host"
+    print(json.dumps(results, indent=1) if args.json else f"{where}\n" + table(results, args.data_size_kb))
     return 0
 
 
