@@ -8,6 +8,7 @@ errors to FUSEError errnos.  Semantics live in the VFS and the master.
 """
 from __future__ import annotations
 
+import contextvars
 import errno
 import fcntl
 import functools
@@ -60,6 +61,8 @@ _NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 _FCNTL_TYPES = {fcntl.F_RDLCK: RDLCK, fcntl.F_WRLCK: WRLCK, fcntl.F_UNLCK: UNLCK}
 _TO_FCNTL = {v: k for k, v in _FCNTL_TYPES.items()}
 _FLOCK_TYPES = {fcntl.LOCK_SH: RDLCK, fcntl.LOCK_EX: WRLCK, fcntl.LOCK_UN: UNLCK}
+# the kernel's interrupt of the lock request a task serves (a retried master call checks it)
+_INTERRUPTED: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("interrupted", default=None)
 
 
 def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,6 +173,9 @@ class CurvineOps(pyfuse3.Operations):
         req = CURRENT.get() if self.requests is not None else None
         if req is not None and req.expired:
             raise Abandoned(f"{req.op}: given up while the master was unreachable")
+        interrupted = _INTERRUPTED.get()
+        if interrupted is not None and interrupted():   # a lock wait's signal: not after retry_s either
+            raise CurvineError(errno.EINTR, "interrupted while the master was unreachable")
 
     async def _run(self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None) -> T:
         """fn(*args) in a worker thread.  Within a request the watchdog can give up: the
@@ -530,7 +536,11 @@ class CurvineOps(pyfuse3.Operations):
             if req is not None:   # each try is bounded: the watchdog bounds the tries, not the wait
                 req.start = _monotonic()
             return await self._do(self.vfs.setlk(fh, a, waiting))
-        await acquire(attempt, block and a.type != UNLCK, trio.sleep, interrupted)
+        token = _INTERRUPTED.set(interrupted)   # (pyfuse3's worker tasks serve one request after another)
+        try:
+            await acquire(attempt, block and a.type != UNLCK, trio.sleep, interrupted)
+        finally:
+            _INTERRUPTED.reset(token)
         if a.type == UNLCK:
             return
         # what the kernel cached of the file is read again (NFS's rule; VFS.setlk)

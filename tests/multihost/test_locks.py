@@ -253,6 +253,25 @@ def test_a_lock_holder_reads_what_the_previous_holder_wrote(net_cluster_factory:
         os.close(w)
 
 
+# A process whose F_SETLKW (a read lock of one byte) is interrupted by SIGALRM after 1 s:
+# the handler raises, so Python does not retry; prints how long the wait lasted.
+INTERRUPTED_WAIT = (
+    "import fcntl, os, signal, struct, sys, time\n"
+    "def late(*_): raise TimeoutError\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY); t = time.monotonic()\n"
+    "signal.signal(signal.SIGALRM, late); signal.alarm(1)\n"
+    "try: fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, int(sys.argv[2]), 1, 0))\n"
+    "except TimeoutError: print(round(time.monotonic() - t, 2))\n")
+
+
+def interrupted_wait(path: Path, start: int) -> float | None:
+    """Seconds until SIGALRM ended a blocking lock of byte start; None: the lock came first."""
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT, str(path), str(start)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout) if out.stdout.strip() else None
+
+
 def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_factory: Factory, tmp_path: Path) -> None:
     c = cluster(net_cluster_factory)
     m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
@@ -262,17 +281,9 @@ def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_fac
     fd = os.open(m2 / "f", os.O_RDONLY)
     try:
         a.until_ready()
-        # a signal ends a blocked F_SETLKW (the handler raises, so Python does not retry)
-        probe = (
-            "import fcntl, os, signal, struct, sys, time\n"
-            "def late(*_): raise TimeoutError\n"
-            "signal.signal(signal.SIGALRM, late); signal.alarm(1)\n"
-            "fd = os.open(sys.argv[1], os.O_RDONLY); t = time.monotonic()\n"
-            "try: fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 1, 0))\n"
-            "except TimeoutError: print(round(time.monotonic() - t, 2))\n")
-        out = subprocess.run([sys.executable, "-c", probe, str(m2 / "f")], capture_output=True, text=True,
-                             timeout=30)
-        assert out.stdout.strip() and float(out.stdout) < 2.5, (out.stdout, out.stderr)
+        # a signal ends a blocked F_SETLKW
+        took = interrupted_wait(m2 / "f", 0)
+        assert took is not None and took < 2.5, took
         # a cycle: host 3 holds byte 1 and waits for byte 0, host 1 holds 0 and waits for 1
         lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 1, 1)
         a.go_on()
@@ -323,6 +334,10 @@ def test_locks_survive_a_leader_failover(net_cluster_factory: Factory, tmp_path:
         leader = c.leader_index()
         c.kill_master(leader)
         t0 = time.monotonic()
+        # a free byte: the wait is for a leader, then for its grace; a signal still ends it
+        os.stat(m2 / "f")
+        took = interrupted_wait(m2 / "f", 50)
+        assert took is not None and took < 2.5, took
         # the new leader knows no locks; m1 gives them back while it grants none (one lease)
         assert refused(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
         assert refused(lambda: lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 15, 1))
