@@ -73,7 +73,7 @@ from curvine_py.pb.methods import Master
 
 DEFAULT_MASTER_PORT = 8995
 DEFAULT_WORKERS = 2
-DEFAULT_TLS = False   # `cv cluster start` of a new DIR: mutual TLS (docs/security.md has the measured cost)
+DEFAULT_TLS = True    # `cv cluster start` of a new DIR: mutual TLS on metadata and control (docs/security.md)
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "curvine.toml"
 START_TIMEOUT_S = 30.0
@@ -172,17 +172,19 @@ def daemon_tls(config_path: str | Path) -> Tls | None:
     return load_tls(cfgmod.load(path=str(config_path)).tls, "client")
 
 
-def ensure_tls(path: Path, tls_dir: Path) -> None:
+def ensure_tls(path: Path, tls_dir: Path, data: bool = False) -> None:
     """Turn TLS on in the config file at path, with the CA and the client certificate in
     tls_dir, if the file says nothing of TLS yet (the [tls] section as to_toml wrote it:
-    every key at its default).  Users who set [tls] themselves keep their settings."""
+    every key at its default).  Users who set [tls] themselves keep their settings.
+    data: the block-data channel too (off by default: it costs more than half the KV write
+    and the remote reads, measured in docs/security.md)."""
     cfg = cfgmod.Config()
     cfgmod.load_file(cfg, path)
     if cfg.tls != cfgmod.TlsConfig():
         return
     text = path.read_text()
     section = (f'[tls]\nenabled = true\nca = "{tls_dir / "ca.pem"}"\ncert = "{tls_dir / "client.pem"}"\n'
-               f'key = "{tls_dir / "client.key"}"\ndata = true\n')
+               f'key = "{tls_dir / "client.key"}"\ndata = {"true" if data else "false"}\n')
     old = re.search(r"^\[tls\]\s*$(?:\n(?!\[).*)*", text, re.M)
     text = text[:old.start()] + section + text[old.end():] if old else text + "\n" + section
     tmp = path.with_suffix(".tmp")
@@ -231,9 +233,10 @@ class LocalCluster:
                  extra_worker_flags: typing.Sequence[str] = (),
                  *, masters: int = 1, base_port: int | None = None, bind: str = LOCAL_IP,
                  mount: str | None = None, die_with_parent: bool = False,
-                 env: typing.Mapping[str, str] | None = None, tls: bool = False) -> None:
+                 env: typing.Mapping[str, str] | None = None, tls: bool = False, tls_data: bool = False) -> None:
         """tls: turn mutual TLS on in a config that says nothing of it (a new cluster):
-        a CA and every process's certificate under D/tls (common/tls.py)."""
+        a CA and every process's certificate under D/tls (common/tls.py); tls_data: on
+        the block-data channel too."""
         if workers < 1:
             raise ClusterError("a cluster needs at least one worker")
         if masters < 1 or masters % 2 == 0:
@@ -258,7 +261,7 @@ class LocalCluster:
         self._group: MasterGroup | None = None
         self.hostname = cfgmod.host_identity("")
         self.secret = ""  # the cluster secret, read (or created) by prepare()
-        self.want_tls = tls
+        self.want_tls, self.want_tls_data = tls, tls_data
         self.tls_dir = self.dir / "tls"
         self.tls: Tls | None = None   # the client identity of this cluster's tools, read by prepare()
 
@@ -436,7 +439,7 @@ class LocalCluster:
         ensure_secret(self.config_path)
         self.secret = daemon_secret(self.config_path)
         if self.want_tls:
-            ensure_tls(self.config_path, self.tls_dir)
+            ensure_tls(self.config_path, self.tls_dir, self.want_tls_data)
         self._prepare_certificates()
 
     def _prepare_certificates(self) -> None:

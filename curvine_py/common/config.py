@@ -38,7 +38,8 @@ class SecurityConfig:
     """Block tokens (common/security.py) and the local paths' trust (docs/security.md)."""
     block_token_ttl_s: float = 600.0   # a block token the master mints is good this long (renewed by clients)
     block_token_grace_s: float = 30.0  # a worker takes a token this long past its expiry (master/worker clock skew)
-    local_uids: list[str] = field(default_factory=list)  # uids besides root and the worker's own that may use its local write socket
+    # uids besides root and the worker's own that may use its local write socket
+    local_uids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -160,7 +161,7 @@ class TlsConfig:
     ca: str = ""                  # the cluster CA certificate (PEM); its key beside it (ca.key) issues missing ones
     cert: str = ""                # this process's certificate; "" = <ca dir>/<role>.pem
     key: str = ""                 # its private key (mode 0600); "" = the certificate's path with .key
-    data: bool = True             # also the block-data channel (false: trusted networks, full speed)
+    data: bool = False            # also the block-data channel (costs >50% of KV writes: docs/security.md)
 
 
 @dataclass

@@ -146,13 +146,15 @@ class NetCluster:
     def __init__(self, hosts: Hosts, dir: str | Path, master_hosts: typing.Sequence[int] = (0,),
                  worker_hosts: typing.Sequence[int] = (1, 2), extra_master_flags: typing.Sequence[str] = (),
                  extra_worker_flags: typing.Sequence[str] = (), secret: str | None = None,
-                 capacity: int | str | None = None, die_with_parent: bool = True, tls: bool = False) -> None:
-        """tls: mutual TLS on every channel (common/tls.py), certificates under dir/tls."""
+                 capacity: int | str | None = None, die_with_parent: bool = True, tls: bool = False,
+                 tls_data: bool = False) -> None:
+        """tls: mutual TLS (common/tls.py), certificates under dir/tls; tls_data: on the
+        block-data channel too."""
         self.hosts = hosts
         self._d = _Daemons(hosts, dir, [hosts[i] for i in master_hosts], [hosts[i] for i in worker_hosts],
                            secret or secrets.token_hex(16), capacity=capacity,
                            extra_master_flags=extra_master_flags, extra_worker_flags=extra_worker_flags,
-                           die_with_parent=die_with_parent, tls=tls)
+                           die_with_parent=die_with_parent, tls=tls, tls_data=tls_data)
         self.dir = self._d.dir
         self.config_path = self._d.config_path
 

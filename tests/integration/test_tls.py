@@ -33,7 +33,7 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[LocalCluster]:
     from tests.conftest import start_cluster
-    c = start_cluster(tmp_path_factory.mktemp("tls") / "cluster", tls=True)
+    c = start_cluster(tmp_path_factory.mktemp("tls") / "cluster", tls=True, tls_data=True)
     try:
         yield c
     finally:
@@ -68,7 +68,7 @@ def test_every_process_gets_a_certificate_of_its_role_and_keys_stay_private(tls_
 
 def test_data_and_metadata_work_over_tls(tls_cluster: LocalCluster, tmp_path: Path) -> None:
     cfg = client_config(tls_cluster)
-    cfg.tls.data = True                                   # the block bytes too
+    assert cfg.tls.data                                   # the block bytes too
     cfg.client.short_circuit = cfg.client.short_circuit_writes = False   # over TCP, not local files
     data = os.urandom(9 * MiB + 123)
     with Client(master=tls_cluster.master_address, config=cfg) as c:
@@ -195,7 +195,7 @@ def test_the_secret_never_crosses_loopback_in_clear(tls_cluster: LocalCluster, c
 
 
 def test_certificates_rotate_one_process_at_a_time_without_a_failed_call(cluster_factory: typing.Any) -> None:
-    c = cluster_factory(tls=True)
+    c = cluster_factory(tls=True, tls_data=True)
     cfg = client_config(c)
     cfg.client.short_circuit = cfg.client.short_circuit_writes = False
     failures: list[BaseException] = []
