@@ -61,8 +61,8 @@ class CacheSession:
         self._stop.set()
         sock = self._sock
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
+            try:   # the plain socket's: a TLS socket's own shutdown drops its state under the thread
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
         self._thread.join(timeout=5)
