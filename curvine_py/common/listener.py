@@ -264,8 +264,8 @@ class ConnectionServer:
         with _LOCK:
             conns = list(self._conns.values())
         for c in conns:
-            try:
-                c.sock.shutdown(socket.SHUT_RDWR)
+            try:   # the plain socket's (a TLS socket's own would drop its state under its thread)
+                socket.socket.shutdown(c.sock, socket.SHUT_RDWR)
             except OSError:
                 pass
         deadline = time.monotonic() + grace_s
