@@ -4,6 +4,7 @@ leases, reclaim after a master change, and EDEADLK."""
 from __future__ import annotations
 
 import errno
+import typing
 
 import pytest
 from hypothesis import given, settings
@@ -190,3 +191,52 @@ def test_a_three_owner_cycle_is_found_and_an_old_wait_forgotten() -> None:
         t.set(posix("m3", 3, WRLCK, 0, 0), wait=True)                 # 3 -> 1 closes it
     clock.t += 10                                                      # waits not renewed: gone
     assert t.set(posix("m3", 3, WRLCK, 0, 0), wait=True) is not None
+
+
+# ---------------------------------------------------------------- the mount's side
+def test_the_mounts_record_follows_grants_and_is_what_it_reclaims() -> None:
+    from curvine_py.client.locks import LockAsk, MountLocks
+    from curvine_py.pb import curvine_pb2 as pb
+    m = MountLocks()
+    m.granted(LockAsk(7, 1, False, WRLCK, 0, 99), 5000)
+    m.granted(LockAsk(7, 1, False, UNLCK, 40, 59), 5000)
+    m.granted(LockAsk(8, 2, True, RDLCK), 5000)
+    assert m.lease_s == 5.0 and m.holds(7, 1, False) and not m.holds(7, 1, True)
+    assert sorted(m.owners_on(7)) == [(1, False)]
+    renew = m.reclaim(pb.Caller(client_id="me"))
+    got = sorted((r.ino, r.owner, r.flock, r.type, r.start, r.end) for r in renew.reclaim)
+    assert got == [(7, 1, False, WRLCK, 0, 39), (7, 1, False, WRLCK, 60, 99), (8, 2, True, RDLCK, 0, TO_EOF)]
+    m.granted(LockAsk(8, 2, True, UNLCK), 0)
+    assert not m.holds(8, 2, True) and m.any()
+    assert m.lost() == 1 and not m.any()
+
+
+def test_acquire_tries_once_without_block_and_polls_until_granted_or_interrupted() -> None:
+    import trio
+
+    from curvine_py.client.locks import POLL_MAX_S, acquire, polls
+    pauses: list[float] = []
+
+    async def sleep(s: float) -> None:
+        pauses.append(s)
+
+    def attempts(grant_at: int, log: list[bool]) -> typing.Callable[[bool], typing.Awaitable[bool]]:
+        async def attempt(waiting: bool) -> bool:
+            log.append(waiting)
+            return len(log) >= grant_at
+        return attempt
+
+    tries: list[bool] = []
+    with pytest.raises(CurvineError) as e:
+        trio.run(acquire, attempts(2, tries), False, sleep, lambda: False)
+    assert e.value.errno == errno.EAGAIN and tries == [False]
+    tries = []
+    trio.run(acquire, attempts(9, tries), True, sleep, lambda: False)
+    assert tries == [False] + [True] * 8             # tries after the first say they wait (EDEADLK)
+    assert pauses[:3] == [0.01, 0.02, 0.04] and max(pauses) == POLL_MAX_S
+    tries, stop = [], iter([False, False, True])
+    with pytest.raises(CurvineError) as e:
+        trio.run(acquire, attempts(99, tries), True, sleep, lambda: next(stop))
+    assert e.value.errno == errno.EINTR and len(tries) == 3
+    p = polls()
+    assert [next(p) for _ in range(8)][-1] == POLL_MAX_S
