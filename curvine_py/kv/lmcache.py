@@ -111,6 +111,7 @@ class CurvineL2Adapter(L2AdapterInterface):
         self._lookups: dict[L2TaskId, Bitmap] = {}
         self._loads: dict[L2TaskId, Bitmap] = {}
         self._tasks = ThreadPoolExecutor(TASK_THREADS, thread_name_prefix="kv-task")
+        self._closed = False
         log.info("curvine L2 adapter: pool directory %s, masters %s", self.chunks.base,
                  ",".join(self.client.master_addresses))
 
@@ -222,11 +223,12 @@ class CurvineL2Adapter(L2AdapterInterface):
             self._notify_keys_deleted([k for k, _ in gone], [s for _, s in gone])
 
     def report_status(self) -> dict[str, Any]:
-        return {"is_healthy": not self._tasks._shutdown, "type": "CurvineL2Adapter",
+        return {"is_healthy": not self._closed, "type": "CurvineL2Adapter",
                 "base_path": self.chunks.base, "masters": list(self.client.master_addresses),
                 "locked_chunks": self.chunks.locked()}
 
     def close(self) -> None:
+        self._closed = True
         self._tasks.shutdown(wait=True)
         self.chunks.close()
         self.client.close()
