@@ -415,3 +415,29 @@ def test_sqlite_written_from_two_hosts(net_cluster_factory: Factory, tmp_path: P
     new_db(m1 / "x.db", "delete")
     results = sqlite_writers(m1 / "x.db", "delete", (m1, "a"), (m2, "b"))
     assert all(rc == 0 for rc, _ in results), results
+
+
+def test_locks_survive_a_master_restart(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """One master, SIGKILLed and started again: it knows no locks, and the mounts give
+    theirs back in its grace."""
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    (m1 / "f").write_bytes(b"x")
+    wait_granted(c, m1 / "f")
+    h = Holder(m1 / "f", "flock:sh", "lk:w:0:0", "wait")
+    fd = os.open(m2 / "f", os.O_RDONLY)
+    try:
+        h.until_ready()
+        c.kill_master()
+        c.restart_master()
+        assert refused(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)                # shared with the reclaimed one
+        t, s, n, _ = lk(fd, fcntl.F_GETLK, fcntl.F_RDLCK, 7, 1)
+        assert (t, s, n) == (fcntl.F_WRLCK, 0, 0)
+        h.go_on()
+        assert h.p.stdout is not None and h.p.stdout.readline().strip() == "done"
+        h.p.wait(10)
+        lk(fd, fcntl.F_SETLK, fcntl.F_RDLCK, 0, 0)
+    finally:
+        os.close(fd)
+        h.end()
