@@ -211,6 +211,11 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
         core.close()
         return None
     ops = CurvineOps(vfs, cfg.fuse, AsyncMeta(core.meta))
+    # default_permissions (pyfuse3's default) has the kernel check access itself, from the
+    # mode bits; FUSE_POSIX_ACL makes that check use the inodes' ACLs too (it reads them
+    # with getxattr, cached until the name is revalidated), as the master does
+    # (docs/posix.md "ACLs").  Without it a named user's entry would be refused by the kernel.
+    ops.enable_acl = True
     options = set(pyfuse3.default_options) | {"fsname=curvine", "subtype=curvine", "allow_other"}
     try:
         pyfuse3.init(ops, mountpoint, options)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -43,7 +44,7 @@ from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, LentView
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
-from curvine_py.common.lockranges import UNLCK, Range
+from curvine_py.common.lockranges import UNLCK, WRLCK, Range
 from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master, Method, Rep, Req
@@ -531,6 +532,7 @@ class VFS:
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> Op[None]:
         yield from ask(Master.SetXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
                                                         name=name, value=value, flags=flags))
+        self._dir_attrs.pop(self._in(ino), None)   # an ACL sets the mode bits
 
     def listxattr(self, ino: int, ident: Identity) -> Op[list[str]]:
         req = pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino))
@@ -539,6 +541,7 @@ class VFS:
     def removexattr(self, ino: int, name: str, ident: Identity) -> Op[None]:
         yield from ask(Master.RemoveXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
                                                            name=name))
+        self._dir_attrs.pop(self._in(ino), None)
 
     # ------------------------------------------------------------------ open files
     def open(self, ino: int, flags: int, ident: Identity, prefetch: bool = True) -> Op[Opened]:
@@ -548,7 +551,16 @@ class VFS:
         write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
-            reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
+            try:
+                reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
+            except CurvineError as e:
+                if e.errno != errno.EBUSY or flags & os.O_TRUNC:
+                    raise
+                # Another client writes the file now: open anyway, and take the lease at the
+                # first write (_writer_for; EBUSY then if it is still held).  Writers that
+                # take turns under a lock hand the lease over at each unlock (setlk).
+                reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=False, ident=ident))
+                return self._new_handle(ino, flags, reply, True, ident)
             return self._open_writer(reply, flags, ident)
         reply = yield from ask(Master.Open, self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident))
         if write and shared is not None:   # (always shared: a write without one returned above)
@@ -920,8 +932,14 @@ class VFS:
         h = self.handle(fh)
         a = replace(a, ino=h.ino)
         w = h.state.writer
-        if a.type == UNLCK and w is not None and not w.closed:
-            yield Blocking(w.flush, False, True)
+        if a.type != WRLCK and w is not None and not w.closed:
+            # an unlock gives the lease up too, so a writer on another host may take its
+            # turn; a lock changed to a read lock keeps it.  A commit that fails keeps the
+            # written blocks for the close, which reports it; the unlock goes on.
+            try:
+                yield Blocking(functools.partial(w.flush, a.type == UNLCK, True))
+            except CurvineError as e:
+                log.error("inode %d: committing before an unlock: %s", h.ino, e)
         reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
         if reply.granted:
             self.locks.granted(a, reply.lease_ms)
