@@ -93,6 +93,14 @@ NAME_MAX = 255
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
 
 
+def shares_writes(e: CurvineError, flags: int) -> bool:
+    """Does an open refused EBUSY (another client writes the file) open anyway, its lease
+    taken at its first write?  An O_RDWR open without O_TRUNC: a program that reads and
+    writes a file in place, as databases do under their locks (docs/posix.md).  A
+    write-only open, a truncation, is refused at once, as before."""
+    return e.errno == errno.EBUSY and flags & os.O_ACCMODE == os.O_RDWR and not flags & os.O_TRUNC
+
+
 def opens_for_writing(flags: int) -> bool:
     """An open that may change the file: write access, or O_TRUNC (O_RDONLY|O_TRUNC truncates)."""
     return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
@@ -349,7 +357,13 @@ class VFS:
         req = self.meta.create_request(self._in(parent), name, stat.S_IFREG | (mode & 0o7777), flags, umask=umask,
                                        exclusive=bool(flags & os.O_EXCL),
                                        block_size=block_size or self.core.cfg.client.block_size, ident=ident)
-        reply = self.meta.saw_dirs((yield from ask(Master.Create, req)))
+        try:
+            reply = self.meta.saw_dirs((yield from ask(Master.Create, req)))
+        except CurvineError as e:   # an existing file another client writes now: open (see open)
+            if not shares_writes(e, flags) or flags & os.O_EXCL:
+                raise
+            attr = yield from self.lookup(parent, name, ident)
+            return (yield from self.open(attr.ino, flags, ident))
         if self.cache is not None:
             self.cache.granted(req.caller.session, reply.lease_seq, (reply.attr,), (req.parent, name, reply.attr.ino),
                                keys=reply.granted)
@@ -554,7 +568,7 @@ class VFS:
             try:
                 reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
             except CurvineError as e:
-                if e.errno != errno.EBUSY or flags & os.O_TRUNC:
+                if not shares_writes(e, flags):
                     raise
                 # Another client writes the file now: open anyway, and take the lease at the
                 # first write (_writer_for; EBUSY then if it is still held).  Writers that
