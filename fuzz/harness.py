@@ -60,8 +60,20 @@ def run(fuzz_one: typing.Callable[[bytes], None], also: tuple[str, ...] = ()) ->
         atheris.instrument_func(f)
     print(f"INFO: instrumented {len(funcs)} functions of the checkout{' and ' + ', '.join(also) if also else ''}",
           file=sys.stderr)
-    atheris.Setup(sys.argv, fuzz_one)
+    spec = getattr(sys.modules["__main__"], "__spec__", None)   # run as `python -m fuzz.<target>`
+    atheris.Setup([_relauncher(spec.name) if spec else sys.argv[0], *sys.argv[1:]], fuzz_one)
     atheris.Fuzz()
+
+
+def _relauncher(module: str) -> str:
+    """An executable that runs this target again: libFuzzer's -merge and -fork start
+    argv[0] as a program, which `python -m fuzz.<target>` leaves as the .py file."""
+    path = os.path.join(CHECKOUT, ".fuzz", "bin", module)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\ncd {CHECKOUT} && PYTHONPATH={CHECKOUT} exec {sys.executable} -m {module} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
 
 
 def _ours(f: typing.Any, also: tuple[str, ...]) -> bool:

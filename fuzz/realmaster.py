@@ -7,7 +7,10 @@ follow change real files of this machine, so it is refused before its handler ru
 
 Eviction is off (``master.evict``): fuzzed workers report full disks, and an allocation
 then waits seconds by design for evicted space (Evictor.hold_back, make_room), which
-would leave the fuzzer idle; a full pool answers ENOSPC at once instead.
+would leave the fuzzer idle; a full pool answers ENOSPC at once instead.  And workers
+"heartbeat" every HEARTBEAT_MS: an allocation while blocks freed by fuzzed unlinks are not
+yet confirmed gone still waits for them (Evictor.make_room, 4 heartbeats + 2 s), by
+design, and fuzzed workers never confirm (it made 24-s inputs of four allocations).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from fuzz.harness import Lazy
 
 NOT_FUZZED = frozenset({"UfsMountAdd"})
 CACHE_LEASE_S = 0.1   # a mutation waits at most this for a cache session a fuzzed input left broken
+HEARTBEAT_MS = 10
 
 
 
@@ -38,6 +42,7 @@ def _start() -> tuple[Servers, typing.Callable[[], None]]:
     cfg.master.metrics_port = 0
     cfg.master.cache_lease_s = CACHE_LEASE_S
     cfg.master.evict = False
+    cfg.master.heartbeat_ms = HEARTBEAT_MS
     servers = build_server(cfg)
 
     def stop() -> None:
