@@ -23,7 +23,7 @@ class Caller(_message.Message):
     def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Attr(_message.Message):
-    __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation")
+    __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation", "acl")
     INO_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Attr(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
     ino: int
     mode: int
     uid: int
@@ -52,7 +53,8 @@ class Attr(_message.Message):
     replicas: int
     complete: bool
     generation: int
-    def __init__(self, ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., nlink: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., rdev: _Optional[int] = ..., block_size: _Optional[int] = ..., replicas: _Optional[int] = ..., complete: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    acl: bool
+    def __init__(self, ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., nlink: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., rdev: _Optional[int] = ..., block_size: _Optional[int] = ..., replicas: _Optional[int] = ..., complete: _Optional[bool] = ..., generation: _Optional[int] = ..., acl: _Optional[bool] = ...) -> None: ...
 
 class WorkerAddress(_message.Message):
     __slots__ = ("worker_id", "host", "ip", "rpc_port", "data_port")
