@@ -36,6 +36,7 @@ from curvine_py.common.lockranges import Range
 
 log = logging.getLogger(__name__)
 WAIT_TTL_S = 5.0    # a waiter not heard from again in this long no longer counts for EDEADLK
+MAX_RANGES = 100_000   # lock ranges one mount may hold (the master's memory): ENOLCK past it, as the kernel's
 Owner = tuple[str, int]      # (the mount's client id, the kernel's lock owner)
 Held = dict[Owner, tuple[Range, ...]]
 
@@ -64,6 +65,7 @@ class Mount:
 
     heard: float
     inodes: set[tuple[bool, int]] = field(default_factory=set)   # (flock, ino)
+    ranges: int = 0   # lock ranges it holds (MAX_RANGES)
 
 
 class LockTable:
@@ -104,6 +106,9 @@ class LockTable:
                     self._wait_for(c.key, found[0])
                 return found[1]
             self._waits.pop(c.key, None)
+            m = self._mounts[c.client]
+            if c.type != lockranges.UNLCK and m.ranges >= MAX_RANGES:
+                raise err(errno.ENOLCK, f"this mount holds {m.ranges} lock ranges, the most the master keeps")
             self._install(c)
         return None
 
@@ -170,6 +175,8 @@ class LockTable:
             lockranges.check(c.type, c.start, c.end)
         except ValueError as e:
             raise err(errno.EINVAL, str(e)) from None
+        if not c.ino:
+            raise err(errno.EINVAL, "a lock needs an inode")
 
     def _in_grace(self) -> None:
         if self._clock() < self._grace_until:
@@ -189,8 +196,10 @@ class LockTable:
 
     def _install(self, c: LockCall) -> None:
         held = self._tables[c.flock].setdefault(c.ino, {})
-        ranges = lockranges.put(held.get(c.key, ()), Range(c.type, c.start, c.end, c.pid))
+        before = held.get(c.key, ())
+        ranges = lockranges.put(before, Range(c.type, c.start, c.end, c.pid))
         m = self._mounts.setdefault(c.client, Mount(self._clock()))
+        m.ranges += len(ranges) - len(before)
         if ranges:
             held[c.key] = ranges
             m.inodes.add((c.flock, c.ino))

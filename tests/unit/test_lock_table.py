@@ -240,3 +240,20 @@ def test_acquire_tries_once_without_block_and_polls_until_granted_or_interrupted
     assert e.value.errno == errno.EINTR and len(tries) == 3
     p = polls()
     assert [next(p) for _ in range(8)][-1] == POLL_MAX_S
+
+
+def test_a_mount_past_its_lock_ranges_gets_enolck(monkeypatch: pytest.MonkeyPatch) -> None:
+    from curvine_py.master import locks
+    monkeypatch.setattr(locks, "MAX_RANGES", 3)
+    t, _ = table()
+    for b in (0, 2, 4):
+        assert t.set(posix("a", 1, WRLCK, b, b)) is None
+    with pytest.raises(CurvineError) as e:
+        t.set(posix("a", 1, WRLCK, 6, 6))
+    assert e.value.errno == errno.ENOLCK
+    assert t.set(posix("a", 1, UNLCK, 0, 0)) is None          # an unlock always goes
+    assert t.set(posix("a", 1, WRLCK, 6, 6)) is None          # room again
+    assert t.set(posix("b", 2, WRLCK, 9, 9)) is None          # another mount counts its own
+    with pytest.raises(CurvineError) as e:
+        t.set(LockCall("a", 0, 1, False, WRLCK))
+    assert e.value.errno == errno.EINVAL
