@@ -74,6 +74,7 @@ def own_change(result: Row) -> dict[str, Any]:
 def to_attr(row: Row) -> pb.Attr:
     a = pb.Attr(**{k: row[k] for k in ATTR_FIELDS})
     a.complete = bool(row.get("complete", 1))
+    a.acl = bool(row.get("acl"))
     return a
 
 

@@ -91,6 +91,7 @@ TRASH_NAME = HIDDEN_PREFIX + "trash"
 DOTS = (".", "..")
 NAME_MAX = 255
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
+ACL_ACCESS = "system.posix_acl_access"   # an inode's access ACL (master/acl.py), flagged in pb.Attr.acl
 
 
 def shares_writes(e: CurvineError, flags: int) -> bool:
@@ -345,7 +346,16 @@ class VFS:
         return self.overlay(reply.attr)
 
     def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
-        """The kernel asks for security.capability before every write(2) to a file."""
+        """The kernel asks for security.capability before every write(2) to a file, and
+        (FUSE_POSIX_ACL) for the access ACL of an inode whose permission it checks for
+        someone other than its owner, again after each revalidation of its name: for an
+        inode whose cached attributes say it has none, that is answered here."""
+        if name == ACL_ACCESS:
+            cached = self.cached_dir_attr(self._in(ino))
+            if cached is None and self.cache is not None:
+                cached = self.cache.attr(self._in(ino))
+            if cached is not None and not cached.acl:
+                raise err(errno.ENODATA)
         req = pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
         reply = yield from ask(Master.GetXattr, req)
         return bytes(reply.value)
