@@ -453,8 +453,9 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
                 mode = posix.clear_suid(mode, cred)
         self._settimes(row, cred, rec, sets)
         sets["mode"] = mode
-        if row["acl"] and valid & SETATTR_MODE:   # chmod's group bits are the mask's
-            sets["acl"] = acl.parse(bytes(row["acl"])).chmod(mode).to_bytes()   # type: ignore[union-attr]
+        current = acl.stored(row["acl"])
+        if current is not None and valid & SETATTR_MODE:   # chmod's group bits are the mask's
+            sets["acl"] = current.chmod(mode).to_bytes()
         sets["ctime_ns"] = now
         cols = ", ".join(f"{k}=?" for k in sets)
         self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
