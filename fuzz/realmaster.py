@@ -11,6 +11,9 @@ would leave the fuzzer idle; a full pool answers ENOSPC at once instead.  And wo
 "heartbeat" every HEARTBEAT_MS: an allocation while blocks freed by fuzzed unlinks are not
 yet confirmed gone still waits for them (Evictor.make_room, 4 heartbeats + 2 s), by
 design, and fuzzed workers never confirm (it made 24-s inputs of four allocations).
+So the master starts with two roomy workers registered (1 PiB free each, on hosts of
+their own, never lost: ``master.worker_timeout_s`` is a day), where most allocations
+find room at once; no process serves them, and nothing here dials a worker.
 """
 from __future__ import annotations
 
@@ -24,11 +27,13 @@ from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError
 from curvine_py.master.group import LeaderOnly
 from curvine_py.master.main import Servers, build_server
+from curvine_py.pb import curvine_pb2 as pb
 from fuzz.harness import Lazy
 
 NOT_FUZZED = frozenset({"UfsMountAdd"})
 CACHE_LEASE_S = 0.1   # a mutation waits at most this for a cache session a fuzzed input left broken
 HEARTBEAT_MS = 10
+ROOMY = 1 << 50
 
 
 
@@ -43,7 +48,12 @@ def _start() -> tuple[Servers, typing.Callable[[], None]]:
     cfg.master.cache_lease_s = CACHE_LEASE_S
     cfg.master.evict = False
     cfg.master.heartbeat_ms = HEARTBEAT_MS
+    cfg.master.worker_timeout_s = 86400.0
     servers = build_server(cfg)
+    for i in (1, 2):
+        servers.service.RegisterWorker(pb.RegisterRequest(
+            host=f"roomy-{i}", ip="127.0.0.1", data_port=1, storage_id=f"fuzz-roomy-{i}",
+            dirs=[pb.DataDir(path="/roomy", tier="SSD", capacity=ROOMY)]))
 
     def stop() -> None:
         servers.stop(grace=0.5)
