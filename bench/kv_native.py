@@ -10,7 +10,13 @@
 One local cluster (1 master, 2 workers, a mount) serves the first two.  With
 `--no-replica` the cluster runs on network-namespace hosts (master on host 0, workers on
 1 and 2) and LMCache (and the mount) on host 3, which holds no replica: every block
-crosses the network (curvine_py/testing/testhosts.py).  For each key
+crosses the network (curvine_py/testing/testhosts.py).
+
+`--engine-tokens 1925,8192` adds LMCache's in-process engine (tests/kvclients/
+lmcache_driver.py: LMCache's own chunking, memory objects and connectors, a CPU KV
+connector for vLLM's GPU kernels): a prompt stored by one process and looked up and
+retrieved by a fresh one, every byte checked, through the pool's remote storage plugin
+(curvine_py.kv.lmcache_connector), `fs://` on the mount and `fs://` on ext4.  For each key
 count (`--keys`, default 8 and 32; 14 MiB per key as Qwen2.5-7B's chunks) each tier runs
 `lmcache bench l2 --no-skip-verify --lookup-max-hit-rate 1.0`, the tiers in turn, `--repeat`
 times (alternated: a change of the shared machine's load meets every tier alike); a
@@ -19,7 +25,7 @@ rounds: store MB/s, lookup ms, load ms, each also as a ratio to the ext4 run.  E
 its run.  Needs root (the mount) and the LMCache venv (`make lmcache-deps`).
 
     .venv/bin/python bench/kv_native.py [--keys 8,32] [--data-size-kb 14336] [--rounds 3]
-        [--repeat 1] [--no-replica] [--dir DIR] [--json]
+        [--repeat 1] [--engine-tokens 1925,8192] [--no-replica] [--dir DIR] [--json]
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -44,6 +51,7 @@ from curvine_py.testing.testhosts import Hosts, HostsError
 
 ROOT = Path(__file__).resolve().parents[1]
 LMCACHE = ROOT / ".venv" / "lmcache" / "bin" / "lmcache"
+ENGINE_DRIVER = ROOT / "tests" / "kvclients" / "lmcache_driver.py"
 TIERS = ("fs on ext4", "fs on mount", "plugin")
 RUN_TIMEOUT_S = 600
 
@@ -142,10 +150,50 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, dict[st
                 row = results[f"{keys} keys"] = {tier: {k: statistics.median(x[k] for x in got) for k in got[0]}
                                                  for tier, got in runs.items()}
                 ratios(row)
+            if args.engine_tokens:
+                results["engine"] = engine_runs(args, place, local, work)
         finally:
             shutil.rmtree(place.mnt / "kvbench", ignore_errors=True)
             shutil.rmtree(local, ignore_errors=True)
     return results
+
+
+def engine_runs(args: argparse.Namespace, place: Place, local: Path, work: Path) -> dict[str, dict[str, float]]:
+    """Each prompt size through each tier's connector: store s, then a fresh process's
+    lookup and retrieve ms (medians over --repeat, tiers alternated), retrieve / ext4's."""
+    out: dict[str, dict[str, float]] = {}
+    for tokens in args.engine_tokens:
+        runs: dict[str, list[dict[str, float]]] = {tier: [] for tier in TIERS}
+        for r, (i, tier) in itertools.product(range(args.repeat), enumerate(TIERS)):
+            base = f"kvbench/engine-{tokens}-{r}-{i}"
+            where = (local if tier == "fs on ext4" else place.mnt) / base
+            plugin = ("--curvine", json.dumps({"base_path": f"/{base}", "config": str(place.config),
+                                               "host": place.host})) if tier == "plugin" else ()
+            common = ("--dir", str(where), "--tokens", str(tokens), "--seed", str(tokens + r), "--cpu-gb", "1.0")
+            try:
+                stored = drive_engine(place.run, work, "put", *plugin, *common)
+                fetched = drive_engine(place.run, work, "get", *plugin, *common)
+                runs[tier].append({"store_s": stored["store_s"], "lookup_ms": fetched["lookup_s"] * 1e3,
+                                   "retrieve_ms": fetched["retrieve_s"] * 1e3})
+            finally:
+                shutil.rmtree(where, ignore_errors=True)
+        for tier, figs in runs.items():
+            out[f"{tokens} tokens, {tier}"] = {k: statistics.median(x[k] for x in figs) for k in figs[0]}
+        ext4 = out[f"{tokens} tokens, fs on ext4"]["retrieve_ms"]
+        for tier in TIERS:
+            out[f"{tokens} tokens, {tier}"]["retrieve_vs_ext4"] = out[f"{tokens} tokens, {tier}"]["retrieve_ms"] / ext4
+    return out
+
+
+def drive_engine(run: Run, work: Path, *args: str) -> dict[str, Any]:
+    """One LMCache engine process (byte-exact or it fails): its JSON."""
+    python = LMCACHE.parent / "python"
+    proc = run([str(python), str(ENGINE_DRIVER), *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+               cwd=work, env={**os.environ, "LMCACHE_DISABLE_BANNER": "1"})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"lmcache engine {args[0]} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return typing.cast(dict[str, Any], json.loads(lines[-1]))
 
 
 def ratios(row: dict[str, dict[str, float]]) -> None:
@@ -163,10 +211,18 @@ def table(results: dict[str, dict[str, dict[str, float]]], size_kb: int) -> str:
              f"{'keys':<9}{'tier':<13}{'store MB/s':>11}{'x ext4':>8}{'lookup ms':>11}{'x ext4':>8}"
              f"{'load ms':>10}{'x ext4':>8}{'load GB/s':>11}"]
     for keys, row in results.items():
+        if keys == "engine":
+            continue
         for tier, r in row.items():
             lines.append(f"{keys:<9}{tier:<13}{r['store_MBps']:>11.0f}{r.get('store_vs_ext4', 1.0):>8.2f}"
                          f"{r['lookup_ms']:>11.2f}{r.get('lookup_vs_ext4', 1.0):>8.2f}{r['load_ms']:>10.1f}"
                          f"{r.get('load_vs_ext4', 1.0):>8.2f}{r['load_GBps']:>11.2f}")
+    if "engine" in results:
+        lines += ["", "LMCache's engine: a prompt stored, then looked up and retrieved by a fresh process, verified",
+                  f"{'prompt, tier':<28}{'store s':>9}{'lookup ms':>11}{'retrieve ms':>13}{'x ext4':>8}"]
+        for name, r in results["engine"].items():
+            lines.append(f"{name:<28}{r['store_s']:>9.2f}{r['lookup_ms']:>11.1f}{r['retrieve_ms']:>13.1f}"
+                         f"{r['retrieve_vs_ext4']:>8.2f}")
     return "\n".join(lines)
 
 
@@ -177,6 +233,8 @@ def main() -> int:
     ap.add_argument("--data-size-kb", type=int, default=14336, help="per key (14336: Qwen2.5-7B's 256-token chunk)")
     ap.add_argument("--rounds", type=int, default=3, help="the benchmark's measured rounds per run")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tier, alternated; medians reported")
+    ap.add_argument("--engine-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[],
+                    help="also LMCache's in-process engine with prompts of these token counts")
     ap.add_argument("--no-replica", action="store_true",
                     help="LMCache on a network-namespace host without a worker (needs root)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
