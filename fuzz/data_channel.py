@@ -12,7 +12,8 @@ Chain targets (the next workers a write is forwarded to) are all made this serve
 since the worker would connect there (another engineer's cluster on this machine, or a
 host on the network).
 
-Checks: the parser raises nothing but ChannelClosed and never hands out a header whose
+Checks: the parser (and the short-circuit write socket's, recv_header_with_fd, which must
+read the same headers) raises nothing but ChannelClosed and never hands out a header whose
 payload is past MAX_PAYLOAD; the server's connection ends by itself within HANG_S once the
 input ended, and its thread raised nothing unexpected (the listener's log would have
 swallowed it: fuzz/findings.py)."""
@@ -90,7 +91,16 @@ def _safe_chain(h: data_pb2.DataHeader) -> bool:
 
 
 def parse_alone(stream: bytes) -> list[data_pb2.DataHeader]:
-    """The headers frames.recv_header reads from stream (each payload skipped)."""
+    """The headers frames.recv_header reads from stream (each payload skipped); the
+    short-circuit write socket's reader, recv_header_with_fd, must read the same ones."""
+    headers = _headers(stream, lambda sock: frames.recv_header(sock))
+    with_fd = _headers(stream, lambda sock: frames.recv_header_with_fd(sock)[0])
+    if with_fd != headers:
+        raise Finding(f"recv_header_with_fd read {len(with_fd)} headers, recv_header {len(headers)}")
+    return headers
+
+
+def _headers(stream: bytes, read: typing.Callable[[socket.socket], data_pb2.DataHeader]) -> list[data_pb2.DataHeader]:
     headers = []
     a, b = socket.socketpair()
     with a, b:
@@ -98,7 +108,7 @@ def parse_alone(stream: bytes) -> list[data_pb2.DataHeader]:
         a.shutdown(socket.SHUT_WR)
         try:
             while True:
-                h = frames.recv_header(b)
+                h = read(b)
                 if h.payload_len > frames.MAX_PAYLOAD:
                     raise Finding(f"a header with a payload of {h.payload_len} bytes got through")
                 headers.append(h)
