@@ -4,8 +4,8 @@ An ACL travels as Linux's xattr value of ``system.posix_acl_access`` (the access
 checked on every access) and ``system.posix_acl_default`` (a directory's default ACL: what
 a new file or directory in it starts with).  The master stores each as that value,
 canonical, in its inode row (``inodes.acl``, ``inodes.default_acl``), so a permission check
-reads it with the inode and an inode without one costs nothing more.  ``parse`` is cached
-by value: the few distinct ACLs of a tree are parsed once.
+reads it with the inode and an inode without one costs nothing more.  ``stored`` is
+cached by value: the few distinct ACLs of a tree are parsed once.
 
 The rules are the kernel's (fs/posix_acl.c): ``parse`` refuses what
 ``posix_acl_from_xattr`` + ``posix_acl_valid`` refuse (EINVAL; a version other than 2:
@@ -99,7 +99,6 @@ class Acl:
         return _HEADER.pack(VERSION) + b"".join(_ENTRY.pack(e.tag, e.perm, e.id) for e in self.entries)
 
 
-@functools.lru_cache(maxsize=4096)
 def parse(value: bytes) -> Acl | None:
     """A stored or offered xattr value as an Acl; None for an empty one (no entries: what
     setfacl -b / -k leave, meaning "remove").  EINVAL for anything the kernel refuses."""
@@ -164,4 +163,9 @@ def inherit(default: Acl, mode: int) -> tuple[Acl | None, int]:
 
 def stored(value: bytes | None) -> Acl | None:
     """A stored column's ACL (None: no ACL)."""
-    return parse(value) if value else None
+    return _stored(bytes(value)) if value else None
+
+
+@functools.lru_cache(maxsize=1024)   # stored values only (valid, at most 8 KiB each): offered ones are not kept
+def _stored(value: bytes) -> Acl | None:
+    return parse(value)
