@@ -243,3 +243,13 @@ def test_old_store_acl_xattrs_move_into_the_columns(tmp_path: Path) -> None:
     row = conn.execute("SELECT acl, default_acl FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone()
     assert (row["acl"], row["default_acl"]) == (full(), None)
     assert conn.execute("SELECT count(*) FROM xattrs").fetchone()[0] == 0
+
+
+def test_a_retried_create_answers_the_inherited_acl_as_bytes(ns: NS) -> None:
+    """The retry cache keeps results as JSON (bytes as hex): a retry's row is the same."""
+    d = ns.do(Mknod, OWNER, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, umask=0)["attr"]["ino"]
+    set_acl(ns, d, full(), name=acl.DEFAULT)
+    first = ns.do(Mknod, OWNER, parent=d, name="f", mode=stat.S_IFREG | 0o644, umask=0, request_id="r1")
+    again = ns.do(Mknod, OWNER, parent=d, name="f", mode=stat.S_IFREG | 0o644, umask=0, request_id="r1")
+    assert again["attr"]["acl"] == first["attr"]["acl"] and isinstance(again["attr"]["acl"], bytes)
+    posix.require(again["attr"], NAMED, R)
