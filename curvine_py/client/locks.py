@@ -72,6 +72,16 @@ class MountLocks:
         with self._mu:
             return (flock, ino, owner) in self._held
 
+    def held_after(self, a: LockAsk) -> bool:
+        """Will this client still hold a lock on a's file once a is done (an unlock of
+        part of a range, another owner's lock)?"""
+        key = (a.flock, a.ino, a.owner)
+        with self._mu:
+            for k, ranges in self._held.items():
+                if k[1] == a.ino and (k != key or lockranges.put(ranges, Range(a.type, a.start, a.end))):
+                    return True
+        return False
+
     def owners_on(self, ino: int) -> list[tuple[int, bool]]:
         """(owner, flock?) of every lock this mount holds on ino."""
         with self._mu:

@@ -957,11 +957,16 @@ class VFS:
         a = replace(a, ino=h.ino)
         w = h.state.writer
         if a.type != WRLCK and w is not None and not w.closed:
-            # an unlock gives the lease up too, so a writer on another host may take its
-            # turn; a lock changed to a read lock keeps it.  A commit that fails keeps the
-            # written blocks for the close, which reports it; the unlock goes on.
+            # The last unlock of the file here gives the lease up too, so a writer on
+            # another host may take its turn; an unlock while another lock of the file is
+            # held here (another process's: it may be writing under it) or a change to a
+            # read lock keeps it.  Readers here reload after the commit.  A commit that
+            # fails keeps the written blocks for the close, which reports it; the unlock
+            # goes on.
+            release = a.type == UNLCK and not self.locks.held_after(a)
             try:
-                yield Blocking(functools.partial(w.flush, a.type == UNLCK, True))
+                if (yield Blocking(functools.partial(w.flush, release, True))) is not None or release:
+                    h.state.version += 1
             except CurvineError as e:
                 log.error("inode %d: committing before an unlock: %s", h.ino, e)
         reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
