@@ -252,6 +252,8 @@ def cmd_locate(ctx: Context) -> int:
     """Where files live, many at once (one master call per 1,000): each one's size, the
     hosts holding all of its blocks, its tier.  Exit 1 when any path is absent."""
     paths = [remote(p) for p in ctx.args.paths]
+    if ctx.args.prefix:
+        return _locate_prefix(ctx, paths)
     got = ctx.client.locate(paths)
     if ctx.args.json:
         output.print_json([{"path": g.path, "found": g.found, "size": g.status.size if g.status else None,
@@ -262,6 +264,18 @@ def cmd_locate(ctx: Context) -> int:
                 if g.found else (g.path, "-", f"({os.strerror(g.errno)})", "-") for g in got]
         print(output.table(rows, headers=("PATH", "SIZE", "HOSTS WITH EVERY BLOCK", "TIER"), right={1}))
     return 0 if all(g.found for g in got) else 1
+
+
+def _locate_prefix(ctx: Context, paths: list[str]) -> int:
+    """`cv fs locate --prefix`: for chunks named in prefix order, how many leading ones
+    each host holds whole (Client.prefix_hosts)."""
+    counts = ctx.client.prefix_hosts(paths)
+    if ctx.args.json:
+        output.print_json({"chunks": len(paths), "hosts": counts})
+    else:
+        rows = [(host, n, f"{100 * n / len(paths):.0f}%") for host, n in counts.items()]
+        print(output.table(rows, headers=("HOST", "LEADING CHUNKS", "OF PREFIX"), right={1, 2}))
+    return 0
 
 
 # ---------------------------------------------------------------- namespace changes
@@ -572,3 +586,5 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = add("locate", cmd_locate, "where files live: the hosts holding all of each one's blocks, and its tier",
             json_flag=True)
     p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--prefix", action="store_true",
+                   help="PATHs are chunks in prefix order: per host, how many leading chunks it holds whole")

@@ -501,6 +501,13 @@ class Client:
             out += [Location.from_pb(p, m) for p, m in zip(part, reply.files, strict=True)]
         return out
 
+    def prefix_hosts(self, paths: typing.Sequence[str]) -> dict[str, int]:
+        """For chunk files named in prefix order (a prompt's KV chunks, first to last):
+        how many leading chunks each host holds whole, most first; a host that lacks the
+        first chunk is absent.  What a router needs to send a request where most of its
+        prefix is read from local disk (docs/integrations.md); one ``locate``."""
+        return leading_counts(self.locate(paths))
+
     def unpin_located(self, paths: typing.Sequence[str]) -> None:
         """Drop this client's pins (``locate(..., pin_s=)``) on paths; others' pins stay."""
         norm = [normpath(p) for p in paths]
@@ -530,6 +537,20 @@ class Client:
 
 
 COPY_CHUNK = 8 << 20
+
+
+def leading_counts(located: typing.Sequence[Location]) -> dict[str, int]:
+    """Per host, the count of leading entries of `located` that it holds, most first."""
+    counts: dict[str, int] = {}
+    holding: set[str] | None = None   # hosts holding every chunk so far
+    for loc in located:
+        here = set(loc.hosts) if loc.found else set()
+        holding = here if holding is None else holding & here
+        if not holding:
+            break
+        for h in holding:
+            counts[h] = counts.get(h, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def copy_stream(src: typing.Any, dst: typing.Any, callback: Progress = None, size: int | None = None) -> None:

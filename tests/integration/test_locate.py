@@ -102,3 +102,18 @@ def test_cv_fs_locate(client: Client, remote_dir: str, shared_cluster: LocalClus
     got = run_cv("fs", "locate", f"{d}/a", master=shared_cluster.master_address, cwd=tmp_path)
     text = got.stdout.decode()
     assert got.returncode == 0 and f"{d}/a" in text and shared_cluster.worker_host(0) in text, text
+
+
+def test_cv_fs_locate_prefix(client: Client, remote_dir: str, shared_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Chunks in prefix order: both workers hold every chunk until the first absent one."""
+    d = remote_dir
+    for name in ("c0", "c1", "c3"):
+        client.put_bytes(f"{d}/{name}", name.encode() * 100)
+    chunks = [f"{d}/c0", f"{d}/c1", f"{d}/c2", f"{d}/c3"]
+    assert client.prefix_hosts(chunks) == {shared_cluster.worker_host(0): 2, shared_cluster.worker_host(1): 2}
+    got = run_cv("fs", "locate", "--prefix", *chunks, "--json", master=shared_cluster.master_address, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == {"chunks": 4, "hosts": {shared_cluster.worker_host(0): 2,
+                                                            shared_cluster.worker_host(1): 2}}
+    text = run_cv("fs", "locate", "--prefix", *chunks, master=shared_cluster.master_address, cwd=tmp_path)
+    assert "LEADING CHUNKS" in text.stdout.decode() and "50%" in text.stdout.decode()

@@ -49,6 +49,8 @@ def test_locate_names_exactly_the_hosts_with_every_block(net_cluster_factory: ty
         got = {g.path: set(g.hosts) for g in cl.locate(paths)}
     want = expected(c, paths, range(len(WORKER_HOSTS)))
     assert got == want
+    with c.client(1) as cl:
+        assert cl.prefix_hosts(paths) == leading(paths, want)
     assert all(c.hosts[1].name in hosts for hosts in got.values()), got
     assert all(1 <= len(hosts) <= 2 for hosts in got.values()), got   # two replicas of each block
 
@@ -67,3 +69,18 @@ def test_locate_names_exactly_the_hosts_with_every_block(net_cluster_factory: ty
         got = {g.path: set(g.hosts) for g in cl.locate(paths)}
     assert got == expected(c, paths, [i for i in range(len(WORKER_HOSTS)) if i != victim])
     assert all(len(hosts) >= 1 and gone not in hosts for hosts in got.values()), got
+    with c.client(1) as cl:
+        counts = cl.prefix_hosts(paths)
+    assert counts == leading(paths, got) and gone not in counts
+
+
+def leading(paths: list[str], holders: dict[str, set[str]]) -> dict[str, int]:
+    """Per host, how many of paths' leading files it holds, from the files on disk."""
+    out: dict[str, int] = {}
+    for host in set().union(*holders.values()):
+        n = 0
+        while n < len(paths) and host in holders[paths[n]]:
+            n += 1
+        if n:
+            out[host] = n
+    return out
