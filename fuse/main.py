@@ -96,9 +96,12 @@ def _exit(code: int) -> typing.NoReturn:
     os._exit(code)
 
 
-def _setup_logging(log_file: str | None, debug: bool) -> None:
+def _setup_logging(log_file: str | None, debug: bool, force: bool = False) -> None:
+    """force: the daemon's own logging, replacing what the process it forked from set up
+    (`cv mount` runs this module in the CLI's process, whose logging keeps WARNING and up
+    on its terminal: the daemon's log file stayed empty)."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, filename=log_file,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=force)
 
 
 def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: str, debug: bool,
@@ -125,7 +128,7 @@ def _daemonize(cfg: config.Config, mountpoint: str, pid_file: Path, log_file: st
     os.dup2(null, 0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    _setup_logging(None, debug)
+    _setup_logging(None, debug, force=True)
     code = serve(cfg, mountpoint, pid_file, wfd, subdir)
     os._exit(code)
 

@@ -342,3 +342,18 @@ def test_client_block_size_applies_to_files_the_mount_creates(daemons: Daemons) 
         sdk.remove(f"/created-{tag}")
         sdk.remove(f"/made-{tag}")
     assert daemons.umount(mnt).returncode == 0
+
+
+def test_cv_mount_daemon_logs_to_its_log_file(daemons: Daemons) -> None:
+    """`cv mount` runs the daemon from the CLI's own process, whose logging was set up
+    already: the daemon's must replace it, or its --log-file stays empty."""
+    mnt = daemons.mountpoint("cvmnt")
+    log = daemons.tmp / "cv-mount.log"
+    cv = str(Path(PY).parent / "cv")
+    r = subprocess.run([cv, "mount", str(mnt), "--master", daemons.cluster.master_address, "--log-file", str(log)],
+                       env=daemons.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert wait_until(lambda: log.exists() and "mounted" in log.read_text(), 10), log.read_text()
+    finally:
+        assert daemons.umount(mnt).returncode == 0
