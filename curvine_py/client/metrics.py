@@ -61,6 +61,8 @@ PASSTHROUGH_READS = READS.labels("passthrough")
 TOKEN_RENEWALS = Counter("curvine_client_token_renewals",
                          "Block tokens renewed at the master after a worker refused one as expired, by access "
                          "(read: a block located again; write: a new block id)", ["access"])
+for _access in ("read", "write"):   # exported at 0 from the start, as the other labelled counters
+    TOKEN_RENEWALS.labels(_access)
 _meta_children: dict[str, typing.Any] = {}
 
 

@@ -237,7 +237,7 @@ def test_names_follow_prometheus_conventions(mounted: tuple[LocalCluster, Client
         s = scrape(p.metrics)
         keys = {k for n, labels in s.samples if n.startswith("curvine_") for k, _ in labels}
         assert keys <= {"op", "method", "result", "dir", "state", "tier", "reason", "source", "via",
-                        "outcome", "engine", "le", "version", "python", "role"}, keys
+                        "outcome", "engine", "le", "version", "python", "role", "access"}, keys
 
 
 def documented_names() -> set[str]:
