@@ -119,14 +119,8 @@ class _TlsSock:
     async def _flush(self) -> None:
         """OpenSSL's output onto the socket: at once when it takes it, else awaited."""
         data = self.outgoing.read()
-        if not data:
-            return
-        try:
-            sent = self.raw.send(data)
-        except BlockingIOError:
-            sent = 0
-        if sent < len(data):
-            await _send_all(self.tcp, memoryview(data)[sent:])
+        if data:
+            await _send_now(self.raw, self.tcp, data)
 
     def close(self) -> None:
         self.tcp.close()   # abrupt, as the plain socket's: the master sees the connection end
@@ -155,13 +149,8 @@ class _Conn:
         scheduler (the wait for the reply is the call's checkpoint), else awaited."""
         if self.tls:
             await self.sock.send(data)
-            return
-        try:
-            sent = self.raw.send(data)
-        except BlockingIOError:
-            sent = 0
-        if sent < len(data):
-            await _send_all(self.sock, memoryview(data)[sent:])
+        else:
+            await _send_now(self.raw, self.sock, data)
 
     def call_id(self) -> int:
         cid = self.next_id
@@ -393,6 +382,17 @@ class Pending(typing.Generic[Rep]):
         if metrics.on:
             metrics.meta_seconds(self._m.name).observe(time.perf_counter() - self._start)
         return reply
+
+
+async def _send_now(raw: socket.socket, sock: typing.Any, data: bytes) -> None:
+    """data onto raw: at once when it takes it all, with no trip through trio's scheduler,
+    else the rest awaited on sock (the same socket, trio's)."""
+    try:
+        sent = raw.send(data)
+    except BlockingIOError:
+        sent = 0
+    if sent < len(data):
+        await _send_all(sock, memoryview(data)[sent:])
 
 
 async def _send_all(sock: typing.Any, data: bytes | memoryview) -> None:
