@@ -32,7 +32,7 @@ from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError, NotLeader, Unavailable
 from curvine_py.common.frames import send_all
 from curvine_py.common.listener import BACKLOG, ConnectionServer
-from curvine_py.common.tls import Tls
+from curvine_py.common.tls import Tls, cut
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 
@@ -267,8 +267,5 @@ def _send_now(conn: socket.socket, frame: bytes) -> int:
 
 def _cut(conn: socket.socket) -> bool:
     """End a session stream that cannot take a push (its thread then sees the close)."""
-    try:   # the plain socket's shutdown: a TLS socket's own would drop its state under its thread
-        socket.socket.shutdown(conn, socket.SHUT_RDWR)
-    except OSError:
-        pass
+    cut(conn)
     return False

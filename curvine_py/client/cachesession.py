@@ -28,6 +28,7 @@ from curvine_py.client.metacache import MetaCache
 from curvine_py.client.metaclient import MasterClient
 from curvine_py.common import metaframes as mf
 from curvine_py.common.errors import CurvineError, Unreached
+from curvine_py.common.tls import cut
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 
@@ -61,10 +62,7 @@ class CacheSession:
         self._stop.set()
         sock = self._sock
         if sock is not None:
-            try:   # the plain socket's: a TLS socket's own shutdown drops its state under the thread
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
+            cut(sock)
         self._thread.join(timeout=5)
         self.cache.end()
 

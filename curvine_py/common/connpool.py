@@ -20,7 +20,7 @@ import weakref
 from collections import defaultdict
 
 from curvine_py.common import frames
-from curvine_py.common.tls import Tls
+from curvine_py.common.tls import Tls, cut
 
 CONNECT_TIMEOUT_S = 1.5   # a LAN connect takes < 1 ms; a silent peer must not stall a read long
 IO_TIMEOUT_S = 30.0
@@ -56,10 +56,7 @@ class ConnectionPool:
         for _, sock in idle:
             sock.close()
         for sock in busy:
-            try:   # its owner's send/recv fails now; it closes it (a TLS socket's own shutdown would race it)
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
+            cut(sock)   # its owner's send/recv fails now; it closes it
 
     def is_suspect(self, ip: str, port: int) -> bool:
         with self._lock:

@@ -47,7 +47,7 @@ import threading
 import time
 import weakref
 
-from curvine_py.common.tls import EVERYONE, Tls
+from curvine_py.common.tls import EVERYONE, Tls, cut
 
 log = logging.getLogger(__name__)
 MAX_CONNS = 4096            # connections one port serves at once (and never more than connection_budget())
@@ -166,10 +166,7 @@ class Conn:
         """End the connection: its thread's pending recv returns and the thread closes it
         (one still waiting for its first bytes: its accept thread does)."""
         self.evicted = why
-        try:   # the plain socket's shutdown: a TLS socket's own would drop its state under its thread
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
-        except OSError:
-            pass
+        cut(self.sock)
 
 
 # Every running server of this process (they share connection_budget()) and the lock over
@@ -264,10 +261,7 @@ class ConnectionServer:
         with _LOCK:
             conns = list(self._conns.values())
         for c in conns:
-            try:   # the plain socket's (a TLS socket's own would drop its state under its thread)
-                socket.socket.shutdown(c.sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
+            cut(c.sock)
         deadline = time.monotonic() + grace_s
         for c in conns:
             if c.thread is not None:

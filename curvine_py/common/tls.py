@@ -251,6 +251,16 @@ class PeerRefused(ConnectionError):
     """The peer's certificate was valid but of a role this server does not accept."""
 
 
+def cut(sock: socket.socket) -> None:
+    """Shut sock down in both directions, as another thread's pending recv or send then
+    fails: at the socket itself, beneath any TLS layer (an SSLSocket's own shutdown drops
+    its SSL state while its thread may still be using it).  Already closed: nothing."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def peer_role(sock: ssl.SSLSocket) -> str:
     """The role the verified peer certificate of sock names ("" if none)."""
     cert: dict[str, typing.Any] = typing.cast(dict[str, typing.Any], sock.getpeercert() or {})
