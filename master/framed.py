@@ -143,32 +143,33 @@ class FrameServer(ConnectionServer):
     def _loop(self, conn: socket.socket, reader: mf.FrameReader) -> None:
         state = self.conn_of(conn)
         lock = threading.Lock()   # a cache session's pushes come from other threads
+        # over TLS reads take the send lock too (_serve_one); decided once per connection
+        reading: typing.ContextManager[object] = lock if isinstance(conn, ssl.SSLSocket) else contextlib.nullcontext()
         session = 0
         try:
             while True:
-                session = self._serve_one(conn, reader, state, lock) or session
+                session = self._serve_one(conn, reader, state, lock, reading) or session
         finally:
             if session and self._sessions is not None:
                 self._sessions.session_broken(session)
 
     def _serve_one(self, conn: socket.socket, reader: mf.FrameReader, state: typing.Any,
-                   lock: threading.Lock) -> int:
+                   lock: threading.Lock, reading: typing.ContextManager[object]) -> int:
         """Read and answer one request; the session id when it was an OpenSession.
 
         Over TLS a read holds the send lock too (one TLS connection must not be read and
         written by two threads at once, and a session's pushes come from others): it is
         taken once the request's first bytes are there, so a push waits for a read only
         while a frame is half in (and is cut after PUSH_LOCK_WAIT_S, as any slow stream)."""
-        secured = isinstance(conn, ssl.SSLSocket)
         if reader.end == reader.start:   # nothing of the next request here yet: idle
             state.waiting()
             reader.short_of(mf.REQUEST.size)
             if isinstance(conn, ssl.SSLSocket) and not conn.pending():
                 select.select([conn], [], [])
-            with lock if secured else contextlib.nullcontext():
+            with reading:
                 reader.received(conn.recv_into(reader.view[reader.end:]), mf.REQUEST.size)
         state.reading()                  # the rest is due within the listener's PARTIAL_S
-        with lock if secured else contextlib.nullcontext():
+        with reading:
             head = reader.fill(mf.REQUEST.size)
             length, call_id, method_id = mf.REQUEST.unpack(head)
             if length < mf.REQUEST_REST:
