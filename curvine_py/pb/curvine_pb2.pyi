@@ -1,10 +1,24 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_CREATED: _ClassVar[EventKind]
+    EVENT_REMOVED: _ClassVar[EventKind]
+    EVENT_EVICTED: _ClassVar[EventKind]
+    EVENT_REPLICA_ADDED: _ClassVar[EventKind]
+    EVENT_REPLICA_LOST: _ClassVar[EventKind]
+EVENT_CREATED: EventKind
+EVENT_REMOVED: EventKind
+EVENT_EVICTED: EventKind
+EVENT_REPLICA_ADDED: EventKind
+EVENT_REPLICA_LOST: EventKind
 
 class Caller(_message.Message):
     __slots__ = ("uid", "gid", "groups", "request_id", "client_id", "session")
@@ -908,6 +922,46 @@ class LocateReply(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[Located]
     def __init__(self, files: _Optional[_Iterable[_Union[Located, _Mapping]]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("caller", "path", "resume", "since")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    caller: Caller
+    path: str
+    resume: bool
+    since: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., resume: _Optional[bool] = ..., since: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("position", "kind", "name", "from_name", "ino", "size", "time_ms", "hosts")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FROM_NAME_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    kind: EventKind
+    name: str
+    from_name: str
+    ino: int
+    size: int
+    time_ms: int
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., name: _Optional[str] = ..., from_name: _Optional[str] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., time_ms: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchReply(_message.Message):
+    __slots__ = ("events", "head")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[WatchEvent]
+    head: int
+    def __init__(self, events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
 
 class LockRequest(_message.Message):
     __slots__ = ("caller", "ino", "owner", "flock", "type", "start", "end", "pid", "test", "wait")

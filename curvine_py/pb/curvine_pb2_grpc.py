@@ -1870,6 +1870,96 @@ class MasterService:
             _registered_method=True)
 
 
+class EventServiceStub:
+    """---------------------------------------------------------------- events
+    The event feed (docs/integrations.md "The event feed", docs/wire.md "Watch"): the files
+    of one directory as they appear, go and move between hosts.  Its own service on the
+    master's gRPC port: the framed channel has no streams, and MasterService's method ids
+    are its frame ids.  Positions are the replicated events table's (master/events.py):
+    every master of a group holds the same events at the same positions.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Watch = channel.unary_stream(
+                '/curvine.EventService/Watch',
+                request_serializer=curvine__py_dot_pb_dot_curvine__pb2.WatchRequest.SerializeToString,
+                response_deserializer=curvine__py_dot_pb_dot_curvine__pb2.WatchReply.FromString,
+                _registered_method=True)
+
+
+class EventServiceServicer:
+    """---------------------------------------------------------------- events
+    The event feed (docs/integrations.md "The event feed", docs/wire.md "Watch"): the files
+    of one directory as they appear, go and move between hosts.  Its own service on the
+    master's gRPC port: the framed channel has no streams, and MasterService's method ids
+    are its frame ids.  Positions are the replicated events table's (master/events.py):
+    every master of a group holds the same events at the same positions.
+    """
+
+    def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EventServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=curvine__py_dot_pb_dot_curvine__pb2.WatchRequest.FromString,
+                    response_serializer=curvine__py_dot_pb_dot_curvine__pb2.WatchReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'curvine.EventService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('curvine.EventService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class EventService:
+    """---------------------------------------------------------------- events
+    The event feed (docs/integrations.md "The event feed", docs/wire.md "Watch"): the files
+    of one directory as they appear, go and move between hosts.  Its own service on the
+    master's gRPC port: the framed channel has no streams, and MasterService's method ids
+    are its frame ids.  Positions are the replicated events table's (master/events.py):
+    every master of a group holds the same events at the same positions.
+    """
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/curvine.EventService/Watch',
+            curvine__py_dot_pb_dot_curvine__pb2.WatchRequest.SerializeToString,
+            curvine__py_dot_pb_dot_curvine__pb2.WatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class WorkerServiceStub:
     """Missing associated documentation comment in .proto file."""
 
