@@ -956,12 +956,12 @@ class WatchEvent(_message.Message):
     def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., name: _Optional[str] = ..., from_name: _Optional[str] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., time_ms: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchReply(_message.Message):
-    __slots__ = ("events", "head")
+    __slots__ = ("events", "through")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
-    HEAD_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[WatchEvent]
-    head: int
-    def __init__(self, events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
+    through: int
+    def __init__(self, events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ..., through: _Optional[int] = ...) -> None: ...
 
 class LockRequest(_message.Message):
     __slots__ = ("caller", "ino", "owner", "flock", "type", "start", "end", "pid", "test", "wait")
