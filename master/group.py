@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable, Protocol
 
 from curvine_py.common.config import MasterConfig
+from curvine_py.common.tls import Tls
 from curvine_py.master.journal import Journal
 from curvine_py.master.records import Record
 from curvine_py.master.store import Row
@@ -81,13 +82,13 @@ def client_address(cfg: MasterConfig) -> str:
 
 
 def open_group(cfg: MasterConfig, secret: str, journal: Journal, db_path: str, address: str,
-               frame_port: Callable[[], int]) -> Group:
+               frame_port: Callable[[], int], tls: Tls | None = None) -> Group:
     """The group this master belongs to: alone without master.raft_peers, else Raft.
     address: where clients reach this master (a group's: client_address)."""
     if not cfg.raft_peers.strip():
         return SoleMaster(journal, address, frame_port)
     from curvine_py.master.raft import RaftGroup   # pysyncobj only where a group is configured
-    return RaftGroup(cfg, secret, journal, db_path, frame_port)
+    return RaftGroup(cfg, secret, journal, db_path, frame_port, tls)
 
 
 OPEN_CALLS = frozenset({"MasterStatus"})

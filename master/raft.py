@@ -32,7 +32,8 @@ What this module adds around it:
   - a journal or snapshot left unreadable by a crash is moved aside at start, so the
     master rejoins and catches up instead of refusing to start.
 - The Raft port's messages are pickles: PySyncObj encrypts them with the cluster
-  secret (``password``), so a group needs ``[cluster] secret``.
+  secret (``password``), so a group needs ``[cluster] secret``.  With tls.enabled the
+  port also speaks mutual TLS, masters' certificates only (master/rafttls.py).
 """
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ from pysyncobj.syncobj import SyncObjException
 
 from curvine_py.common.config import MasterConfig, addresses
 from curvine_py.common.errors import ConfigError, CurvineError, NotLeader, Unavailable
+from curvine_py.common.tls import Tls
 from curvine_py.master import schema
 from curvine_py.master.group import client_address
 from curvine_py.master.journal import Journal
+from curvine_py.master.rafttls import transport_class
 from curvine_py.master.records import LeaderAnnounce, Record
 from curvine_py.master.store import Row
 from curvine_py.pb import curvine_pb2 as pb
@@ -76,9 +79,9 @@ class _Node(SyncObj):
     thread finds them, and sent here, not by PySyncObj's timer."""
 
     def __init__(self, me: str, peers: list[str], conf: SyncObjConf,
-                 apply_entry: Callable[[int, str], Any]) -> None:
+                 apply_entry: Callable[[int, str], Any], tls: Tls | None = None) -> None:
         self._apply_entry = apply_entry
-        super().__init__(me, peers, conf)
+        super().__init__(me, peers, conf, transportClass=transport_class(tls))
         self._wake = PipeNotifier(self._poller)
 
     def submit(self, text: str, callback: Callable[[Any, int], None]) -> None:
@@ -181,7 +184,9 @@ class RaftGroup:
     """This master's place in its group: the Raft node, readiness, submit and status."""
 
     def __init__(self, cfg: MasterConfig, secret: str, journal: Journal, db_path: str,
-                 frame_port: Callable[[], int]) -> None:
+                 frame_port: Callable[[], int], tls: Tls | None = None) -> None:
+        """tls: the master's TLS (tls.enabled): the Raft port then takes only masters'
+        certificates of the cluster's CA (master/rafttls.py)."""
         peers = list(addresses(cfg.raft_peers))
         self.me = f"{cfg.ip}:{cfg.raft_port}"
         _check_group(self.me, peers, secret)
@@ -208,13 +213,14 @@ class RaftGroup:
             appendEntriesBatchSizeBytes=TRANSFER_CHUNK, sendBufferSize=4 * TRANSFER_CHUNK,
             recvBufferSize=4 * TRANSFER_CHUNK, bindAddress=f"{cfg.bind}:{cfg.raft_port}",
             bindRetryTime=0.5, maxBindRetries=20, onStateChanged=self._state_changed)
-        self.node = _Node(self.me, [p for p in peers if p != self.me], conf, journal.apply_entry)
+        self.node = _Node(self.me, [p for p in peers if p != self.me], conf, journal.apply_entry, tls)
         try:
             self.node.waitBinded()
         except SyncObjException:
             self.node.destroy()
             raise ConfigError(f"cannot listen on {cfg.bind}:{cfg.raft_port} (master.raft_port; port in use?)") from None
-        log.info("raft: %s in a group of %d (%s)", self.me, len(peers), ", ".join(peers))
+        log.info("raft: %s in a group of %d (%s)%s", self.me, len(peers), ", ".join(peers),
+                 ", TLS on its port" if tls else "")
 
     # ------------------------------------------------------------------ leading
     @property

@@ -126,8 +126,9 @@ class MasterService:
         self.metrics_port = 0   # the /metrics port once main.py started it (0 = none)
         # alone, or one of a Raft group (docs/ha.md): who serves, and how records become durable
         self.address = client_address(cfg.master) if in_group else f"{cfg.master.bind}:{cfg.master.port}"
+        self.tls = load_tls(cfg.tls, "master", f"master {self.address}")   # None: TLS off
         self.group: Group = open_group(cfg.master, cfg.cluster.secret, self.journal, db_path, self.address,
-                                       lambda: self.frame_port)
+                                       lambda: self.frame_port, self.tls)
         self._served_term = self.group.term if not in_group else -1
         self._term_lock = threading.Lock()
         self._last_prune = 0.0
@@ -146,7 +147,6 @@ class MasterService:
         self.replicator = Replicator(self.registry, self.placement, self.tokens, grace_s=cfg.master.worker_timeout_s,
                                      scan_interval_s=cfg.master.replication_scan_s)
         self.ufs = UfsMounts(lambda: self.ns, self.submit, cfg.ufs.timeout_s)
-        self.tls = load_tls(cfg.tls, "master", f"master {self.address}")   # None: TLS off
         self.worker_rpc = WorkerClients(self.registry, cfg.cluster.secret, self.tls)
         self.uploader = Uploader(cfg.ufs, lambda: self.ns, self.submit, self.ufs, self.worker_rpc, self.file_blocks,
                                  self.leading)

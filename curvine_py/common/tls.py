@@ -261,8 +261,8 @@ def cut(sock: socket.socket) -> None:
         pass
 
 
-def peer_role(sock: ssl.SSLSocket) -> str:
-    """The role the verified peer certificate of sock names ("" if none)."""
+def peer_role(sock: ssl.SSLSocket | ssl.SSLObject) -> str:
+    """The role the verified peer certificate of sock (or an SSLObject) names ("" if none)."""
     cert: dict[str, typing.Any] = typing.cast(dict[str, typing.Any], sock.getpeercert() or {})
     return _role_among(str(v) for k, v in cert.get("subjectAltName", ()) if k == "DNS")
 

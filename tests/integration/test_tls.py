@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -250,13 +251,41 @@ def test_cv_cert_issue_makes_a_working_client_certificate(tls_cluster: LocalClus
 
 
 def test_three_masters_over_tls_survive_the_leaders_loss(cluster_factory: typing.Any) -> None:
-    """Clients and workers follow a new leader over TLS (the Raft port itself is PySyncObj's,
-    encrypted with the cluster secret: docs/security.md)."""
+    """Clients and workers follow a new leader over TLS, and Raft's port itself speaks TLS
+    and takes only masters' certificates (master/rafttls.py)."""
     c = cluster_factory(masters=3, tls=True)
     with Client(master=",".join(c.master_addresses), config=client_config(c)) as cl:
         cl.put_bytes("/ha-before", b"a" * 1000)
         leader = c.leader_index()
+        raft = c.master_ports((leader + 1) % 3).raft
+        _raft_port_takes_only_masters(c, c.master_ip(0), raft)
         c.kill_master(leader)
         cl.put_bytes("/ha-after", b"b" * 1000)
         assert cl.get_bytes("/ha-before") == b"a" * 1000 and cl.get_bytes("/ha-after") == b"b" * 1000
         assert [m for m in cl.masters() if m.role == "leader"]
+    logs = "".join((c.dir / "logs" / f"master{i}.log").read_text() for i in range(3))
+    assert logs.count("TLS on its port") >= 3
+    assert "certificate is not a master's: refused" in logs
+
+
+def _raft_port_takes_only_masters(c: LocalCluster, host: str, port: int) -> None:
+    """A plain connection gets no Raft; a client certificate is cut after its handshake
+    (TLS 1.3 tells the client at its first read); a master certificate is kept."""
+    mine = load_config(path=str(c.config_path)).tls
+    with socket.create_connection((host, port), timeout=5) as raw:
+        raw.sendall(b"\x10\x00\x00\x00" + os.urandom(16))      # a PySyncObj frame, not TLS
+        raw.settimeout(5)
+        answer = raw.recv(100)
+        assert answer == b"" or answer.startswith(b"\x15")  # the end (after a TLS alert, if any)
+    for name, role, kept in [("client", "client", False), ("master0", "master", True)]:
+        who = tlsmod.Tls(tlsmod.Material(Path(mine.ca), c.tls_dir / f"{name}.pem", c.tls_dir / f"{name}.key"), role)
+        with socket.create_connection((host, port), timeout=5) as raw:
+            s = who.connect(raw, "master")
+            s.settimeout(1.0)
+            if kept:
+                with pytest.raises(TimeoutError):
+                    s.recv(1)                                # waits for our first message
+            else:
+                with pytest.raises((ssl.SSLError, ConnectionError)):
+                    assert s.recv(1) == b""
+                    raise ConnectionError("closed")
