@@ -4,7 +4,7 @@ mount, the LMCache write and read through the mount, and the failover time of a 
 leader, in one run on this machine.
 
     .venv/bin/python bench/ha_bench.py [--meta-files 2000] [--meta-clients 4] [--kv-files 16] [--kills 10]
-                                       [--small] [--json]
+                                       [--tls] [--small] [--json]
 
 Each cluster (1 master, then 3) has two workers and a mount, on loopback with free ports.
 Metadata: bench/sdk_bench.py's clients (each its own process and directory: create,
@@ -14,7 +14,10 @@ x.tmp, header, payload, close, rename; then a stat and a whole read of each).
 Failover: a client creates a directory every 20 ms; the leader gets a SIGKILL; the time
 from the kill to the first create that succeeds after it is one sample; the killed
 master is restarted and rejoins before the next kill.  Every figure of the three
-masters is printed beside the single master's, with their ratio.
+masters is printed beside the single master's, with their ratio.  With --tls a third
+cluster runs: three masters with mutual TLS on every channel but block data (tls.data
+off, the default), the Raft port included; its figures come with their ratio to the
+plain three masters'.
 """
 from __future__ import annotations
 
@@ -123,11 +126,11 @@ def failover(cluster: LocalCluster, kills: int) -> dict[str, float]:
             "failover_max_s": max(samples), "failover_kills": float(len(samples))}
 
 
-def run_one(masters: int, root: Path, args: argparse.Namespace) -> dict[str, float]:
+def run_one(masters: int, root: Path, args: argparse.Namespace, tls: bool = False) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix=f"ha{masters}-", dir=root))
     mount = work / "mnt" if fuse_available() else None
     cluster = LocalCluster(work / "cluster", workers=2, masters=masters, mount=str(mount) if mount else None,
-                           die_with_parent=True)
+                           die_with_parent=True, tls=tls)
     try:
         cluster.start()
         out = metadata(cluster, mount, args.meta_clients, args.meta_files)
@@ -147,6 +150,7 @@ def main() -> int:
     ap.add_argument("--meta-clients", type=int, default=4)
     ap.add_argument("--kv-files", type=int, default=16, help="14 MiB KV chunks written and read through the mount")
     ap.add_argument("--kills", type=int, default=10, help="leader kills for the failover figures")
+    ap.add_argument("--tls", action="store_true", help="also three masters with TLS (the Raft port included)")
     ap.add_argument("--small", action="store_true", help="a quick run: 50 files, 2 clients, 2 KV chunks, 1 kill")
     ap.add_argument("--dir", help="where the clusters live (default: a temp dir under the current dir)")
     ap.add_argument("--json", action="store_true")
@@ -164,6 +168,11 @@ def main() -> int:
         out[f"{key}_3_masters"] = three[key]
         out[f"{key}_ratio"] = three[key] / value if value else 0.0
     out.update({k: v for k, v in three.items() if k.startswith("failover")})
+    if args.tls:
+        secured = run_one(3, root, args, tls=True)
+        for key, value in secured.items():
+            out[f"{key}_3_masters_tls"] = value
+            out[f"{key}_tls_ratio"] = value / three[key] if three[key] else 0.0
     output.print_figures(out, args.json)
     return 0
 

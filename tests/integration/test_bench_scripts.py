@@ -39,7 +39,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "random_reads.py": ("--size", "64MiB", "--reads", "20", "--json"),
     "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--libs", "opendal,boto3", "--json"),
     "ufs_bench.py": ("--quick", "--json"),
-    "ha_bench.py": ("--small", "--json"),
+    "ha_bench.py": ("--small", "--json", "--tls"),
     "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
                       "--stat-sample", "100", "--round", "100"),
@@ -170,6 +170,8 @@ def check_figures(script: str, out: str) -> None:
             positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")))
         positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
         assert res["failover_kills"] == 1, res
+        positive(res, *(f"sdk_{op}_per_s_{n}" for op in ops for n in ("3_masters_tls", "tls_ratio")),
+                 "failover_median_s_3_masters_tls")
     elif script == "kv_lookup.py":
         positive(json.loads(out)["ahead"], "lookup_median_ms", "read_median_ms")
     elif script == "meta_scale.py":
