@@ -645,10 +645,20 @@ class MasterService:
 
     @handler
     def GetBlockLocations(self, request: pb.BlockLocationsRequest) -> pb.BlockLocationsReply:
-        row, blocks, workers = self.file_blocks(request.ino)
-        # a writer's own blocks, shipped and not committed: fresh write tokens (client/reader.py)
+        """The file's blocks with read tokens, for a caller Open would let read it (EACCES
+        otherwise: the tokens are the data), or for the holder of its write lease (a
+        writer opened with W only reads back the blocks it patches: Open gave it write
+        tokens, which read too); that holder's shipped, uncommitted blocks get fresh
+        write tokens (client/reader.py)."""
+        row, rows = self.ns.file_blocks(request.ino)
+        writer = bool(request.lease_id) and row["lease_id"] == request.lease_id \
+            and row["lease_client"] == request.caller.client_id
+        if not writer:
+            posix.require(row, cred_of(request.caller), R)
+        blocks, workers = self._blocks(rows, row["block_size"], READ, request.ino)
+        asked = list(request.pending) if writer else []
         pending = [pb.BlockInfo(block_id=bid, token=self.tokens.mint(bid, WRITE))
-                   for bid in self.ns.pending_of(request.ino, request.lease_id, list(request.pending))]
+                   for bid in self.ns.pending_of(request.ino, request.lease_id, asked)]
         return pb.BlockLocationsReply(attr=to_attr(row), blocks=blocks, workers=workers, pending=pending)
 
     @handler
