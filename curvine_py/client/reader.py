@@ -171,8 +171,10 @@ _LOCATION_RETRY = Retry(transient=_no_replica_answered, wait=Delays(LOCATION_RET
 
 
 def _relocate(core: ClientCore, ino: int, block: pb.BlockInfo, tell: Renewals | None = None) -> pb.BlockInfo | None:
-    """The block's current locations (with fresh tokens), or None if its file no longer holds it."""
-    reply = core.meta.block_locations(ino)
+    """The block's current locations (with fresh tokens), or None if its file no longer holds it.
+    A writer names its lease: the master hands it read tokens without R (a file opened
+    write-only reads back the blocks it patches)."""
+    reply = core.meta.block_locations(ino, lease_id=tell.lease_id if tell is not None else 0)
     core.workers.learn(list(reply.workers))
     if tell is not None:
         tell.renewed(reply)
