@@ -54,7 +54,8 @@ def sdk(cluster: LocalCluster) -> Client:
 
 def metadata(cluster: LocalCluster, mount: Path | None, clients: int, files: int) -> dict[str, float]:
     """ops/s of each op through the SDK (clients processes) and through the mount."""
-    out = {f"sdk_{k}": v for k, v in meta_bench(cluster.master_address, cluster.secret, clients, files).items()}
+    out = {f"sdk_{k}": v for k, v in meta_bench(cluster.master_address, cluster.secret, clients, files,
+                                                              str(cluster.config_path)).items()}
     if mount is not None:
         out.update({f"mount_{k}": v for k, v in meta_ops(mount, Plan(workloads=["meta"], meta_files=files)).items()})
     return out

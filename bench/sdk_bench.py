@@ -81,10 +81,11 @@ def raw_socket(nbytes: int, rounds: int, send: bool) -> float:
 
 
 # ---------------------------------------------------------------------- SDK data path
-def client(master: str, secret: str | None) -> Any:
-    """An SDK client of master; secret None: the one the usual config gives."""
+def client(master: str, secret: str | None, config_path: str | None = None) -> Any:
+    """An SDK client of master; secret None: the one the usual config gives (or
+    config_path's: a started cluster's, for its [tls])."""
     from curvine_py import Client
-    cfg = cfgmod.load()
+    cfg = cfgmod.load(path=config_path)
     if secret is not None:
         cfg.cluster.secret = secret
     return Client(master, config=cfg)
@@ -152,8 +153,9 @@ def data_bench(master: str, secret: str | None, runs: int, kv_bytes: int = KV_BY
 
 
 # ---------------------------------------------------------------------- metadata
-def _meta_worker(master: str, secret: str | None, idx: int, n: int, q: Any, start: Any) -> None:
-    c = client(master, secret)
+def _meta_worker(master: str, secret: str | None, idx: int, n: int, q: Any, start: Any,
+                 config_path: str | None) -> None:
+    c = client(master, secret, config_path)
     base = f"/meta/c{idx}"
     c.mkdir(base, parents=True, exist_ok=True)
     start.wait()    # every client connected and ready: all start together
@@ -179,13 +181,15 @@ def _meta_worker(master: str, secret: str | None, idx: int, n: int, q: Any, star
     c.close()
 
 
-def meta_bench(master: str, secret: str | None, clients: int, n: int) -> dict[str, float]:
+def meta_bench(master: str, secret: str | None, clients: int, n: int,
+               config_path: str | None = None) -> dict[str, float]:
     # spawned, not forked: this process has run a gRPC client, and a forked child creating
     # its own channel once hung for 10 minutes (gRPC is not fork-safe)
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
     start = ctx.Barrier(clients + 1)
-    procs = [ctx.Process(target=_meta_worker, args=(master, secret, i, n, q, start)) for i in range(clients)]
+    procs = [ctx.Process(target=_meta_worker, args=(master, secret, i, n, q, start, config_path))
+             for i in range(clients)]
     for p in procs:
         p.start()
     start.wait(timeout=120)
