@@ -142,9 +142,10 @@ class TlsSocket:
 
     def _warn(self, what: str) -> None:
         try:
-            peer = str(self.raw.getpeername()[0])   # a host: an outgoing port changes per try
+            name = self.raw.getpeername()
         except OSError:
-            peer = "a peer"
+            name = None
+        peer = str(name[0]) if isinstance(name, tuple) else "a peer"   # a host: a port changes per try
         now, key = time.monotonic(), f"{peer} {what}"
         if now - self._warned.get(key, -LOG_EVERY_S) >= LOG_EVERY_S:
             self._warned[key] = now

@@ -289,3 +289,27 @@ def _raft_port_takes_only_masters(c: LocalCluster, host: str, port: int) -> None
                 with pytest.raises((ssl.SSLError, ConnectionError)):
                     assert s.recv(1) == b""
                     raise ConnectionError("closed")
+
+
+def test_a_follower_far_behind_catches_up_by_snapshot_over_tls(cluster_factory: typing.Any) -> None:
+    """A stopped follower misses more than a compacted log holds: the leader ships it the
+    snapshot (pieces of 1 MiB, more than a socket takes at once) over the Raft port's TLS."""
+    c = cluster_factory(masters=3, tls=True, extra_master_flags=["--master-snapshot-entries", "40"])
+    with Client(master=",".join(c.master_addresses), config=client_config(c)) as cl:
+        follower = (c.leader_index() + 1) % 3
+        c.kill_master(follower)
+        cl.mkdir("/snap", exist_ok=True)
+        for i in range(300):
+            cl.put_bytes(f"/snap/f{i:03d}", os.urandom(64))
+        leader = c.leader_index()
+        c.restart_master(follower)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ahead, behind = c.master_status(leader), c.master_status(follower)
+            if ahead and behind and behind.applied_index >= ahead.commit_index > 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"follower at {behind} never caught up with {ahead}")
+    log = (c.dir / "logs" / f"master{follower}.log").read_text()
+    assert "installed the raft snapshot" in log, log[-2000:]
