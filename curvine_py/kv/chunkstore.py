@@ -10,7 +10,12 @@ batched operations on named chunks, done here over the SDK with no LMCache impor
 - ``lookup``: one ``Locate`` call for the whole list.  With ``lock`` the found chunks are
   pinned against the pool's eviction for this client until ``unlock``; the pin expires
   unless renewed (a thread renews the held ones every third of ``lock_ttl_s``), so a
-  process that dies leaks none (master/pinleases.py).
+  process that dies leaks none (master/pinleases.py).  No master call is made under
+  the lock counts' mutex: a lookup waited behind the background unpin of the last
+  unlock (1.6 against 0.85 ms for 8 keys).  An unpin that may have dropped the pin of
+  a lookup running meanwhile pins those chunks again (``_unpin``).  The answers are
+  read off the reply's messages, not made into the SDK's ``Location`` records (at 256
+  keys those cost more than the master's work).
 - ``load``: ``Client.get_into`` straight into the caller's buffer (no intermediate copy;
   the SDK reads a replica on this host from its block file).
 - ``delete``: the sizes of the removed chunks, for LMCache's byte accounting.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import posixpath
 import stat
 import threading
@@ -30,8 +36,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from curvine_py.common.errors import CurvineError
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 from curvine_py.sdk import Client
-from curvine_py.sdk.results import Location
+from curvine_py.sdk.client import LOCATE_BATCH, normpath
 
 log = logging.getLogger(__name__)
 Buffer = memoryview
@@ -67,12 +75,13 @@ class ChunkStore:
             raise ValueError(f"bad chunk store settings: {cfg}")
         self.client = client
         self.cfg = cfg
-        self.base = "/" + cfg.base_path.strip("/")
+        self.base = normpath(cfg.base_path)   # paths made of it need no normalising (_locate)
         client.makedirs(self.base)
         self._io = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="kv-io")
         self._tmp_tag = uuid.uuid4().hex[:8]
         self._pin_mu = threading.Lock()       # a pin call and its counts change together
         self._locks: dict[str, int] = {}      # chunk name -> lookups holding it
+        self._asking: dict[str, int] = {}     # chunk name -> lookups with a pinning call in flight
         self._closed = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="kv-lock-renew", daemon=True)
         self._renewer.start()
@@ -84,10 +93,17 @@ class ChunkStore:
     def lookup(self, names: Sequence[str], lock: bool = False) -> list[bool]:
         """Which chunks are there, whole (one master call); lock: pin them until unlock."""
         if not lock:
-            return [_whole(g) for g in self.client.locate([self.path(n) for n in names])]
+            return [_whole(m) for m in self._locate(names)]
+        with self._pin_mu:   # counted as asked before the call: an unpin meanwhile sees them (_unpin)
+            for n in names:
+                self._asking[n] = self._asking.get(n, 0) + 1
+        try:
+            hits = [_whole(m) for m in self._locate(names, pin_s=self.cfg.lock_ttl_s)]
+        finally:
+            with self._pin_mu:
+                for n in names:
+                    self._release_count(self._asking, n)
         with self._pin_mu:
-            got = self.client.locate([self.path(n) for n in names], pin_s=self.cfg.lock_ttl_s)
-            hits = [_whole(g) for g in got]
             for name, hit in zip(names, hits):
                 if hit:
                     self._locks[name] = self._locks.get(name, 0) + 1
@@ -98,11 +114,7 @@ class ChunkStore:
         background (retried; a pin never dropped runs out after lock_ttl_s anyway)."""
         with self._pin_mu:
             for n in names:
-                held = self._locks.get(n, 0)
-                if held > 1:
-                    self._locks[n] = held - 1
-                elif held == 1:
-                    del self._locks[n]
+                self._release_count(self._locks, n)
         if not self._closed.is_set():
             self._io.submit(self._unpin, list(names))
 
@@ -111,27 +123,61 @@ class ChunkStore:
         with self._pin_mu:
             return len(self._locks)
 
+    @staticmethod
+    def _release_count(counts: dict[str, int], name: str) -> None:
+        held = counts.get(name, 0)
+        if held > 1:
+            counts[name] = held - 1
+        elif held == 1:
+            del counts[name]
+
+    def _wanted(self, names: Sequence[str]) -> list[str]:
+        """Of names, those a lock or a lookup running now holds (the pin mutex held)."""
+        return [n for n in names if n in self._locks or n in self._asking]
+
     def _unpin(self, names: list[str]) -> None:
+        """Drop the pins of names no lock holds.  The call is made outside the mutex, so a
+        lookup may pin one of them meanwhile and have its pin dropped by this call: any
+        name a lookup asked for or holds once the call is over is pinned again."""
         for attempt in range(UNPIN_TRIES):
             try:
                 with self._pin_mu:
-                    free = [self.path(n) for n in names if n not in self._locks]
-                    if free:
-                        self.client.unpin_located(free)
+                    free = [n for n in names if n not in self._locks and n not in self._asking]
+                if not free:
+                    return
+                self._locate(free, unpin=True)
+                with self._pin_mu:
+                    again = self._wanted(free)
+                if again:
+                    self._locate(again, pin_s=self.cfg.lock_ttl_s)
                 return
             except CurvineError as e:
                 log.warning("unpin of %d chunks failed (try %d of %d): %s", len(names), attempt + 1, UNPIN_TRIES, e)
 
     def _renew_loop(self) -> None:
+        """Renew the held pins (a chunk unlocked meanwhile may keep its pin until it runs out)."""
         while not self._closed.wait(self.cfg.lock_ttl_s / 3):
             try:
                 with self._pin_mu:
-                    held = [self.path(n) for n in self._locks]
-                    if held:
-                        self.client.locate(held, pin_s=self.cfg.lock_ttl_s)
+                    held = list(self._locks)
+                if held:
+                    self._locate(held, pin_s=self.cfg.lock_ttl_s)
             except CurvineError as e:
                 log.warning("renewing the pins of locked chunks failed (retried in %.0f s): %s",
                             self.cfg.lock_ttl_s / 3, e)
+
+    def _locate(self, names: Sequence[str], pin_s: float = 0.0, unpin: bool = False) -> list[pb.Located]:
+        """The master's Locate answers for chunk names (one call per LOCATE_BATCH); the
+        paths are made here, normalised already (the base is, a chunk name has no '/')."""
+        paths = [f"{self.base}/{n}" for n in names]
+        meta = self.client.meta
+        pin_ms = math.ceil(pin_s * 1000)
+        out: list[pb.Located] = []
+        for k in range(0, len(paths), LOCATE_BATCH):
+            reply = meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), paths=paths[k:k + LOCATE_BATCH],
+                                                              pin_ms=pin_ms, unpin=unpin))
+            out += reply.files
+        return out
 
     # ------------------------------------------------------------------ store, load, delete
     def store(self, names: Sequence[str], buffers: Sequence[Buffer],
@@ -178,8 +224,7 @@ class ChunkStore:
 
     def delete(self, names: Sequence[str]) -> list[int]:
         """Remove the chunks; each one's size, -1 where it was not there."""
-        got = self.client.locate([self.path(n) for n in names])
-        sizes = [g.status.size if g.status is not None and g.found else -1 for g in got]
+        sizes = [m.attr.size if m.errno == 0 else -1 for m in self._locate(names)]
 
         def one(i: int) -> bool:
             try:
@@ -204,17 +249,17 @@ class ChunkStore:
         self._closed.set()
         self._renewer.join(timeout=5)
         with self._pin_mu:
-            held = [self.path(n) for n in self._locks]
+            held = list(self._locks)
             self._locks.clear()
         if held:
             try:
-                self.client.unpin_located(held)
+                self._locate(held, unpin=True)
             except CurvineError as e:
                 log.warning("dropping %d pins at close failed (they run out): %s", len(held), e)
         self._io.shutdown(wait=True)
 
 
-def _whole(g: Location) -> bool:
+def _whole(m: pb.Located) -> bool:
     """A chunk counts when it is a complete regular file (a writer still at it: a miss)."""
-    s = g.status
-    return s is not None and s.complete and stat.S_ISREG(s.mode) and s.size > 0
+    a = m.attr
+    return m.errno == 0 and a.complete and stat.S_ISREG(a.mode) and a.size > 0

@@ -11,6 +11,7 @@ import pytest
 
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.common.errors import CurvineError
+from curvine_py.kv.chunkstore import ChunkStore, ChunkStoreConfig
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 from curvine_py.sdk import Client
@@ -117,3 +118,46 @@ def test_cv_fs_locate_prefix(client: Client, remote_dir: str, shared_cluster: Lo
                                                             shared_cluster.worker_host(1): 2}}
     text = run_cv("fs", "locate", "--prefix", *chunks, master=shared_cluster.master_address, cwd=tmp_path)
     assert "LEADING CHUNKS" in text.stdout.decode() and "50%" in text.stdout.decode()
+
+
+def test_locate_answers_paths_not_normalised_as_their_normal_form(client: Client, remote_dir: str) -> None:
+    """The master splits a path as sent when it is normal (the SDK's always are) and
+    normalises the others first: every spelling of one file gets the same answer."""
+    d = remote_dir
+    client.put_bytes(f"{d}/a", b"a" * 10)
+    client.mkdir(f"{d}/sub")
+    spellings = [f"{d}/a", f"/{d}//a", f"{d}/./a", f"{d}/sub/../a", f"{d}/a/", f"{d}/sub/.."]
+    reply = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=spellings))
+    want = client.stat(f"{d}/a").ino
+    assert [m.errno for m in reply.files] == [0] * 6
+    assert [m.attr.ino for m in reply.files[:5]] == [want] * 5
+    assert reply.files[5].attr.ino == client.stat(d).ino
+    root = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=["/", "//", "/."]))
+    assert [m.attr.ino for m in root.files] == [client.root_ino()] * 3
+
+
+def test_chunk_store_pins_again_what_a_lookup_locked_while_its_unpin_ran(client: Client, remote_dir: str) -> None:
+    """ChunkStore makes no master call under its pin mutex: an unpin of a chunk no lock
+    holds may land after a new lookup's pin of it, dropping that pin, so the unpin pins
+    again every chunk a lookup holds once its call is over."""
+    store = ChunkStore(client, ChunkStoreConfig(base_path=remote_dir, lock_ttl_s=30))
+    try:
+        client.put_bytes(f"{remote_dir}/c", b"kv" * 100)
+        real = store._locate
+        calls: list[tuple[tuple[str, ...], float, bool]] = []
+
+        def racing(names: typing.Sequence[str], pin_s: float = 0.0, unpin: bool = False) -> list[pb.Located]:
+            if unpin and not calls:   # a lookup locks c after the unpin chose it and before the master sees it
+                calls.append((("lookup",), 0.0, False))
+                assert store.lookup(["c"], lock=True) == [True]
+            calls.append((tuple(names), pin_s, unpin))
+            return real(names, pin_s, unpin)
+        store._locate = racing   # type: ignore[method-assign]
+        store._unpin(["c"])     # the unpin of an earlier lock of c (none is held now)
+        assert store.locked() == 1
+        assert calls[-2:] == [(("c",), 0.0, True), (("c",), 30.0, False)], calls   # dropped, then pinned again
+        calls.clear()
+        store._unpin(["c"])     # c is locked: nothing to drop, no call
+        assert calls == []
+    finally:
+        store.close()
