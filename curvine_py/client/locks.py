@@ -54,12 +54,15 @@ class MountLocks:
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._held: dict[Key, tuple[Range, ...]] = {}
+        self._unlocking: dict[Key, tuple[Range, ...]] = {}   # unlocks under way: what they leave (held_after)
         self.lease_s = 0.0   # the master's lock lease, from its last reply (0: none heard yet)
 
     def granted(self, ask: LockAsk, lease_ms: int) -> None:
         """The master took ask (or with UNLCK, let it go): the record follows."""
         key = (ask.flock, ask.ino, ask.owner)
         with self._mu:
+            if ask.type == lockranges.UNLCK:
+                self._unlocking.pop(key, None)
             ranges = lockranges.put(self._held.get(key, ()), Range(ask.type, ask.start, ask.end, ask.pid))
             if ranges:
                 self._held[key] = ranges
@@ -72,15 +75,26 @@ class MountLocks:
         with self._mu:
             return (flock, ino, owner) in self._held
 
-    def held_after(self, a: LockAsk) -> bool:
-        """Will this client still hold a lock on a's file once a is done (an unlock of
-        part of a range, another owner's lock)?"""
+    def unlocking(self, a: LockAsk) -> bool:
+        """An unlock (a) begins: will this client still hold a lock on a's file once it is
+        done (a range left to a's owner, another owner's lock)?  The unlock counts as done
+        from here until its answer (granted, or unlock_failed): two owners unlocking the
+        file at once must not each see the other's lock, or neither gives the write lease
+        up and this host keeps it holding no lock (a writer on another host then got
+        EBUSY under its lock: SQLite's "disk I/O error", issue 41)."""
         key = (a.flock, a.ino, a.owner)
         with self._mu:
-            for k, ranges in self._held.items():
-                if k[1] == a.ino and (k != key or lockranges.put(ranges, Range(a.type, a.start, a.end))):
-                    return True
-        return False
+            self._unlocking[key] = lockranges.put(self._pending(key), Range(lockranges.UNLCK, a.start, a.end))
+            return any(self._pending(k) for k in self._held.keys() | self._unlocking.keys() if k[1] == a.ino)
+
+    def _pending(self, key: Key) -> tuple[Range, ...]:
+        """key's locks with its unlock under way applied (under _mu)."""
+        return self._unlocking.get(key, self._held.get(key, ()))
+
+    def unlock_failed(self, a: LockAsk) -> None:
+        """a's unlock got no answer: the record stands as the master last said."""
+        with self._mu:
+            self._unlocking.pop((a.flock, a.ino, a.owner), None)
 
     def owners_on(self, ino: int) -> list[tuple[int, bool]]:
         """(owner, flock?) of every lock this mount holds on ino."""

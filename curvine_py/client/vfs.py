@@ -94,12 +94,20 @@ KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to ke
 ACL_ACCESS = "system.posix_acl_access"   # an inode's access ACL (master/acl.py), flagged in pb.Attr.acl
 
 
+def lease_at_first_write(flags: int) -> bool:
+    """Does an open for writing leave the write lease for its first write?  An O_RDWR open
+    without O_TRUNC: a program that reads and writes a file in place, as databases do
+    under their locks (docs/posix.md "Several writers").  Taken at the open, the lease of
+    a process that has not locked yet (SQLite opening its database) shut out the writer
+    on another host that held the lock: its writes got EBUSY until this host's next
+    unlock.  A write-only open, a truncation, takes it at once (EBUSY at the open)."""
+    return flags & os.O_ACCMODE == os.O_RDWR and not flags & os.O_TRUNC
+
+
 def shares_writes(e: CurvineError, flags: int) -> bool:
-    """Does an open refused EBUSY (another client writes the file) open anyway, its lease
-    taken at its first write?  An O_RDWR open without O_TRUNC: a program that reads and
-    writes a file in place, as databases do under their locks (docs/posix.md).  A
-    write-only open, a truncation, is refused at once, as before."""
-    return e.errno == errno.EBUSY and flags & os.O_ACCMODE == os.O_RDWR and not flags & os.O_TRUNC
+    """Does a create refused EBUSY (an existing file another client writes now) open
+    anyway, its lease taken at its first write (lease_at_first_write)?"""
+    return e.errno == errno.EBUSY and lease_at_first_write(flags)
 
 
 def opens_for_writing(flags: int) -> bool:
@@ -575,16 +583,14 @@ class VFS:
         write = opens_for_writing(flags)
         shared = self._writer_of(ino)
         if write and shared is None:
-            try:
-                reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
-            except CurvineError as e:
-                if not shares_writes(e, flags):
-                    raise
-                # Another client writes the file now: open anyway, and take the lease at the
-                # first write (_writer_for; EBUSY then if it is still held).  Writers that
-                # take turns under a lock hand the lease over at each unlock (setlk).
+            if lease_at_first_write(flags):
+                # Opened as for reading (the master checks read and write access); the
+                # first write takes the lease (_writer_for; EBUSY then if another client
+                # holds it).  Writers that take turns under a lock hand the lease over at
+                # each unlock (setlk).
                 reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=False, ident=ident))
                 return self._new_handle(ino, flags, reply, True, ident)
+            reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
             return self._open_writer(reply, flags, ident)
         reply = yield from ask(Master.Open, self.meta.open_request(ino, flags & ~os.O_TRUNC, write=False, ident=ident))
         if write and shared is not None:   # (always shared: a write without one returned above)
@@ -955,21 +961,27 @@ class VFS:
         holder reads what the previous holder wrote (the kernel's cache: the mount's)."""
         h = self.handle(fh)
         a = replace(a, ino=h.ino)
+        # The last unlock of the file here gives the lease up too, so a writer on another
+        # host may take its turn; an unlock while another lock of the file is held here
+        # (another process's: it may be writing under it) or a change to a read lock keeps
+        # it.  Every unlock counts itself done before it looks (MountLocks.unlocking), so of
+        # two at once the later one sees none left.  Readers here reload after the commit.
+        # A commit that fails keeps the written blocks for the close, which reports it; the
+        # unlock goes on.
+        release = a.type == UNLCK and not self.locks.unlocking(a)
         w = h.state.writer
         if a.type != WRLCK and w is not None and not w.closed:
-            # The last unlock of the file here gives the lease up too, so a writer on
-            # another host may take its turn; an unlock while another lock of the file is
-            # held here (another process's: it may be writing under it) or a change to a
-            # read lock keeps it.  Readers here reload after the commit.  A commit that
-            # fails keeps the written blocks for the close, which reports it; the unlock
-            # goes on.
-            release = a.type == UNLCK and not self.locks.held_after(a)
             try:
                 if (yield Blocking(functools.partial(w.flush, release, True))) is not None or release:
                     h.state.version += 1
             except CurvineError as e:
                 log.error("inode %d: committing before an unlock: %s", h.ino, e)
-        reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
+        try:
+            reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
+        except BaseException:
+            if a.type == UNLCK:
+                self.locks.unlock_failed(a)
+            raise
         if reply.granted:
             self.locks.granted(a, reply.lease_ms)
             if a.type != UNLCK:
