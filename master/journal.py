@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master import metrics, schema
+from curvine_py.master.events import EventLog
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.records import Record, decode, json_default
 from curvine_py.master.store import ATTR_COLS, Row
@@ -83,6 +84,8 @@ class Journal:
         # under CHANGES_KEY for the caller.  None: nobody caches, nothing is tracked.
         self.on_change: Callable[[list[Key], Record], Any] | None = None
         self._changes: list[Key] = []
+        # the event feed's rows, written in each record's savepoint (master/events.py)
+        self.events = EventLog(self.conn)
 
     def start(self) -> None:
         """Nothing to start: callers apply records themselves (kept for the master's
@@ -144,6 +147,7 @@ class Journal:
             for rec, fut in batch:
                 outcomes.append((fut, self._apply_one(rec), self._changes, rec))
             self.conn.execute("COMMIT")
+            self.events.committed()
         except Exception as e:  # the store itself failed: nobody in the batch was applied
             log.exception("journal batch failed")
             try:
@@ -204,6 +208,7 @@ class Journal:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+            self.events.committed()
             if not isinstance(outcome, BaseException):
                 outcome = self._told(outcome, self._changes, rec)
         self.raft_applied = index
@@ -221,6 +226,7 @@ class Journal:
         self.conn.execute("SAVEPOINT op")
         try:
             result = self.ns.apply(rec)
+            self.events.record(rec, result)
             if self.on_change is not None:
                 self._changes = schema.take_changes(self.conn)
         except (CurvineError, ValueError, TypeError, OverflowError, KeyError) as e:

@@ -23,6 +23,7 @@ from curvine_py.common.types import (
 )
 from curvine_py.master import acl, cachepolicy, posix, schema
 from curvine_py.master.cacheops import CacheOps
+from curvine_py.master.events import EventOps
 from curvine_py.master.files import FileOps
 from curvine_py.master.groupops import GroupOps
 from curvine_py.master.handlers import applies, handlers
@@ -47,7 +48,7 @@ def _kept(keep: tuple[int, ...], victim: Row) -> bool:
     return bool(keep) and victim["ino"] in keep and stat.S_ISREG(victim["mode"]) and victim["nlink"] == 1
 
 
-class Namespace(UfsOps, FileOps, CacheOps, GroupOps):
+class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     """Reads answer directly; mutations are op records given to ``apply`` by the journal."""
 
     def __init__(self, conn: sqlite3.Connection, default_block_size: int, default_replicas: int) -> None:

@@ -607,3 +607,13 @@ class PruneOplog(Record, op="prune_oplog"):
     """Forget the retry cache's rows older than before_ms (submitted by the leader's
     housekeeping, so every master prunes at the same point of the log)."""
     before_ms: int
+
+
+# ---------------------------------------------------------------------- the event feed (events.py)
+
+@dataclass(frozen=True, kw_only=True)
+class PruneEvents(Record, op="prune_events"):
+    """Forget the event feed's events older than before_ms, and all but the newest keep
+    (submitted by the leader, so every master keeps the same events at the same positions)."""
+    before_ms: int
+    keep: int

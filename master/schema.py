@@ -77,13 +77,20 @@ CREATE TABLE IF NOT EXISTS ufs_files (
   dirty_ns INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ufs_files_pending ON ufs_files(dirty_ns) WHERE state = 'pending';
+CREATE TABLE IF NOT EXISTS events (
+  pos INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
+  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
+  size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_parent ON events(parent, pos);
 CREATE TABLE IF NOT EXISTS masters (
   raft_id TEXT PRIMARY KEY, address TEXT NOT NULL, frame_port INTEGER NOT NULL, term INTEGER NOT NULL
 );
 """
 
 COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lease": 1,
-            "next_worker": 1, "next_mount": 1, "schema_version": SCHEMA_VERSION, "raft_applied": 0}
+            "next_worker": 1, "next_mount": 1, "schema_version": SCHEMA_VERSION, "raft_applied": 0,
+            "events_floor": 0}
 
 
 WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation

@@ -17,13 +17,14 @@ import pytest
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import RENAME_EXCHANGE, ROOT_INO, SETATTR_MODE, SETATTR_SIZE
+from curvine_py.master.events import bounds as events_bounds
 from curvine_py.master.handlers import handlers
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
     RECORDS, ROOT, Allocate, Commit, CommitBlock, Create, Evict, ExpireLeases, LastRead, LeaderAnnounce, Link, Mknod,
-    OpenWrite, PruneOplog, Record, RecordReads, RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr,
-    SyncEntry, UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount, Unlink, Victim, decode,
+    OpenWrite, PruneEvents, PruneOplog, Record, RecordReads, RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr,
+    Setxattr, SyncEntry, UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount, Unlink, Victim, decode,
 )
 
 from tests.unit.test_namespace import NS, errno_of
@@ -65,6 +66,7 @@ SAMPLES: list[Record] = [
     UfsFree(inos=(6, 7)),
     LeaderAnnounce(term=3, raft_id="10.0.0.1:8994", address="10.0.0.1:8995", frame_port=8996),
     PruneOplog(before_ms=5),
+    PruneEvents(before_ms=5, keep=10),
 ]
 
 
@@ -223,6 +225,7 @@ def _workload(ns: NS) -> None:
     ns.do(RegisterWorker, storage_id="s-1", host="h1")
     ns.do(LeaderAnnounce, term=2, raft_id="10.0.0.2:8994", address="10.0.0.2:8995", frame_port=8996)
     ns.do(PruneOplog, before_ms=1)   # nothing that old: the replay below keeps every row
+    ns.do(PruneEvents, before_ms=1, keep=2)   # the event feed keeps the newest two (meta.events_floor)
     _ufs_workload(ns)
 
 
@@ -245,7 +248,7 @@ def _ufs_workload(ns: NS) -> None:
 
 
 TABLES = ("inodes", "dirents", "blocks", "pending_blocks", "xattrs", "reads", "workers", "meta",
-          "ufs_mounts", "ufs_dirs", "ufs_files")
+          "ufs_mounts", "ufs_dirs", "ufs_files", "events")
 
 
 def _tables(n: Namespace) -> dict[str, list[tuple[Any, ...]]]:
@@ -274,6 +277,9 @@ def test_a_replay_of_the_oplog_rebuilds_the_same_tables(ns: NS, tmp_path: Path) 
                 pass   # failed the first time too: its retry-cache row is all it left
         assert _tables(fresh.ns) == _tables(ns.ns)
         assert _tables(fresh.ns)["ufs_mounts"] == []   # (umounted at the end)
+        # the event feed: the same events at the same positions, pruned at the same point
+        kinds = {r[2] for r in _tables(fresh.ns)["events"]}
+        assert kinds == {0, 1, 2} and events_bounds(fresh.ns.conn)[0] > 0
     finally:
         fresh.journal.stop()
 

@@ -1,0 +1,217 @@
+"""The event feed's table: what happened to the files of each directory, by position.
+
+A router (docs/integrations.md) keeps an index of which host holds which KV chunk; it
+needs every chunk's arrival and departure, in order, and a way to pick up where it left
+off after it or the master restarted.  So the events are rows of the replicated store,
+written by the journal in the same transaction (and savepoint) as the record that caused
+them: a record that rolls back leaves none, and an acknowledged one cannot lose its
+events.  Every master of a Raft group applies the same records in the same order and
+derives the same rows, so an event's position (the table's AUTOINCREMENT key, which a
+pruned table never reuses) is the same on every master: a watcher resumes from its last
+position on whichever master leads next.
+
+What a record changed comes from temporary triggers on the journal's connection (like
+the cache sessions' ``schema.track_changes``): every name added to or removed from a
+directory is staged in ``temp.event_names``, and ``EventLog.record`` turns the stage into
+events once the op has run:
+
+- a name that appears for a regular file no writer holds open: ``CREATED`` (a rename within the
+  directory: one ``CREATED`` with the old name in ``from_name``);
+- a name that goes: ``REMOVED``, or ``EVICTED`` when an ``Evict`` record removed it;
+- a ``Commit`` that releases the file (its close): ``CREATED`` for each of its names;
+- an evicted UFS file keeps its name (only its cached blocks go): ``EVICTED`` too.
+
+Directories and files never committed make no events.  Rows are pruned by a record
+(``PruneEvents``, from the leader's housekeeping: ``master/watch.py``), never by a
+master's own clock, so every master keeps the same window; ``meta.events_floor`` keeps
+the newest position pruned, below which a watcher's position is too old.
+"""
+from __future__ import annotations
+
+import sqlite3
+import stat
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from curvine_py.master.handlers import applies
+from curvine_py.master.records import Commit, Evict, PruneEvents, Record
+from curvine_py.master.store import Row, Store
+from curvine_py.pb import curvine_pb2 as pb
+
+CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
+PRUNE_MAX_ROWS = 50_000   # rows one PruneEvents deletes at most (it holds the writer meanwhile)
+STAGE = "temp.event_names"
+_INSERT = ("INSERT INTO events(ts_ms, kind, parent, name, from_name, ino, size) VALUES (?,?,?,?,?,?,?)")
+_READ = ("SELECT pos, kind, name, from_name, ino, size, ts_ms FROM events WHERE parent=? AND pos>? AND pos<=?"
+         " ORDER BY pos LIMIT ?")
+# came = 1 for a name added, 0 for one removed; the inode's mode, and whether it was ever
+# committed (no writer's lease, or a generation: blocks committed), as it was then
+_STAGED = "(came, parent, name, ino, mode, committed) VALUES ({0}, {1}.parent, {1}.name, {1}.ino," \
+          " (SELECT mode FROM inodes WHERE ino={1}.ino)," \
+          " (SELECT lease_id = 0 OR generation > 0 FROM inodes WHERE ino={1}.ino))"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the table, as a watcher is sent it (hosts are added when it is sent)."""
+    position: int
+    kind: int
+    name: str
+    from_name: str
+    ino: int
+    size: int
+    time_ms: int
+
+
+@dataclass(frozen=True)
+class _Staged:
+    came: bool
+    parent: int
+    name: str
+    ino: int
+    mode: int | None
+    committed: int | None
+
+
+def install(conn: sqlite3.Connection) -> None:
+    """The staging table and its triggers on conn (temporary: the journal's connection
+    only, never in the file or a Raft snapshot)."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS event_names (came INTEGER NOT NULL, parent INTEGER NOT NULL,"
+                 " name TEXT NOT NULL, ino INTEGER NOT NULL, mode INTEGER, committed INTEGER)")
+    for name, when, rows in (
+            ("in", "INSERT", [_STAGED.format(1, "NEW")]),
+            ("out", "DELETE", [_STAGED.format(0, "OLD")]),
+            ("moved", "UPDATE", [_STAGED.format(0, "OLD"), _STAGED.format(1, "NEW")])):
+        body = " ".join(f"INSERT INTO event_names{r};" for r in rows)
+        conn.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS event_names_{name} AFTER {when} ON dirents"
+                     f" BEGIN {body} END")
+
+
+class EventLog:
+    """The journal's side: events written with each record, watchers woken after commits."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        install(conn)
+        self.changed = threading.Condition()
+        self.generation = 0   # commits that wrote events, counted (a watcher waits only if none came since it looked)
+        self._written = False
+
+    def record(self, rec: Record, result: Any) -> None:
+        """Turn what rec's op staged into rows (inside its savepoint, after the op)."""
+        staged = self._take()
+        if not staged and not isinstance(rec, (Commit, Evict)):
+            return
+        rows = _events_of(self.conn, rec, result, staged)
+        if rows:
+            ts_ms = rec.now_ns // 1_000_000
+            self.conn.executemany(_INSERT, [(ts_ms, *r) for r in rows])
+            self._written = True
+
+    def _take(self) -> list[_Staged]:
+        rows = self.conn.execute(f"SELECT came, parent, name, ino, mode, committed FROM {STAGE} ORDER BY rowid"
+                                 ).fetchall()
+        if rows:
+            self.conn.execute(f"DELETE FROM {STAGE}")
+        return [_Staged(bool(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def committed(self) -> None:
+        """After a commit: wake the watchers if it wrote events."""
+        if self._written:
+            self._written = False
+            with self.changed:
+                self.generation += 1
+                self.changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Until a commit that writes events follows generation seen, or timeout."""
+        with self.changed:
+            if self.generation == seen:
+                self.changed.wait(timeout)
+
+
+EventRow = tuple[int, int, str, str, int, int]   # kind, parent, name, from_name, ino, size
+
+
+def _events_of(conn: sqlite3.Connection, rec: Record, result: Any, staged: list[_Staged]) -> list[EventRow]:
+    gone = [s for s in staged if not s.came and _announced(s)]
+    came = [s for s in staged if s.came]
+    out: list[EventRow] = []
+    renamed: dict[tuple[int, int], str] = {}
+    for s in came:   # a name moved within its directory: one event, with its old name
+        for g in gone:
+            if g.ino == s.ino and g.parent == s.parent and (g.parent, g.ino) not in renamed:
+                renamed[(g.parent, g.ino)] = g.name
+                gone.remove(g)
+                break
+    kind = EVICTED if isinstance(rec, Evict) else REMOVED
+    out += [(kind, g.parent, g.name, "", g.ino, 0) for g in gone]
+    for s in came:
+        attrs = _file(conn, s.ino)
+        if attrs is not None:
+            out.append((CREATED, s.parent, s.name, renamed.get((s.parent, s.ino), ""), s.ino, attrs[1]))
+    if isinstance(rec, Commit) and rec.release and not came:
+        out += _names_of(conn, CREATED, rec.ino)
+    if isinstance(rec, Evict) and isinstance(result, dict):
+        gone_inos = {g.ino for g in gone}
+        for ino in result.get("evicted", ()):
+            if ino not in gone_inos:   # a UFS file: its name stays, its cached blocks went
+                out += _names_of(conn, EVICTED, ino)
+    return out
+
+
+def _announced(s: _Staged) -> bool:
+    """A removed name worth an event: a file's (not a directory's), committed at least once."""
+    if s.mode is None:
+        return True
+    return not stat.S_ISDIR(s.mode) and bool(s.committed)
+
+
+def _file(conn: sqlite3.Connection, ino: int) -> tuple[int, int] | None:
+    """(mode, size) of a complete regular file no writer holds open, else None (a new
+    file is complete and empty while its writer has it: its close announces it)."""
+    r = conn.execute("SELECT mode, size, complete, lease_id FROM inodes WHERE ino=?", (ino,)).fetchone()
+    if r is None or not stat.S_ISREG(r[0]) or not r[2] or r[3]:
+        return None
+    return int(r[0]), int(r[1])
+
+
+def _names_of(conn: sqlite3.Connection, kind: int, ino: int) -> list[EventRow]:
+    attrs = _file(conn, ino)
+    if attrs is None:
+        return []
+    return [(kind, int(p), str(n), "", ino, attrs[1])
+            for p, n in conn.execute("SELECT parent, name FROM dirents WHERE ino=? ORDER BY parent, name", (ino,))]
+
+
+# ---------------------------------------------------------------------- reading
+def bounds(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(floor, head): the newest position pruned (0: none) and the newest written."""
+    floor = conn.execute("SELECT value FROM meta WHERE key='events_floor'").fetchone()
+    head = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='events'").fetchone()
+    return (int(floor[0]) if floor else 0), (int(head[0]) if head else 0)
+
+
+def read_after(conn: sqlite3.Connection, parent: int, after: int, upto: int, limit: int) -> list[Event]:
+    """Directory parent's events with after < position <= upto, oldest first, at most limit."""
+    return [Event(*r) for r in conn.execute(_READ, (parent, after, upto, limit))]
+
+
+# ---------------------------------------------------------------------- pruning
+class EventOps(Store):
+    """op_prune_events (a mixin of Namespace)."""
+
+    @applies(PruneEvents)
+    def op_prune_events(self, rec: PruneEvents) -> Row:
+        """Delete events older than rec.before_ms and beyond the newest rec.keep, at most
+        PRUNE_MAX_ROWS of them (the next record takes the rest); the floor moves up."""
+        floor, head = bounds(self.conn)
+        old = self.conn.execute("SELECT max(pos) FROM events WHERE ts_ms < ?", (rec.before_ms,)).fetchone()[0] or 0
+        cut = min(max(old, head - rec.keep), floor + PRUNE_MAX_ROWS)
+        if cut <= floor:
+            return {"pruned": 0}
+        n = self.conn.execute("DELETE FROM events WHERE pos <= ?", (cut,)).rowcount
+        self.conn.execute("INSERT INTO meta(key, value) VALUES ('events_floor', ?)"
+                          " ON CONFLICT(key) DO UPDATE SET value=excluded.value", (cut,))
+        return {"pruned": n}
