@@ -21,6 +21,7 @@ from curvine_py.master.framed import FrameServer
 from curvine_py.master.group import LeaderOnly
 from curvine_py.master.metrics import MasterCollector
 from curvine_py.master.service import MasterService
+from curvine_py.master.watch import Watchers
 from curvine_py.master.workers import CHECK_EVERY_S
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
 
@@ -39,12 +40,14 @@ class Servers:
     grpc: grpc.Server
     port: int
     frames: FrameServer   # the clients' metadata channel
+    watchers: Watchers    # the event feed's streams (EventService, on the gRPC port)
     metrics: metrics.MetricsServer | None = None   # None when master.metrics_port = 0
 
     def stop(self, grace: float = 2.0) -> None:
         if self.metrics is not None:
             self.metrics.close()
         self.frames.stop()
+        self.watchers.stop()
         self.grpc.stop(grace=grace).wait()
         self.service.evictor.stop()
         self.service.uploader.stop()
@@ -69,6 +72,10 @@ def build_server(cfg: config.Config) -> Servers:
 
     Frames start before gRPC: a client learns the frame port over gRPC, so whenever
     gRPC answers the frame port answers too."""
+    if not 0 < cfg.master.watchers < cfg.master.rpc_threads:
+        raise ConfigError(f"master.watchers = {cfg.master.watchers}: each watch holds one of master.rpc_threads "
+                          f"({cfg.master.rpc_threads}), which the workers' heartbeats need too: use 1 to "
+                          f"{cfg.master.rpc_threads - 1}")
     if cfg.master.frame_port < 0:
         raise ConfigError(f"master.frame_port = {cfg.master.frame_port}: clients make their metadata calls on "
                           "it, so it cannot be off (0 = an ephemeral port)")
@@ -84,12 +91,15 @@ def build_server(cfg: config.Config) -> Servers:
                          interceptors=[SecretCheck(cfg.cluster.secret, "master")])
     pb_grpc.add_MasterServiceServicer_to_server(
         grpc_servicer(LeaderOnly(service), "MasterService", WORKERS_ONLY), server)
+    watchers = Watchers(service, cfg.master, service.journal.events)
+    pb_grpc.add_EventServiceServicer_to_server(watchers, server)
     port = add_port(server, f"{cfg.master.bind}:{cfg.master.port}", service.tls)
     if port == 0:
         frames.stop()
+        watchers.stop()
         raise ConfigError(f"cannot listen on {cfg.master.bind}:{cfg.master.port} (port in use?)")
     server.start()
-    return Servers(service, server, port, frames)
+    return Servers(service, server, port, frames, watchers)
 
 
 def serve_metrics(cfg: config.Config, servers: Servers) -> None:
@@ -103,10 +113,11 @@ def serve_metrics(cfg: config.Config, servers: Servers) -> None:
     servers.service.metrics_port = servers.metrics.port if servers.metrics is not None else 0
 
 
-def _housekeeping_loop(service: MasterService, stop: threading.Event) -> None:
+def _housekeeping_loop(servers: Servers, stop: threading.Event) -> None:
     while not stop.wait(CHECK_EVERY_S):
         try:
-            service.housekeeping()
+            servers.service.housekeeping()
+            servers.watchers.housekeeping()
         except Exception:
             log.exception("housekeeping failed")
 
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    threading.Thread(target=_housekeeping_loop, args=(servers.service, stop), name="housekeeping",
+    threading.Thread(target=_housekeeping_loop, args=(servers, stop), name="housekeeping",
                      daemon=True).start()
     print(f"master listening on {cfg.master.bind}:{servers.port} frames {servers.service.frame_port} "
           f"meta {cfg.master.meta_dir}", flush=True)
