@@ -95,7 +95,6 @@ COUNTERS = {"next_ino": ROOT_INO + 1, "next_block": 1, "next_seq": 16, "next_lea
 
 WRITER_CACHE_KIB = 65536          # the journal's connection: the hot pages of every mutation
 READER_CACHE_KIB = 4096           # each serving thread's read connection (see open_db)
-READER_MMAP_BYTES = 1 << 30
 # The WAL file is cut back to this size when it is reset after a checkpoint: a burst of
 # writes (or a VACUUM) that grew it does not keep the disk space.
 WAL_SIZE_LIMIT = 16 << 20
@@ -110,9 +109,12 @@ def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Co
     """Open (and create if new) the store; WAL so readers never block the writer.
 
     Every thread serving calls (gRPC pool, one per frame connection) has its own read
-    connection.  Each keeps a small private page cache and reads the file through a
-    shared memory map instead, so a hundred client connections cost the master the OS
-    page cache once, not a private 64 MiB cache each."""
+    connection with a small private page cache (4 MiB at most: a hundred client
+    connections cannot cost the master a private 64 MiB each).  Not a memory map: with
+    one, SQLite unmaps and maps the file again at the first read after any write (strace:
+    one munmap + mmap per read), which cost 30-40 us per read here, more in a process
+    of many threads (each munmap stops them all to flush their TLBs); a write empties a
+    reader's page cache either way."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
     if not reader:   # a new store only (it takes effect before its first table); see init_db
@@ -122,8 +124,6 @@ def open_db(path: str, sync: str = "normal", reader: bool = False) -> sqlite3.Co
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB if reader else WRITER_CACHE_KIB}")
-    if reader:
-        conn.execute(f"PRAGMA mmap_size={READER_MMAP_BYTES}")
     return conn
 
 
