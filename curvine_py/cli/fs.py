@@ -21,7 +21,7 @@ import sys
 import time
 import typing
 
-from curvine_py.cli import output, policy
+from curvine_py.cli import output, policy, watch
 from curvine_py.cli import CliError, Context
 from curvine_py.cli.paths import on_path, remote
 from curvine_py.common.config import parse_size
@@ -578,6 +578,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add("df", cmd_df, "capacity and usage of the pool", json_flag=True)
 
     policy.register(add)
+    watch.register(add)
 
     p = add("blocks", cmd_blocks, "show a file's blocks and the workers holding them",
             json_flag=True)
