@@ -158,9 +158,9 @@ def test_a_watcher_that_stops_reading_is_cut_off(feed_cluster: LocalCluster) -> 
         assert 0 < taken < 401, taken   # some came before the window filled, not all of them
         chan.close()
         # its slot is free again: two watches open
-        with client.watch(d) as a, client.watch(d) as b:
+        with client.watch(d) as w1, client.watch(d) as w2:
             client.put_bytes(f"{d}/after", b"1")
-            assert next(iter(a)).name == next(iter(b)).name == "after"
+            assert next(iter(w1)).name == next(iter(w2)).name == "after"
 
 
 def test_a_position_older_than_the_window_is_refused(tmp_path: Path, request: pytest.FixtureRequest) -> None:
