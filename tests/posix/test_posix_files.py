@@ -4,10 +4,13 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import time
 from pathlib import Path
 
 import pytest
+
+from curvine_py.common.blockmeta import block_file
+from curvine_py.sdk import Client
+from tests.conftest import client_config, wait_until
 
 MiB = 1 << 20
 BS = 4 * MiB
@@ -30,6 +33,34 @@ def pattern(n: int, seed: int = 1) -> bytes:
 def read_all(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def block_ids(mounted, path: Path) -> list[int]:  # type: ignore[no-untyped-def]
+    """The blocks of the file at path on the mount, as the master lists them."""
+    c = mounted.cluster
+    with Client(master=c.master_address, config=client_config(c)) as client:
+        return [b.block_id for b in client.block_locations("/" + str(path.relative_to(mounted.path)))]
+
+
+def wait_deleted(mounted, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Until no worker holds a file of these blocks (deletions reach the workers with
+    their heartbeats: ~0.2-0.5 s here, where a fixed 4 s was waited before)."""
+    dirs = [str(mounted.cluster.dir / f"worker{i}" / "data") for i in range(len(mounted.cluster.workers))]
+    assert all(Path(x).is_dir() for x in dirs)
+    wait_until(f"the workers deleted blocks {ids}",
+               lambda: not any(os.path.exists(block_file(x, b)) for x in dirs for b in ids), timeout=30)
+
+
+def deletions_delivered(mounted, d: Path) -> None:  # type: ignore[no-untyped-def]
+    """A barrier: a closed file's blocks, freed now, are gone from the workers, so a
+    deletion the master ordered before this one (wrongly, of an open file's blocks) has
+    reached them too."""
+    probe = d / f"probe-{os.urandom(3).hex()}"
+    probe.write_bytes(os.urandom(MiB))
+    ids = block_ids(mounted, probe)
+    assert ids
+    os.unlink(probe)
+    wait_deleted(mounted, ids)
 
 
 def test_create_write_read_round_trip(d: Path) -> None:
@@ -347,13 +378,14 @@ def test_close_then_reopen_for_write_keeps_unwritten_bytes(d: Path) -> None:
     assert read_all(p) == bytes(data)
 
 
-def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path) -> None:
+def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
     """A descriptor opened before another descriptor of this mount rewrote the file and
     closed it reads the new bytes (one node: as on ext4), never stale bytes and never
     EIO, also after the replaced blocks were deleted on the workers."""
     p = d / "f"
     old = pattern(24 * MiB, 1)
     p.write_bytes(old)
+    old_ids = block_ids(mounted, p)
     r = os.open(p, os.O_RDONLY | os.O_DIRECT)     # no page cache: each read reaches the daemon
     buf = mmap.mmap(-1, MiB)
     try:
@@ -361,7 +393,7 @@ def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path) -> None:
         new = pattern(24 * MiB, 2)
         with open(p, "r+b") as f:
             f.write(new)
-        time.sleep(4.0)            # the master tells the workers to delete the old blocks
+        wait_deleted(mounted, old_ids)   # the master tells the workers to delete the old blocks
         assert os.preadv(r, [buf], 21 * MiB) == MiB
         assert buf[:] == new[21 * MiB:22 * MiB], "stale bytes" if buf[:] == old[21 * MiB:22 * MiB] else "garbage"
         assert os.preadv(r, [buf], MiB) == MiB
@@ -370,7 +402,7 @@ def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path) -> None:
         os.close(r)
 
 
-def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Path) -> None:
+def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
     """POSIX: an unlinked (or renamed-over) file lives on while a descriptor is open."""
     p = d / "f"
     data = pattern(24 * MiB, 4)
@@ -380,14 +412,14 @@ def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Pa
     try:
         assert os.preadv(fd, [buf], 0) == MiB
         os.unlink(p)
-        time.sleep(4.0)           # long enough for block deletions to reach the workers
+        deletions_delivered(mounted, d)   # block deletions ordered at the unlink would have reached the workers
         assert os.preadv(fd, [buf], 21 * MiB) == MiB
         assert buf[:] == data[21 * MiB:22 * MiB]
     finally:
         os.close(fd)
 
 
-def test_file_renamed_over_stays_readable_through_an_open_descriptor(d: Path) -> None:
+def test_file_renamed_over_stays_readable_through_an_open_descriptor(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
     old = pattern(24 * MiB, 5)
     (d / "x.data").write_bytes(old)
     fd = os.open(d / "x.data", os.O_RDONLY | os.O_DIRECT)
@@ -396,7 +428,7 @@ def test_file_renamed_over_stays_readable_through_an_open_descriptor(d: Path) ->
         assert os.preadv(fd, [buf], 0) == MiB
         (d / "x.tmp").write_bytes(b"replacement")
         os.rename(d / "x.tmp", d / "x.data")
-        time.sleep(4.0)
+        deletions_delivered(mounted, d)
         assert os.preadv(fd, [buf], 20 * MiB) == MiB
         assert buf[:] == old[20 * MiB:21 * MiB]
     finally:
