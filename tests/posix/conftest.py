@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from pyfuse3_features import HAVE_PYFUSE3
 
+from curvine_py.common.blockmeta import block_file
 from curvine_py.common.mounttable import is_mounted
 from curvine_py.cluster.local import LocalCluster, log_tail
 
@@ -133,6 +134,35 @@ class Mount:
             if is_mounted(str(self.path)):
                 abort_fuse_connection(self.path)
             force_unmount(self.path)
+
+
+def block_ids(mount: Mount, path: Path) -> list[int]:
+    """The blocks of the file at path on the mount, as the master lists them."""
+    from curvine_py.sdk import Client
+    c = mount.cluster
+    with Client(master=c.master_address, config=_root.client_config(c)) as client:
+        return [b.block_id for b in client.block_locations("/" + str(path.relative_to(mount.path)))]
+
+
+def wait_deleted(mount: Mount, ids: list[int]) -> None:
+    """Until no worker holds a file of these blocks: deletions reach the workers with their
+    heartbeats (~0.2-0.5 s here; tests used to sleep a fixed 4 s for it)."""
+    dirs = [str(mount.cluster.dir / f"worker{i}" / "data") for i in range(len(mount.cluster.workers))]
+    assert dirs and all(Path(x).is_dir() for x in dirs)
+    _root.wait_until(f"the workers deleted blocks {ids}",
+                     lambda: not any(os.path.exists(block_file(x, b)) for x in dirs for b in ids), timeout=30)
+
+
+def deletions_delivered(mount: Mount, directory: Path) -> None:
+    """A barrier: a closed file's blocks, freed now, are gone from the workers, so a
+    deletion the master ordered before this one (wrongly, say of an open file's blocks)
+    has reached them too."""
+    probe = directory / f"probe-{os.urandom(3).hex()}"
+    probe.write_bytes(os.urandom(1 << 20))
+    ids = block_ids(mount, probe)
+    assert ids
+    os.unlink(probe)
+    wait_deleted(mount, ids)
 
 
 def start_mount(cluster: LocalCluster, mountpoint: Path, run_dir: Path, log: Path,

@@ -15,6 +15,8 @@ from typing import Callable, TypeVar
 
 import pytest
 
+from tests.posix.conftest import Mount, block_ids, wait_deleted
+
 pytestmark = pytest.mark.timeout(120)
 
 VISIBLE_WITHIN_S = 1.0
@@ -242,19 +244,20 @@ def test_a_close_with_nothing_left_to_send_still_commits_and_releases(ab: tuple[
     assert within(VISIBLE_WITHIN_S, lambda: read(a / "empty"), lambda v: v == b"x")[0] == b"x"
 
 
-def test_open_reader_on_b_survives_an_overwrite_through_a(ab: tuple[Path, Path]) -> None:
+def test_open_reader_on_b_survives_an_overwrite_through_a(ab: tuple[Path, Path], mounted: Mount) -> None:
     """Close-to-open lets B's open descriptor see old or new bytes, but never an error,
     also after the replaced blocks were deleted on the workers."""
     a, b = ab
     old, new = os.urandom(24 << 20), os.urandom(24 << 20)   # more blocks than B reads ahead
     (a / "f").write_bytes(old)
+    old_ids = block_ids(mounted, a / "f")
     assert within(VISIBLE_WITHIN_S, lambda: os.stat(b / "f").st_size, lambda v: v == len(old))[0] == len(old)
     fd = os.open(b / "f", os.O_RDONLY | os.O_DIRECT)   # no page cache: every read reaches B's daemon
     buf = mmap.mmap(-1, 1 << 20)
     try:
         assert os.preadv(fd, [buf], 0) == 1 << 20 and buf[:] == old[:1 << 20]
         (a / "f").write_bytes(new)          # O_TRUNC + rewrite: every old block is replaced
-        time.sleep(4.0)                     # deletions of the old blocks reach the workers
+        wait_deleted(mounted, old_ids)      # deletions of the old blocks reach the workers
         n = os.preadv(fd, [buf], 21 << 20)
         assert n == 1 << 20
         assert buf[:] in (old[21 << 20:22 << 20], new[21 << 20:22 << 20])

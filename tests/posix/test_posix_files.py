@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from curvine_py.common.blockmeta import block_file
-from curvine_py.sdk import Client
-from tests.conftest import client_config, wait_until
+from tests.posix.conftest import Mount, block_ids, deletions_delivered, wait_deleted
 
 MiB = 1 << 20
 BS = 4 * MiB
@@ -33,34 +31,6 @@ def pattern(n: int, seed: int = 1) -> bytes:
 def read_all(path: Path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def block_ids(mounted, path: Path) -> list[int]:  # type: ignore[no-untyped-def]
-    """The blocks of the file at path on the mount, as the master lists them."""
-    c = mounted.cluster
-    with Client(master=c.master_address, config=client_config(c)) as client:
-        return [b.block_id for b in client.block_locations("/" + str(path.relative_to(mounted.path)))]
-
-
-def wait_deleted(mounted, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
-    """Until no worker holds a file of these blocks (deletions reach the workers with
-    their heartbeats: ~0.2-0.5 s here, where a fixed 4 s was waited before)."""
-    dirs = [str(mounted.cluster.dir / f"worker{i}" / "data") for i in range(len(mounted.cluster.workers))]
-    assert all(Path(x).is_dir() for x in dirs)
-    wait_until(f"the workers deleted blocks {ids}",
-               lambda: not any(os.path.exists(block_file(x, b)) for x in dirs for b in ids), timeout=30)
-
-
-def deletions_delivered(mounted, d: Path) -> None:  # type: ignore[no-untyped-def]
-    """A barrier: a closed file's blocks, freed now, are gone from the workers, so a
-    deletion the master ordered before this one (wrongly, of an open file's blocks) has
-    reached them too."""
-    probe = d / f"probe-{os.urandom(3).hex()}"
-    probe.write_bytes(os.urandom(MiB))
-    ids = block_ids(mounted, probe)
-    assert ids
-    os.unlink(probe)
-    wait_deleted(mounted, ids)
 
 
 def test_create_write_read_round_trip(d: Path) -> None:
@@ -378,7 +348,7 @@ def test_close_then_reopen_for_write_keeps_unwritten_bytes(d: Path) -> None:
     assert read_all(p) == bytes(data)
 
 
-def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
+def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path, mounted: Mount) -> None:
     """A descriptor opened before another descriptor of this mount rewrote the file and
     closed it reads the new bytes (one node: as on ext4), never stale bytes and never
     EIO, also after the replaced blocks were deleted on the workers."""
@@ -402,7 +372,7 @@ def test_reader_open_across_an_overwrite_sees_the_new_bytes(d: Path, mounted) ->
         os.close(r)
 
 
-def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
+def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Path, mounted: Mount) -> None:
     """POSIX: an unlinked (or renamed-over) file lives on while a descriptor is open."""
     p = d / "f"
     data = pattern(24 * MiB, 4)
@@ -419,7 +389,7 @@ def test_unlinked_open_file_stays_readable_after_its_blocks_would_be_freed(d: Pa
         os.close(fd)
 
 
-def test_file_renamed_over_stays_readable_through_an_open_descriptor(d: Path, mounted) -> None:  # type: ignore[no-untyped-def]
+def test_file_renamed_over_stays_readable_through_an_open_descriptor(d: Path, mounted: Mount) -> None:
     old = pattern(24 * MiB, 5)
     (d / "x.data").write_bytes(old)
     fd = os.open(d / "x.data", os.O_RDONLY | os.O_DIRECT)
