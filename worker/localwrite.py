@@ -126,7 +126,7 @@ class LocalWriteServer(ConnectionServer):
         try:
             self.tokens.check(open_h.token, bid, True)   # EACCES forged, EKEYEXPIRED expired
             tier = TIER_INDEX.get(open_h.tier_name.upper(), open_h.tier)
-            writer = self.store.create(bid, tier, open_h.length or DEFAULT_BLOCK)
+            writer = self.store.create(bid, tier, open_h.length or DEFAULT_BLOCK, cached=open_h.cached)
         except CurvineError as e:
             frames.reply(sock, e.errno or errno.EIO, e.strerror or "open failed")
             return

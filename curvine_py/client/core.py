@@ -95,7 +95,7 @@ class ClientCore:
         self.leases = LeaseKeeper(self.meta, max(1.0, cfg.master.lease_s / 4))
         shortcircuit = ShortCircuit(self.host, cfg.cluster.secret, report_bad=self._report_bad, tls=tls) \
             if cfg.client.short_circuit else None
-        localwrites = LocalWrites(self.host) if cfg.client.short_circuit_writes else None
+        localwrites = LocalWrites(self.host, cfg.client.cache_local_writes) if cfg.client.short_circuit_writes else None
         if localwrites is not None:   # a replica here is one written without the network
             self.meta.prefer_host = self.host
         self.paths = BlockPaths(self.host, self.workers, self.io, self.pool, shortcircuit, localwrites)

@@ -103,8 +103,10 @@ class LocalFile:
 class LocalWrites:
     """Connections to the local workers' write sockets; counters say how often they were used."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, cached: bool = False) -> None:
         self.host = host
+        # ask for page-cache writes (client.cache_local_writes): readers here find the block in memory
+        self.cached = cached
         self._idle: dict[int, list[socket.socket]] = {}   # data port -> idle connections
         self._align: dict[int, int] = {}                  # data port -> its files' O_DIRECT unit
         self._lock = threading.Lock()
@@ -129,7 +131,7 @@ class LocalWrites:
             self.refused += 1
             return None
         header = data_pb2.DataHeader(op=Op.WRITE_OPEN, block_id=block_id, length=length_hint, token=token,
-                                     tier_name=tier)
+                                     tier_name=tier, cached=self.cached)
         for fresh in (False, True):   # an idle connection may have outlived its worker: once more
             try:
                 sock, pooled = self._connect(addr, fresh)

@@ -35,7 +35,7 @@ class ChainTarget(_message.Message):
     def __init__(self, ip: _Optional[str] = ..., port: _Optional[int] = ..., worker_id: _Optional[int] = ...) -> None: ...
 
 class DataHeader(_message.Message):
-    __slots__ = ("op", "block_id", "offset", "length", "checksum", "payload_len", "chain", "errno", "message", "acked", "token", "tier", "tier_name", "align", "chunk_sums", "ufs_mount", "ufs_key", "ufs_offset", "ufs_length", "ufs_etag", "chunk_size")
+    __slots__ = ("op", "block_id", "offset", "length", "checksum", "payload_len", "chain", "errno", "message", "acked", "token", "tier", "tier_name", "align", "chunk_sums", "ufs_mount", "ufs_key", "ufs_offset", "ufs_length", "ufs_etag", "chunk_size", "cached")
     OP_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class DataHeader(_message.Message):
     UFS_LENGTH_FIELD_NUMBER: _ClassVar[int]
     UFS_ETAG_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
     op: Op
     block_id: int
     offset: int
@@ -78,4 +79,5 @@ class DataHeader(_message.Message):
     ufs_length: int
     ufs_etag: str
     chunk_size: int
-    def __init__(self, op: _Optional[_Union[Op, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., payload_len: _Optional[int] = ..., chain: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., errno: _Optional[int] = ..., message: _Optional[str] = ..., acked: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[int] = ..., tier_name: _Optional[str] = ..., align: _Optional[int] = ..., chunk_sums: _Optional[_Iterable[int]] = ..., ufs_mount: _Optional[int] = ..., ufs_key: _Optional[str] = ..., ufs_offset: _Optional[int] = ..., ufs_length: _Optional[int] = ..., ufs_etag: _Optional[str] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    cached: bool
+    def __init__(self, op: _Optional[_Union[Op, str]] = ..., block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., payload_len: _Optional[int] = ..., chain: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., errno: _Optional[int] = ..., message: _Optional[str] = ..., acked: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ..., tier: _Optional[int] = ..., tier_name: _Optional[str] = ..., align: _Optional[int] = ..., chunk_sums: _Optional[_Iterable[int]] = ..., ufs_mount: _Optional[int] = ..., ufs_key: _Optional[str] = ..., ufs_offset: _Optional[int] = ..., ufs_length: _Optional[int] = ..., ufs_etag: _Optional[str] = ..., chunk_size: _Optional[int] = ..., cached: _Optional[bool] = ...) -> None: ...
