@@ -77,6 +77,11 @@ class MasterConfig:
     raft_peers: str = ""          # every master's ip:raft_port, comma-separated, this one's included
     election_timeout_s: float = 1.0  # a follower hearing no leader for 1-2x this starts an election
     snapshot_entries: int = 100000   # the Raft log is compacted into a SQLite snapshot past this many entries
+    # the event feed (master/events.py, master/watch.py, docs/integrations.md)
+    events_retention_s: float = 3600.0  # events older than this are pruned; a watcher's position must be newer
+    events_max: int = 1_000_000   # ...and at most this many are kept
+    watchers: int = 4             # watch streams served at once (each holds one of rpc_threads)
+    watch_stall_s: float = 10.0   # a watcher that takes no events for this long while some wait is cut off
 
 
 @dataclass
