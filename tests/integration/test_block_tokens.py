@@ -30,7 +30,7 @@ from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.dataserver import DataServer
 from curvine_py.worker.ioengine import IoEngine
 from curvine_py.worker.localwrite import LocalWriteServer
-from tests.conftest import FAST_MASTER_FLAGS, client_config, dump_logs, start_cluster
+from tests.conftest import FAST_MASTER_FLAGS, client_config, dump_logs
 
 Op = data_pb2.Op
 MiB = 1 << 20
@@ -233,32 +233,46 @@ TTL_ENV = {"CURVINE_SECURITY_BLOCK_TOKEN_TTL_S": "2", "CURVINE_SECURITY_BLOCK_TO
            # one block fetched per read: each pause is followed by a fetch with a stale token
            "CURVINE_CLIENT_READ_AHEAD_BLOCKS": "0", "CURVINE_CLIENT_BLOCK_SIZE": "1MiB"}
 PAUSE_S = 3.2      # past a token's life (2 s, rounded up to the second, no grace)
+BLOCKS = 2         # a pause before each: the second block's token is the one the first's renewal
+                   # brought, stale by the next pause (a third block repeated that, 3.2 s a pause)
 
 
 def renewals(access: str) -> float:
     return metrics.TOKEN_RENEWALS.labels(access)._value.get()
 
 
-def test_sdk_reads_and_writes_outlive_their_tokens(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@pytest.fixture(scope="module")
+def short_tokens(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[LocalCluster]:
+    """A cluster whose tokens live 2 s, with a mount where FUSE runs (one for both tests)."""
+    base = tmp_path_factory.mktemp("tokens")
+    c = LocalCluster(base / "cluster", workers=2, mount=str(base / "mnt") if fuse_available() else None,
+                     die_with_parent=True, extra_master_flags=FAST_MASTER_FLAGS, env=TTL_ENV).start(timeout=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_sdk_reads_and_writes_outlive_their_tokens(short_tokens: LocalCluster) -> None:
     """A writer and a reader held open across several token lives: each pause makes every
     token it holds expire, the workers refuse them, and the client renews (counted) and
     goes on; the bytes are exact."""
     from curvine_py.sdk import Client
-    c = start_cluster(tmp_path / "cluster", env=TTL_ENV)
+    c = short_tokens
     try:
         cfg = client_config(c)
         cfg.client.short_circuit = cfg.client.short_circuit_writes = False
         cfg.client.read_ahead_blocks = 0
-        blocks = [os.urandom(MiB) for _ in range(3)]
+        blocks = [os.urandom(MiB) for _ in range(BLOCKS)]
         with Client(master=c.master_address, config=cfg) as client:
             w0, r0 = renewals("write"), renewals("read")
-            with client.open("/long", "wb", block_size=MiB) as f:
+            with client.open("/sdk-long", "wb", block_size=MiB) as f:
                 for data in blocks:
                     f.write(data)
                     f.flush()
                     time.sleep(PAUSE_S)
             assert renewals("write") > w0
-            with client.open("/long", "rb") as f:
+            with client.open("/sdk-long", "rb") as f:
                 got = []
                 for _ in blocks:
                     time.sleep(PAUSE_S)
@@ -268,22 +282,19 @@ def test_sdk_reads_and_writes_outlive_their_tokens(tmp_path: Path, request: pyte
     except BaseException:
         dump_logs(c)
         raise
-    finally:
-        c.stop()
 
 
 @pytest.mark.skipif(not fuse_available(), reason="no FUSE mount here")
-def test_a_mount_reads_and_writes_files_held_open_past_their_tokens(tmp_path: Path) -> None:
+def test_a_mount_reads_and_writes_files_held_open_past_their_tokens(short_tokens: LocalCluster) -> None:
     """The same through a real mount (direct_io: every read and write reaches it): a file
     written with pauses past the token life between writes and fsyncs (each fsync ships
     and commits, the next write starts a block with a stale spare id), then read with
     pauses; the bytes are exact and the mount counted its renewals."""
-    c = LocalCluster(tmp_path / "cluster", workers=2, mount=str(tmp_path / "mnt"), die_with_parent=True,
-                     extra_master_flags=FAST_MASTER_FLAGS, env=TTL_ENV).start(timeout=60)
+    c = short_tokens
     try:
         fuse = next(p.metrics for p in c.processes if p.name == "fuse")
         path = Path(c.mount or "") / "long"
-        blocks = [os.urandom(MiB) for _ in range(3)]
+        blocks = [os.urandom(MiB) for _ in range(BLOCKS)]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             for data in blocks:
@@ -319,5 +330,3 @@ def test_a_mount_reads_and_writes_files_held_open_past_their_tokens(tmp_path: Pa
     except BaseException:
         dump_logs(c)
         raise
-    finally:
-        c.stop()
