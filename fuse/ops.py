@@ -504,6 +504,17 @@ class CurvineOps(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # the client keeps no per-inode lookup state
 
+    # ------------------------------------------------------------------ space (client/vfsspace.py)
+    @_fs_errors
+    async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) (the patched pyfuse3's handler): its zeros written as a write's are."""
+        await self._run(self.vfs.fallocate, fh, mode, offset, length)
+
+    @_fs_errors
+    async def lseek(self, fh: int, offset: int, whence: int) -> int:
+        """SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself)."""
+        return await self._run(self.vfs.seek_data, fh, offset, whence)
+
     # ------------------------------------------------------------------ locks (client/locks.py)
     @_fs_errors
     async def getlk(self, fh: int, owner: int, type: int, start: int, end: int,

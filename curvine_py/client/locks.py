@@ -54,7 +54,7 @@ class MountLocks:
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._held: dict[Key, tuple[Range, ...]] = {}
-        self._unlocking: dict[Key, tuple[Range, ...]] = {}   # unlocks under way: what they leave (held_after)
+        self._unlocking: dict[Key, tuple[Range, ...]] = {}   # unlocks under way: what they leave (unlocking)
         self.lease_s = 0.0   # the master's lock lease, from its last reply (0: none heard yet)
 
     def granted(self, ask: LockAsk, lease_ms: int) -> None:

@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Generator, TypeVar
 
+from curvine_py.client import vfsspace
 from curvine_py.client.core import ClientCore
 from curvine_py.client.locks import LockAsk, MountLocks
 from curvine_py.client.metaclient import Identity
@@ -91,6 +92,7 @@ TRASH_NAME = HIDDEN_PREFIX + "trash"
 DOTS = (".", "..")
 NAME_MAX = 255
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
+_ZEROS = memoryview(bytes(1 << 20))   # what fallocate's zeroing modes write, a MiB at a time
 ACL_ACCESS = "system.posix_acl_access"   # an inode's access ACL (master/acl.py), flagged in pb.Attr.acl
 
 
@@ -759,6 +761,37 @@ class VFS:
             w.pwrite(off, data[off:off + step])   # (a handle of its own: no other close takes its writer)
             if progress:
                 progress(min(step, len(data) - off))
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) through a handle open for writing (client/vfsspace.py says what each
+        mode does): zeros written through the file's writer, the size grown; visible to
+        other clients at the commit (close, fsync, unlock), as a write is."""
+        h = self.handle(fh)
+        if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
+            raise err(errno.EBADF, "file not open for writing")
+        while True:   # (a writer closed under this call by another descriptor's close: taken again)
+            w = self._writer_for(h)
+            plan = vfsspace.fallocation(mode, offset, length, w.size)
+            try:
+                present = w.present_blocks()   # (a hole reads zeros already: left a hole)
+                for at, n in vfsspace.pieces(plan.zero_start, plan.zero_end, w.bs, len(_ZEROS)):
+                    if at // w.bs in present:
+                        w.pwrite(at, _ZEROS[:n])
+                if plan.size > w.size:
+                    w.truncate(plan.size)
+                return
+            except WriterClosed:
+                continue
+
+    def seek_data(self, fh: int, offset: int, whence: int) -> int:
+        """lseek(SEEK_DATA or SEEK_HOLE) from the file's block map: this client's writer's
+        when it writes the file, else the blocks the handle's reader loaded."""
+        h = self.handle(fh)
+        w = h.state.writer
+        if w is not None and not w.closed:
+            return vfsspace.seek_data(w.present_blocks(), w.size, w.bs, offset, whence)
+        reader = self._current_reader(h)
+        return vfsspace.seek_data(reader.blocks.keys(), reader.size, reader.bs, offset, whence)
 
     def abort(self, fh: int) -> None:
         """Give up a handle's writes since the last commit (the SDK's abort), then release it."""

@@ -320,6 +320,12 @@ class FileWriter:
                 db.view[rem:] = bytearray(self.bs - rem)
             self.size = size
 
+    def present_blocks(self) -> set[int]:
+        """The slots that hold bytes as this writer sees them (committed, shipped, dirty);
+        the others are holes (SEEK_DATA/SEEK_HOLE, client/vfsspace.py)."""
+        with self._lock:
+            return set(self.current) | set(self.inflight) | set(self.dirty)
+
     # ------------------------------------------------------------------ reads (overlay)
     def pread(self, offset: int, into: memoryview) -> int:
         with self._lock:
