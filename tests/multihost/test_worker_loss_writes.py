@@ -8,7 +8,7 @@ client tells the master with its next allocation, and the master offers that wor
 nobody until it heartbeats again (master/workers.py ``report_unreachable``); the blocks
 are counted under-replicated until the worker returns and the master copies them.
 
-Ten rounds; each kills a random worker at a random point of a 500 MB SDK write from
+Ten rounds; each kills a random worker at a random point of a 160 MiB SDK write from
 worker host 1 and of LMCache's write pattern (``.tmp``, a header, one payload write,
 rename) through a mount on host 1; every byte is read back after the kill and again after
 the worker returns; the last round waits for re-replication to end (under-replicated
@@ -32,7 +32,7 @@ from tests.multihost.test_faults import FLAGS, payload, wait_until
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(900)]
 MiB = 1 << 20
 ROUNDS = 10
-PUT = 500 * MiB
+PUT = 160 * MiB    # 40 pieces: the kill lands before a random one of them
 PIECE = 4 * MiB
 CHUNKS, CHUNK = 12, 14 * MiB + 28
 
@@ -81,7 +81,7 @@ def test_writes_survive_a_worker_killed_mid_write(two: NetCluster, tmp_path: Pat
     try:
         for r in range(ROUNDS):
             last = r == ROUNDS - 1
-            # the SDK's 500 MB write
+            # the SDK's write
             victim, kill_at = rng.randrange(2), rng.randrange(1, PUT // PIECE)
             path = f"/r{r}.bin"
             with sdk.open(path, "wb") as f:
@@ -91,7 +91,8 @@ def test_writes_survive_a_worker_killed_mid_write(two: NetCluster, tmp_path: Pat
             assert c.report().under_replicated > 0, "blocks written with one replica are not counted"
             healed = back(c, victim, heal=last)
             assert xxhash.xxh3_64_intdigest(sdk.get_bytes(path)) == digest, f"round {r}, worker back"
-            record(Row(f"issue 42: worker {victim} killed at {kill_at * 4} MiB of a 500 MB SDK write (2 workers)",
+            record(Row(f"issue 42: worker {victim} killed at {kill_at * 4} MiB of a {PUT // MiB} MiB SDK write "
+                       "(2 workers)",
                        PUT, PUT, healed, f"longest 4 MiB write() {stall:.2f} s"))
             assert stall < 2.0, f"round {r}: a 4 MiB write took {stall:.2f} s"
             if not last:
