@@ -300,8 +300,8 @@ def test_master_killed_and_restarted_under_a_mount_workload(three: NetCluster, t
 
     def lines() -> list[str]:
         return (tmp_path / "workload.out").read_text().splitlines()
-    try:
-        time.sleep(2)
+    try:   # the workload going (20 files written), then the master down for 3 s
+        wait_until("the workload to start", lambda: proc.poll() is not None or len(lines()) >= 20, 30)
         before = len(lines())
         killed_at = time.monotonic()
         c.kill_master()
