@@ -1,0 +1,95 @@
+"""The event feed's table (master/events.py) as the journal writes it: which records make
+which events, and pruning.  The end-to-end stream is tests/integration/test_watch.py."""
+from __future__ import annotations
+
+import stat
+import typing
+from pathlib import Path
+
+import pytest
+
+from curvine_py.common.types import RENAME_EXCHANGE, ROOT_INO
+from curvine_py.master import events
+from curvine_py.master.records import Commit, Evict, Link, Mknod, PruneEvents, Rename, Rmdir, Unlink, Victim
+from tests.unit.test_namespace import NS
+
+Row = tuple[str, int, str, str]   # kind, parent, name, from_name
+KIND = {events.CREATED: "created", events.REMOVED: "removed", events.EVICTED: "evicted"}
+
+
+@pytest.fixture
+def ns(tmp_path: Path) -> typing.Iterator[NS]:
+    n = NS(tmp_path)
+    yield n
+    n.journal.stop()
+
+
+def seen(ns: NS, after: int = 0) -> list[Row]:
+    rows = ns.ns.conn.execute("SELECT kind, parent, name, from_name FROM events WHERE pos > ? ORDER BY pos", (after,))
+    return [(KIND[r[0]], r[1], r[2], r[3]) for r in rows]
+
+
+def head(ns: NS) -> int:
+    return events.bounds(ns.ns.conn)[1]
+
+
+def written(ns: NS, parent: int, name: str) -> int:
+    """A file made as a writer makes it: Create (leased), then the close's Commit."""
+    made = ns.create(parent, name)
+    ino = made["attr"]["ino"]
+    ns.do(Commit, ino=ino, lease_id=made["lease_id"], size=0, release=True)
+    return int(ino)
+
+
+def test_a_file_is_announced_at_its_close_not_at_its_create(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "d")
+    made = ns.create(d, "x.tmp")
+    assert seen(ns) == []                                   # a writer holds it: nothing yet
+    ns.do(Commit, ino=made["attr"]["ino"], lease_id=made["lease_id"], size=0, release=True)
+    assert seen(ns) == [("created", d, "x.tmp", "")]
+    ns.do(Mknod, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)
+    ns.do(Rmdir, parent=d, name="sub")
+    assert len(seen(ns)) == 1                               # directories make none
+
+
+def test_renames_within_across_over_and_exchanged(ns: NS) -> None:
+    d, e = ns.mkdir(ROOT_INO, "d"), ns.mkdir(ROOT_INO, "e")
+    written(ns, d, "a")
+    written(ns, d, "b")
+    at = head(ns)
+    ns.do(Rename, parent=d, name="a", new_parent=d, new_name="b")          # over b
+    assert seen(ns, at) == [("removed", d, "b", ""), ("created", d, "b", "a")]
+    at = head(ns)
+    ns.do(Rename, parent=d, name="b", new_parent=e, new_name="b")          # to another directory
+    assert seen(ns, at) == [("removed", d, "b", ""), ("created", e, "b", "")]
+    written(ns, e, "c")
+    at = head(ns)
+    ns.do(Rename, parent=e, name="b", new_parent=e, new_name="c", flags=RENAME_EXCHANGE)
+    assert sorted(seen(ns, at)) == [("created", e, "b", "c"), ("created", e, "c", "b")]
+
+
+def test_links_unlinks_and_evictions(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "d")
+    ino = written(ns, d, "f")
+    at = head(ns)
+    ns.do(Link, ino=ino, new_parent=d, new_name="g")
+    ns.do(Unlink, parent=d, name="f")
+    assert seen(ns, at) == [("created", d, "g", ""), ("removed", d, "f", "")]
+    at = head(ns)
+    gen = ns.ns.inode(ino)["generation"]
+    ns.do(Evict, victims=[Victim(ino, gen)])
+    assert seen(ns, at) == [("evicted", d, "g", "")]
+
+
+def test_prune_keeps_the_newest_and_moves_the_floor(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "d")
+    for i in range(5):
+        written(ns, d, f"f{i}")
+    assert events.bounds(ns.ns.conn) == (0, 5)
+    ns.do(PruneEvents, before_ms=0, keep=2)                  # by count
+    assert events.bounds(ns.ns.conn) == (3, 5)
+    assert [e.name for e in events.read_after(ns.ns.conn, d, 0, 5, 10)] == ["f3", "f4"]
+    ns.do(PruneEvents, before_ms=1 << 62, keep=100)          # by age: all of them
+    written(ns, d, "next")
+    assert events.bounds(ns.ns.conn) == (5, 6)               # positions are never reused
+    assert [(e.position, e.name) for e in events.read_after(ns.ns.conn, d, 5, 6, 10)] == [(6, "next")]
