@@ -45,7 +45,15 @@ def all_dead(pids: list[tuple[int, int | None]], timeout: float = 15) -> bool:
     return False
 
 
-def test_start_records_every_process(cluster: LocalCluster) -> None:
+@pytest.fixture(scope="module")
+def running(shared_cluster: LocalCluster) -> LocalCluster:
+    """One cluster for the tests that leave it running and whole (their restarts included),
+    started once: a start and stop cost ~5 s here, five of them did."""
+    return shared_cluster
+
+
+def test_start_records_every_process(running: LocalCluster) -> None:
+    cluster = running
     hosts = live_workers(cluster)
     assert set(hosts) == {w.host for w in cluster.workers} and len(hosts) == 2
     assert [w.host.rsplit("-", 1)[1] for w in cluster.workers] == ["w0", "w1"]
@@ -73,14 +81,16 @@ def test_stop_is_complete_and_idempotent(cluster_factory: Factory) -> None:
     assert c.stop() == []
 
 
-def test_a_second_start_on_a_running_dir_is_refused(cluster: LocalCluster) -> None:
+def test_a_second_start_on_a_running_dir_is_refused(running: LocalCluster) -> None:
+    cluster = running
     other = LocalCluster(cluster.dir, workers=1)
     with pytest.raises(ClusterError, match="already running"):
         other.start()
     assert all(p.is_alive() for p in cluster.processes)
 
 
-def test_kill_and_restart_a_worker(cluster: LocalCluster) -> None:
+def test_kill_and_restart_a_worker(running: LocalCluster) -> None:
+    cluster = running
     before = live_workers(cluster)
     old = cluster.workers[0]
     cluster.kill_worker(0, signal.SIGKILL)
@@ -91,13 +101,15 @@ def test_kill_and_restart_a_worker(cluster: LocalCluster) -> None:
     assert read_state(cluster.dir)["processes"][1].pid == new.pid  # type: ignore[index]
 
 
-def test_restart_of_a_running_worker(cluster: LocalCluster) -> None:
+def test_restart_of_a_running_worker(running: LocalCluster) -> None:
+    cluster = running
     old_pid = cluster.workers[1].pid
     cluster.restart_worker(1)
     assert cluster.workers[1].pid != old_pid and len(live_workers(cluster)) == 2
 
 
-def test_kill_and_restart_the_master_keeps_the_namespace(cluster: LocalCluster) -> None:
+def test_kill_and_restart_the_master_keeps_the_namespace(running: LocalCluster) -> None:
+    cluster = running
     from curvine_py.sdk import Client
     with Client(master=cluster.master_address, config=client_config(cluster)) as c:
         c.put_bytes("/kept", b"survives a master restart")
