@@ -85,6 +85,13 @@ def test_a_subscriber_sees_exactly_the_sequence_across_a_resume(feed_cluster: Lo
         expected = [("created", "b.data", ""), ("removed", "b.data", ""), ("created", "c.data", ""),
                     ("created", "c.data", ""), ("evicted", "a.data", "")]
 
+        text = subprocess.run([CV, "--config", str(c.config_path), "fs", "watch", d, "--since", "0", "--count", "2"],
+                              capture_output=True, text=True, timeout=30)
+        assert text.returncode == 0, text.stderr
+        lines = [line.split("\t") for line in text.stdout.splitlines()]
+        assert [(f[0], f[1], f[2]) for f in lines] == [(str(got1[0]["position"]), "created", "a.tmp"),
+                                                       (str(got1[1]["position"]), "created", "a.tmp -> a.data")]
+
         since = str(got1[-1]["position"])
         got2 = finish(cv_watch(c, d, "--since", since, "--count", "5"))
         assert kinds(got2) == expected
