@@ -407,6 +407,13 @@ class CurvineOps(pyfuse3.Operations):
         return self._file_info(opened), self._entry(opened.attr)
 
     @_fs_errors
+    async def tmpfile(self, parent_inode: int, mode: int, flags: int,
+                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        """O_TMPFILE (the patched pyfuse3's handler): a file with no name until a linkat."""
+        opened = await self._do(self.vfs.tmpfile(parent_inode, mode, flags, ctx.umask, self._ident(ctx)))
+        return self._file_info(opened), self._entry(opened.attr)
+
+    @_fs_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ident = self._ident(ctx)
         pt = self.passthrough

@@ -112,6 +112,15 @@ def shares_writes(e: CurvineError, flags: int) -> bool:
     return e.errno == errno.EBUSY and lease_at_first_write(flags)
 
 
+def replace_attr(attr: pb.Attr, **fields: Any) -> pb.Attr:
+    """A copy of attr with fields changed."""
+    a = pb.Attr()
+    a.CopyFrom(attr)
+    for k, v in fields.items():
+        setattr(a, k, v)
+    return a
+
+
 def opens_for_writing(flags: int) -> bool:
     """An open that may change the file: write access, or O_TRUNC (O_RDONLY|O_TRUNC truncates)."""
     return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
@@ -457,9 +466,43 @@ class VFS:
         return reply.attr
 
     def link(self, ino: int, new_parent: int, new_name: str, ident: Identity) -> Op[pb.Attr]:
+        """A hard link; for a file open here with no name (O_TMPFILE: linkat gives it one),
+        its hidden name goes at once, so the file is left with the new one alone."""
         req = pb.LinkRequest(caller=self.meta.caller(ident, True), ino=ino, new_parent=self._in(new_parent),
                              new_name=new_name)
-        return self.overlay(self.meta.saw_dirs((yield from ask(Master.Link, req))).attr)
+        attr = self.meta.saw_dirs((yield from ask(Master.Link, req))).attr
+        st = self._inodes.get(ino)
+        if st is not None and st.hidden is not None:
+            parent, name, who = st.hidden
+            st.hidden = None
+            try:
+                self.meta.saw_dirs((yield from ask(Master.Unlink, self.meta.unlink_request(parent, name, who))))
+                attr = replace_attr(attr, nlink=attr.nlink - 1)
+            except CurvineError as e:   # (kept, and removed with the file's last name as any link)
+                log.warning("removing hidden %s after its link: %s", name, e)
+        return self.overlay(attr)
+
+    def tmpfile(self, parent: int, mode: int, flags: int, umask: int, ident: Identity) -> Op[Opened]:
+        """O_TMPFILE: an open file with no name until a linkat gives it one (link).  Made
+        as create makes a file (the caller's permissions in parent, its owner, an
+        inherited ACL) under a hidden name, then kept in the trash directory as a file
+        unlinked while open is (_hide_if_open): its last release removes it.  The reply
+        says nlink 0 (overlay): the kernel takes it as it is, and refuses a linkat of an
+        O_EXCL one (ENOENT) only when it sees no link."""
+        name = f"{HIDDEN_PREFIX}tmp{os.urandom(8).hex()}"
+        opened = yield from self.create(parent, name, mode, (flags & ~os.O_TMPFILE) | os.O_CREAT | os.O_EXCL,
+                                        umask, ident)
+        parent = self._in(parent)
+        st = self._handles[opened.fh].state
+        st.hidden = (parent, name, ident)
+        try:
+            trash = yield from self._trash()
+            self.meta.saw_dirs((yield from ask(Master.Rename,
+                                               self.meta.rename_request(parent, name, trash, name, 0, ROOT))))
+            st.hidden = (trash, name, ROOT)
+        except CurvineError as e:
+            log.warning("could not move %s to the trash directory: %s", name, e)
+        return replace(opened, attr=self.overlay(opened.attr))
 
     def unlink(self, parent: int, name: str, ident: Identity) -> Op[None]:
         """POSIX keeps an unlinked file readable while it is open: the request carries the
