@@ -19,7 +19,9 @@
 # saying whether the request was interrupted (a signal), and forget_locks at the close
 # that ends an owner's locks (FLUSH's lock_owner, RELEASE's flock_release);
 # pyfuse3.locks_enabled() says what the kernel agreed to at init (FUSE_CAP_POSIX_LOCKS,
-# FUSE_CAP_FLOCK_LOCKS, asked for only with the handlers there).
+# FUSE_CAP_FLOCK_LOCKS, asked for only with the handlers there).  Likewise libfuse's
+# fallocate, lseek (SEEK_DATA/SEEK_HOLE) and tmpfile (O_TMPFILE) handlers, wired only for
+# an Operations that has them (docs/posix.md "Space").
 #
 # Where libfuse's tarball comes from: the Debian mirror(s) this machine's apt is configured
 # with (deb822 `URIs:` in /etc/apt/sources.list.d/*.sources, `deb` lines of
