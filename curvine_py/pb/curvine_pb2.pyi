@@ -936,7 +936,7 @@ class WatchRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., path: _Optional[str] = ..., resume: _Optional[bool] = ..., since: _Optional[int] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("position", "kind", "name", "from_name", "ino", "size", "time_ms", "hosts")
+    __slots__ = ("position", "kind", "name", "from_name", "ino", "size", "time_ms", "hosts", "host")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -945,6 +945,7 @@ class WatchEvent(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     position: int
     kind: EventKind
     name: str
@@ -953,7 +954,8 @@ class WatchEvent(_message.Message):
     size: int
     time_ms: int
     hosts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., name: _Optional[str] = ..., from_name: _Optional[str] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., time_ms: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+    host: str
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., name: _Optional[str] = ..., from_name: _Optional[str] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., time_ms: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., host: _Optional[str] = ...) -> None: ...
 
 class WatchReply(_message.Message):
     __slots__ = ("events", "through")
