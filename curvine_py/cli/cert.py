@@ -1,4 +1,5 @@
-"""`cv cert issue NAME`: a certificate from the cluster's CA for a new client or host.
+"""`cv cert issue NAME`: a certificate from the cluster's CA for a new client or host;
+`cv cert ca FILE`: a new CA, to replace the cluster's one (docs/security.md "Rotation").
 
 The CA is the one the config names (``tls.ca``, as `cv cluster start --tls` writes it);
 its key must be beside it (``ca.key``), so this runs where the CA was made or copied.
@@ -24,6 +25,19 @@ def cmd_issue(ctx: Context) -> int:
     tls.issue(ca, a.name, a.role, cert, key, days=a.days, addresses=a.address or ())
     print(f"issued {cert} ({a.role}, {a.days} days) and its key {key} (mode 0600), from {ca}")
     print(f'use it: [tls] enabled = true, ca = "{ca}", cert = "{cert}", key = "{key}"')
+    return EXIT_OK
+
+
+def cmd_ca(ctx: Context) -> int:
+    a = ctx.args
+    cert = Path(a.file)
+    key = tls.key_path_of(cert)
+    if (cert.exists() or key.exists()) and not a.force:
+        raise UsageError(f"{cert} or {key} exists (--force replaces them)")
+    tls.create_ca(cert, a.name or "")
+    print(f"made the CA {cert} and its key {key} (mode 0600)")
+    print("rotate to it (docs/security.md): trust both (append it to every process's tls.ca) and restart "
+          "each process; issue every certificate from it and restart each; then trust it alone and restart each")
     return EXIT_OK
 
 
@@ -55,3 +69,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="also name this IP or host in the certificate (for other tools); repeatable")
     p.add_argument("--force", action="store_true", help="replace existing files")
     p.set_defaults(func=cmd_issue)
+    p = cmds.add_parser("ca", parents=[common], help="make a new CA (to rotate the cluster's)",
+                        description="Make a new self-signed CA: FILE and its key beside it (mode 0600).")
+    p.add_argument("file", help="the CA certificate to write (e.g. DIR/tls/ca-2027.pem); its key: the same name, .key")
+    p.add_argument("--name", help="its common name (default: curvine cluster CA and the time)")
+    p.add_argument("--force", action="store_true", help="replace existing files")
+    p.set_defaults(func=cmd_ca)

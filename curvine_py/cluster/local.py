@@ -715,11 +715,23 @@ class LocalCluster:
 
     def _respawn(self, old: ProcessRecord, role: str) -> tuple[int, ProcessRecord]:
         terminate([old])
+        self._reread_tls()
         since = int(time.time() * 1000)
         new = self._spawn(self._record(role, old.index), role)
         self.processes[self.processes.index(old)] = new
         self.write_state()
         return since, new
+
+    def _reread_tls(self) -> None:
+        """The tools' client identity read again from its files, as a new process would:
+        a restart may be one step of a certificate's or the CA's rotation (docs/security.md),
+        after which the restarted process presents what the old files could not verify."""
+        if self.tls is None:
+            return
+        self.tls = daemon_tls(self.config_path)
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
     # ------------------------------------------------------------ stopping
 

@@ -84,9 +84,15 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def create_ca(cert_path: Path, name: str = "curvine cluster CA") -> None:
-    """A new self-signed CA: cert_path and its key beside it (key_path_of)."""
+def create_ca(cert_path: Path, name: str = "") -> None:
+    """A new self-signed CA: cert_path and its key beside it (key_path_of).
+
+    Its name holds its creation time unless given, so that two CAs trusted together
+    while one replaces the other (docs/security.md "Rotation") never share a subject;
+    certificates name their CA's key too (authority key identifier), so a verifier
+    holding both picks the right one."""
     key = ec.generate_private_key(ec.SECP256R1())
+    name = name or f"curvine cluster CA {_now():%Y-%m-%d %H:%M:%S}"
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = _now()
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
@@ -96,6 +102,7 @@ def create_ca(cert_path: Path, name: str = "curvine cluster CA") -> None:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
                            critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     cert_path.parent.mkdir(parents=True, exist_ok=True)
     _write_key(key_path_of(cert_path), key)
@@ -135,6 +142,7 @@ def issue(ca_path: Path, name: str, role: str, cert_path: Path, key_path: Path,
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(x509.SubjectAlternativeName(_alt_names(role, addresses)), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     cert_path.parent.mkdir(parents=True, exist_ok=True)
     _write_key(key_path, key)

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from curvine_py.client.framedclient import connect
 from curvine_py.cluster.local import LocalCluster
 from curvine_py.common import frames
 from curvine_py.common import tls as tlsmod
@@ -195,45 +196,66 @@ def test_the_secret_never_crosses_loopback_in_clear(tls_cluster: LocalCluster, c
     assert plain.secret.encode() in captured_during(traffic(plain))
 
 
-def test_certificates_rotate_one_process_at_a_time_without_a_failed_call(cluster_factory: typing.Any) -> None:
+def test_certificates_and_the_ca_rotate_one_process_at_a_time_without_a_failed_call(
+        cluster_factory: typing.Any) -> None:
+    """docs/security.md "Rotation": a new CA from `cv cert ca`, trusted beside the old one
+    (each process restarted in turn), every certificate issued from it (again in turn),
+    then the old CA dropped (in turn); a client that writes and reads throughout, a new
+    client process each time (as `cv` is), never fails; the old CA's certificates are
+    refused at the end."""
     c = cluster_factory(tls=True, tls_data=True)
-    cfg = client_config(c)
-    cfg.client.short_circuit = cfg.client.short_circuit_writes = False
     failures: list[BaseException] = []
     done = threading.Event()
     calls = 0
 
     def load() -> None:
         nonlocal calls
-        with Client(master=c.master_address, config=cfg) as cl:
-            i = 0
-            while not done.is_set():
-                data = os.urandom(64 * 1024) + i.to_bytes(4, "big")
-                try:
+        i = 0
+        while not done.is_set():
+            cfg = client_config(c)   # the files as they are now, as a new process reads them
+            cfg.client.short_circuit = cfg.client.short_circuit_writes = False
+            data = os.urandom(64 * 1024) + i.to_bytes(4, "big")
+            try:
+                with Client(master=c.master_address, config=cfg) as cl:
                     cl.put_bytes(f"/rot{i % 8}", data)
                     assert cl.get_bytes(f"/rot{i % 8}") == data
-                    calls += 1
-                except BaseException as e:   # noqa: BLE001  (any failure is the finding)
-                    failures.append(e)
-                i += 1
+                calls += 1
+            except BaseException as e:   # noqa: BLE001  (any failure is the finding)
+                failures.append(e)
+            i += 1
 
+    d = c.tls_dir
+    old_client = tlsmod.Tls(tlsmod.Material(d / "ca.pem", d / "client.pem", d / "client.key"), "client")
+    processes = [("worker0", "worker", lambda: c.restart_worker(0)), ("worker1", "worker", lambda: c.restart_worker(1)),
+                 ("master", "master", lambda: c.restart_master(0))]
     t = threading.Thread(target=load, daemon=True)
     t.start()
-    ca = Path(load_config(path=str(c.config_path)).tls.ca)
-    before = {p.name: p.read_bytes() for p in c.tls_dir.glob("*.pem")}
-    for name, role, restart in [("worker0", "worker", lambda: c.restart_worker(0)),
-                                ("worker1", "worker", lambda: c.restart_worker(1)),
-                                ("master", "master", lambda: c.restart_master(0))]:
-        cert = c.tls_dir / f"{name}.pem"
-        tlsmod.issue(ca, f"{name} rotated", role, cert, tlsmod.key_path_of(cert))
+    r = cv("cert", "ca", str(d / "ca-new.pem"))
+    assert r.returncode == 0, r.stderr
+    old_ca = (d / "ca.pem").read_bytes()
+    (d / "ca.pem").write_bytes(old_ca + (d / "ca-new.pem").read_bytes())      # 1. trust both
+    for _, _, restart in processes:
         restart()
-        time.sleep(1.0)
+    for name, role, restart in processes + [("client", "client", lambda: None)]:   # 2. new certificates
+        r = cv("cert", "issue", name, "--role", role, "--ca", str(d / "ca-new.pem"), "--out", str(d), "--force")
+        assert r.returncode == 0, r.stderr
+        restart()
+    settled = calls + 2   # the client that began with the old certificate has finished (a new one per call)
+    deadline = time.monotonic() + 30
+    while calls < settled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (d / "ca-new.pem").replace(d / "ca.pem")                                  # 3. trust the new one alone
+    (d / "ca-new.key").replace(d / "ca.key")                                  # (and issue from it)
+    for _, _, restart in processes:
+        restart()
+    time.sleep(1.0)
     done.set()
     t.join(timeout=60)
     assert not failures, failures[:3]
     assert calls > 10
-    for name in ("worker0.pem", "worker1.pem", "master.pem"):
-        assert (c.tls_dir / name).read_bytes() != before[name]
+    host, port = c.master_address.rsplit(":", 1)
+    with pytest.raises(OSError):            # the old CA's client certificate: refused now
+        connect(host, _frame_port(c), c.secret, 5.0, old_client)
 
 
 def test_cv_cert_issue_makes_a_working_client_certificate(tls_cluster: LocalCluster, tmp_path: Path) -> None:
