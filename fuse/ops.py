@@ -514,8 +514,14 @@ class CurvineOps(pyfuse3.Operations):
     # ------------------------------------------------------------------ space (client/vfsspace.py)
     @_fs_errors
     async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
-        """fallocate(2) (the patched pyfuse3's handler): its zeros written as a write's are."""
-        await self._run(self.vfs.fallocate, fh, mode, offset, length)
+        """fallocate(2) (the patched pyfuse3's handler): its zeros written as a write's are,
+        and one given up by the watchdog fails the file's writer as a write does (a range
+        half zeroed must never be committed)."""
+        try:
+            await self._run(self.vfs.fallocate, fh, mode, offset, length, discard=lambda _n: self._fail_writer(fh))
+        except (Abandoned, trio.Cancelled):
+            self._fail_writer(fh)
+            raise
 
     @_fs_errors
     async def lseek(self, fh: int, offset: int, whence: int) -> int:

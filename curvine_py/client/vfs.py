@@ -812,6 +812,10 @@ class VFS:
         h = self.handle(fh)
         if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
             raise err(errno.EBADF, "file not open for writing")
+        size = self.size(fh)
+        plan = vfsspace.fallocation(mode, offset, length, size)
+        if plan.zero_start >= plan.zero_end and plan.size <= size:
+            return   # (KEEP_SIZE, mode 0 inside the file: nothing to change, no lease taken)
         while True:   # (a writer closed under this call by another descriptor's close: taken again)
             w = self._writer_for(h)
             plan = vfsspace.fallocation(mode, offset, length, w.size)
