@@ -184,12 +184,14 @@ def test_blocks_shipped_whole_from_the_writers_buffer_go_local_too(local_client:
     assert moved["blocks"] == 0 and local_client.get_bytes("/lw-f") == whole
 
 
-def test_the_local_worker_killed_mid_block_costs_no_byte(cluster: LocalCluster) -> None:
+def test_the_local_worker_killed_mid_block_costs_no_byte(shared_cluster: LocalCluster) -> None:
     """SIGKILL of the local worker while a block is half written into its staging file
     through the passed descriptor: the client's writes to it still succeed (the file is
     open), its commit finds the socket gone, and the block goes again, whole, to a new
-    block on the worker that is left.  Every byte reads back."""
+    block on the worker that is left.  Every byte reads back.  On the module's cluster:
+    the worker is started again at the end."""
     from tests.integration.test_streamed_writes import wait_sent, writer_of
+    cluster, killed = shared_cluster, False
     client = client_on_host(cluster, cluster.worker_host(0))
     data = os.urandom(6 * MiB + 3)
     try:
@@ -199,6 +201,7 @@ def test_the_local_worker_killed_mid_block_costs_no_byte(cluster: LocalCluster) 
             wait_sent(stream, 2 * MiB)
             assert stream._file is not None, "the block's local replica is being written directly"
             cluster.kill_worker(0, signal.SIGKILL)
+            killed = True
             f.write(data[2 * MiB:])
         assert stream._failed is not None and stream.future.result().block_id != stream.target.block_id
         assert client.get_bytes("/survives-local") == data
@@ -206,3 +209,5 @@ def test_the_local_worker_killed_mid_block_costs_no_byte(cluster: LocalCluster) 
             assert b.checksum == xxhash.xxh3_64_intdigest(data[b.offset:b.offset + b.length])
     finally:
         client.close()
+        if killed:
+            cluster.restart_worker(0)

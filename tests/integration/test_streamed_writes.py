@@ -83,22 +83,28 @@ def test_a_truncate_below_sent_bytes_drops_the_stream(client: Client) -> None:
     check_blocks(client, "/truncated", data[:MiB + 7] + b"tail")
 
 
-def test_a_stream_whose_worker_dies_is_sent_again_whole(cluster: LocalCluster) -> None:
+def test_a_stream_whose_worker_dies_is_sent_again_whole(shared_cluster: LocalCluster) -> None:
+    """On the module's cluster (the killed worker is started again at the end)."""
+    cluster, killed = shared_cluster, None
     data = os.urandom(6 * MiB + 3)
-    with Client(cluster.master_address) as c:
-        with c.open("/survives", "wb") as f:
-            f.write(data[:2 * MiB])
-            stream = writer_of(f).streams[0]
-            wait_sent(stream, 2 * MiB)
-            head = stream._head
-            assert head is not None
-            index = next(i for i in range(2) if cluster.worker_ports(i)[1] == head.data_port)
-            cluster.kill_worker(index, signal.SIGKILL)   # the stream's head: its socket breaks
-            f.write(data[2 * MiB:])
-        assert stream._failed is not None and stream.future.result().block_id != stream.target.block_id
-        assert c.get_bytes("/survives") == data
-        for b in c.block_locations("/survives"):
-            assert b.checksum == xxhash.xxh3_64_intdigest(data[b.offset:b.offset + b.length])
+    try:
+        with Client(cluster.master_address) as c:
+            with c.open("/survives", "wb") as f:
+                f.write(data[:2 * MiB])
+                stream = writer_of(f).streams[0]
+                wait_sent(stream, 2 * MiB)
+                head = stream._head
+                assert head is not None
+                killed = next(i for i in range(2) if cluster.worker_ports(i)[1] == head.data_port)
+                cluster.kill_worker(killed, signal.SIGKILL)   # the stream's head: its socket breaks
+                f.write(data[2 * MiB:])
+            assert stream._failed is not None and stream.future.result().block_id != stream.target.block_id
+            assert c.get_bytes("/survives") == data
+            for b in c.block_locations("/survives"):
+                assert b.checksum == xxhash.xxh3_64_intdigest(data[b.offset:b.offset + b.length])
+    finally:
+        if killed is not None:
+            cluster.restart_worker(killed)
 
 
 def test_a_block_buffer_changed_under_the_writer_is_never_committed(client: Client) -> None:
