@@ -19,7 +19,11 @@ events once the op has run:
   directory: one ``CREATED`` with the old name in ``from_name``);
 - a name that goes: ``REMOVED``, or ``EVICTED`` when an ``Evict`` record removed it;
 - a ``Commit`` that releases the file (its close): ``CREATED`` for each of its names;
-- an evicted UFS file keeps its name (only its cached blocks go): ``EVICTED`` too.
+- an evicted UFS file keeps its name (only its cached blocks go): ``EVICTED`` too;
+- a ``ReplicaChanges`` record (the leader's registry against the feed's last word, the
+  ``event_hosts`` table: master/replicafeed.py): ``REPLICA_ADDED`` / ``REPLICA_LOST`` for
+  each name of the file, with the host.  A file that goes takes its ``event_hosts`` rows
+  with it (its ``removed`` or ``evicted`` says every host lost it).
 
 Directories and files never committed make no events.  Rows are pruned by a record
 (``PruneEvents``, from the leader's housekeeping: ``master/watch.py``), never by a
@@ -35,15 +39,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from curvine_py.master.handlers import applies
-from curvine_py.master.records import Commit, Evict, PruneEvents, Record
+from curvine_py.master.records import Commit, Evict, PruneEvents, Record, ReplicaChanges
 from curvine_py.master.store import Row, Store
 from curvine_py.pb import curvine_pb2 as pb
 
 CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
+REPLICA_ADDED, REPLICA_LOST = pb.EVENT_REPLICA_ADDED, pb.EVENT_REPLICA_LOST
 PRUNE_MAX_ROWS = 50_000   # rows one PruneEvents deletes at most (it holds the writer meanwhile)
 STAGE = "temp.event_names"
 _INSERT = ("INSERT INTO events(ts_ms, kind, parent, name, from_name, ino, size) VALUES (?,?,?,?,?,?,?)")
-_READ = ("SELECT pos, kind, name, from_name, ino, size, ts_ms FROM events WHERE parent=? AND pos>? AND pos<=?"
+_INSERT_HOST = ("INSERT INTO events(ts_ms, kind, parent, name, from_name, ino, size, host)"
+                " SELECT ?, ?, d.parent, d.name, '', d.ino, i.size, ? FROM dirents d JOIN inodes i ON i.ino = d.ino"
+                " WHERE d.ino=? ORDER BY d.parent, d.name")
+_READ = ("SELECT pos, kind, name, from_name, ino, size, ts_ms, host FROM events WHERE parent=? AND pos>? AND pos<=?"
          " ORDER BY pos LIMIT ?")
 # came = 1 for a name added, 0 for one removed; the inode's mode, and whether it was ever
 # committed (no writer's lease, or a generation: blocks committed), as it was then
@@ -62,6 +70,7 @@ class Event:
     ino: int
     size: int
     time_ms: int
+    host: str = ""   # replica events: the host
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,9 @@ class EventLog:
     def record(self, rec: Record, result: Any) -> None:
         """Turn what rec's op staged into rows (inside its savepoint, after the op)."""
         staged = self._take()
+        if isinstance(rec, ReplicaChanges):   # its op wrote its events itself
+            self._written = True
+            return
         if not staged and not isinstance(rec, (Commit, Evict)):
             return
         rows = _events_of(self.conn, rec, result, staged)
@@ -108,6 +120,9 @@ class EventLog:
             ts_ms = rec.now_ns // 1_000_000
             self.conn.executemany(_INSERT, [(ts_ms, *r) for r in rows])
             self._written = True
+        for ino in {r[4] for r in rows if r[0] == EVICTED or (r[0] == REMOVED and not _exists(self.conn, r[4]))}:
+            # the file is gone, or its cached blocks are: no host holds it any more
+            self.conn.execute("DELETE FROM event_hosts WHERE ino=?", (ino,))
 
     def _take(self) -> list[_Staged]:
         rows = self.conn.execute(f"SELECT came, parent, name, ino, mode, committed FROM {STAGE} ORDER BY rowid"
@@ -177,6 +192,10 @@ def _file(conn: sqlite3.Connection, ino: int) -> tuple[int, int] | None:
     return int(r[0]), int(r[1])
 
 
+def _exists(conn: sqlite3.Connection, ino: int) -> bool:
+    return conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is not None
+
+
 def _names_of(conn: sqlite3.Connection, kind: int, ino: int) -> list[EventRow]:
     attrs = _file(conn, ino)
     if attrs is None:
@@ -193,6 +212,17 @@ def bounds(conn: sqlite3.Connection) -> tuple[int, int]:
     return (int(floor[0]) if floor else 0), (int(head[0]) if head else 0)
 
 
+def hosts_of(conn: sqlite3.Connection, inos: list[int]) -> dict[int, set[str]]:
+    """The feed's last word on which hosts hold each of these files whole."""
+    out: dict[int, set[str]] = {}
+    for k in range(0, len(inos), 500):
+        part = inos[k:k + 500]
+        for ino, host in conn.execute(f"SELECT ino, host FROM event_hosts WHERE ino IN ({','.join('?' * len(part))})",
+                                      part):
+            out.setdefault(int(ino), set()).add(str(host))
+    return out
+
+
 def read_after(conn: sqlite3.Connection, parent: int, after: int, upto: int, limit: int) -> list[Event]:
     """Directory parent's events with after < position <= upto, oldest first, at most limit."""
     return [Event(*r) for r in conn.execute(_READ, (parent, after, upto, limit))]
@@ -200,7 +230,24 @@ def read_after(conn: sqlite3.Connection, parent: int, after: int, upto: int, lim
 
 # ---------------------------------------------------------------------- pruning
 class EventOps(Store):
-    """op_prune_events (a mixin of Namespace)."""
+    """op_replica_changes, op_prune_events (a mixin of Namespace)."""
+
+    @applies(ReplicaChanges)
+    def op_replica_changes(self, rec: ReplicaChanges) -> Row:
+        """Record each change the feed has not said yet, and its event for each of the
+        file's names (a file gone meanwhile: nothing)."""
+        ts_ms, n = rec.now_ns // 1_000_000, 0
+        for c in rec.changes:
+            if not _exists(self.conn, c.ino):
+                continue
+            if c.held:
+                done = self.conn.execute("INSERT OR IGNORE INTO event_hosts(ino, host) VALUES (?,?)", (c.ino, c.host))
+            else:
+                done = self.conn.execute("DELETE FROM event_hosts WHERE ino=? AND host=?", (c.ino, c.host))
+            if done.rowcount:
+                n += self.conn.execute(_INSERT_HOST, (ts_ms, REPLICA_ADDED if c.held else REPLICA_LOST, c.host,
+                                                      c.ino)).rowcount
+        return {"events": n}
 
     @applies(PruneEvents)
     def op_prune_events(self, rec: PruneEvents) -> Row:

@@ -611,6 +611,21 @@ class PruneOplog(Record, op="prune_oplog"):
 
 # ---------------------------------------------------------------------- the event feed (events.py)
 
+@dataclass(frozen=True)
+class HostChange(Item):
+    """A host came to hold every block of file ino (held), or no longer does."""
+    ino: int
+    host: str
+    held: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaChanges(Record, op="replica_changes"):
+    """What the leader's registry says changed about which hosts hold files whole, against
+    the feed's last word (the event_hosts table): replica events (master/replicafeed.py)."""
+    changes: tuple[HostChange, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PruneEvents(Record, op="prune_events"):
     """Forget the event feed's events older than before_ms, and all but the newest keep

@@ -80,9 +80,12 @@ CREATE INDEX IF NOT EXISTS ufs_files_pending ON ufs_files(dirty_ns) WHERE state 
 CREATE TABLE IF NOT EXISTS events (
   pos INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
   parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
-  size INTEGER NOT NULL
+  size INTEGER NOT NULL, host TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_parent ON events(parent, pos);
+CREATE TABLE IF NOT EXISTS event_hosts (
+  ino INTEGER NOT NULL, host TEXT NOT NULL, PRIMARY KEY (ino, host)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS masters (
   raft_id TEXT PRIMARY KEY, address TEXT NOT NULL, frame_port INTEGER NOT NULL, term INTEGER NOT NULL
 );
@@ -134,6 +137,8 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     conn.executescript(SCHEMA)
     migrate(conn)
     acl_columns(conn)
+    if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
+        conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))

@@ -39,6 +39,7 @@ from curvine_py.master import events, posix
 from curvine_py.master.events import Event, EventLog
 from curvine_py.master.posix import R, X
 from curvine_py.master.records import PruneEvents
+from curvine_py.master.replicafeed import ReplicaFeed
 from curvine_py.pb import curvine_pb2 as pb
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Watchers:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last_prune = 0.0
+        self.replicas = ReplicaFeed(service)
         self._monitor = threading.Thread(target=self._watch_stalls, name="watch-monitor", daemon=True)
         self._monitor.start()
 
@@ -167,7 +169,7 @@ class Watchers:
             svc = self.service
             holders = svc.locator.holders(svc.ns, inos)
         return [pb.WatchEvent(position=e.position, kind=e.kind, name=e.name, from_name=e.from_name, ino=e.ino,  # type: ignore[arg-type]
-                              size=e.size, time_ms=e.time_ms, hosts=sorted(holders.get(e.ino, ())))
+                              size=e.size, time_ms=e.time_ms, hosts=sorted(holders.get(e.ino, ())), host=e.host)
                 for e in found]
 
     # ------------------------------------------------------------------ bounds
@@ -185,10 +187,13 @@ class Watchers:
                 s.context.cancel()
 
     def housekeeping(self) -> None:
-        """On the leader, every PRUNE_EVERY_S (a quarter of a shorter window): forget
-        events past the retention window."""
+        """On the leader, every tick: the replica events (master/replicafeed.py); every
+        PRUNE_EVERY_S (a quarter of a shorter window): forget events past the window."""
+        if not self.service.leading():
+            return
+        self.replicas.tick()
         every = min(PRUNE_EVERY_S, self.cfg.events_retention_s / 4)
-        if time.monotonic() - self._last_prune < every or not self.service.leading():
+        if time.monotonic() - self._last_prune < every:
             return
         self._last_prune = time.monotonic()
         before_ms = time.time_ns() // 1_000_000 - int(self.cfg.events_retention_s * 1000)

@@ -71,6 +71,9 @@ class Registry:
         self.workers: dict[int, Worker] = {}
         self.locations: dict[int, set[int]] = {}
         self.membership_version = 0   # bumped when the set of live workers changes
+        # blocks whose live holders may have changed since the event feed last looked
+        # (master/replicafeed.py takes them): replicas added or dropped, workers lost or back
+        self.touched: set[int] = set()
 
     def clear(self) -> None:
         """Forget every worker and block location: a master that becomes the leader (again)
@@ -78,6 +81,7 @@ class Registry:
         with self.lock:
             self.workers.clear()
             self.locations.clear()
+            self.touched.clear()
             self.membership_version += 1
             self._checked = self._awake = time.monotonic()
 
@@ -104,6 +108,7 @@ class Registry:
             revived = not w.live
             if revived:
                 w.live = True
+                self.touched.update(w.blocks)
                 self.membership_version += 1
                 log.info("worker %d is live again", wid)
             return w, revived
@@ -124,6 +129,7 @@ class Registry:
             for w in self.workers.values():
                 if w.live and now - max(w.last_heartbeat, self._awake) > self.timeout_s:
                     w.live = False
+                    self.touched.update(w.blocks)
                     lost.append(w.worker_id)
             if lost:
                 self.membership_version += 1
@@ -168,9 +174,11 @@ class Registry:
                 return
             w.blocks.add(block_id)
             self.locations.setdefault(block_id, set()).add(wid)
+            self.touched.add(block_id)
 
     def remove_replica(self, block_id: int, wid: int) -> None:
         with self.lock:
+            self.touched.add(block_id)
             w = self.workers.get(wid)
             if w is not None:
                 w.blocks.discard(block_id)
@@ -221,7 +229,16 @@ class Registry:
             return any(w.pending_deletes or w.last_heartbeat <= w.deletes_sent
                        for w in self.workers.values() if w.live)
 
+    def take_touched(self, limit: int) -> list[int]:
+        """Up to limit blocks touched since the last call (the rest stay for the next)."""
+        with self.lock:
+            out: list[int] = []
+            while self.touched and len(out) < limit:
+                out.append(self.touched.pop())
+            return out
+
     def _forget_blocks(self, w: Worker) -> None:
+        self.touched.update(w.blocks)
         for b in w.blocks:
             holders = self.locations.get(b)
             if holders is not None:

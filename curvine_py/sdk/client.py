@@ -516,14 +516,16 @@ class Client:
             self.meta.call(Master.Locate, pb.LocateRequest(caller=self.meta.caller(), paths=norm[k:k + LOCATE_BATCH],
                                                            unpin=True))
 
-    def watch(self, path: str, since: int | None = None) -> Watch:
-        """The events of directory path's entries (created, removed, evicted), in order, as
-        an iterator of ``WatchEvent``: from its return on, or after position since (a previous
-        watch's ``position``).  It follows failover to the next leader without losing or
-        repeating events; ``PositionTooOld`` and ``WatchCutOff`` end it (curvine_py/sdk/watch.py)."""
+    def watch(self, path: str, since: int | None = None, kinds: typing.Collection[str] | None = None) -> Watch:
+        """The events of directory path's entries (created, removed, evicted, replica_added,
+        replica_lost; only kinds, if given), in order, as an iterator of ``WatchEvent``: from
+        its return on, or after position since (a previous watch's ``position``).  It follows
+        failover to the next leader without losing or repeating events; ``PositionTooOld``
+        and ``WatchCutOff`` end it (curvine_py/sdk/watch.py)."""
         if since is not None and since < 0:
             raise err(errno.EINVAL, f"since must be a position >= 0, not {since}")
-        return Watch(self.meta, self.config.cluster.secret, normpath(path), since, self.config.client.retry_s).open()
+        return Watch(self.meta, self.config.cluster.secret, normpath(path), since, self.config.client.retry_s,
+                     kinds).open()
 
     def report(self) -> Report:
         """The cluster as the leader sees it: workers, ring epoch, pool, replication; and

@@ -39,14 +39,15 @@ FLOOR_KEY = "curvine-events-floor"   # master/watch.py
 class WatchEvent:
     """One event of the watched directory."""
     position: int
-    kind: str            # created | removed | evicted (KINDS)
+    kind: str            # created | removed | evicted | replica_added | replica_lost (KINDS)
     path: str            # the directory's path joined with name
     name: str
     from_name: str       # a rename within the directory: the old name ("" otherwise)
     ino: int
     size: int
     time_ms: int
-    hosts: tuple[str, ...]   # hosts holding every block of the file as the master sent it
+    hosts: tuple[str, ...]   # created: hosts holding every block of the file as the master sent it
+    host: str = ""           # replica_added / replica_lost: the host that came to hold, or lost, it whole
 
 
 class PositionTooOld(CurvineError):
@@ -74,7 +75,13 @@ class WatchCutOff(CurvineError):
 class Watch:
     """Iterate for events; ``close()`` (or leaving a ``with``) ends the stream."""
 
-    def __init__(self, meta: MasterClient, secret: str, path: str, since: int | None, retry_s: float) -> None:
+    def __init__(self, meta: MasterClient, secret: str, path: str, since: int | None, retry_s: float,
+                 kinds: typing.Collection[str] | None = None) -> None:
+        unknown = set(kinds or ()) - set(KINDS.values())
+        if unknown:
+            raise CurvineError(errno.EINVAL, f"watch: unknown event kinds {', '.join(sorted(unknown))} "
+                                             f"(known: {', '.join(KINDS.values())})")
+        self._kinds = {k for k, name in KINDS.items() if name in kinds} if kinds else None
         self._meta = meta
         self._secret = secret
         self.path = path.rstrip("/") or "/"
@@ -109,7 +116,8 @@ class Watch:
                 for reply in replies:
                     for e in reply.events:
                         self.position = e.position
-                        yield self._event(e)
+                        if self._kinds is None or e.kind in self._kinds:
+                            yield self._event(e)
                     self.position = reply.through
                 log.info("watch %s: the master ended the stream (stopping); resuming from %d", self.path,
                          self.position)
@@ -173,7 +181,7 @@ class Watch:
     def _event(self, e: pb.WatchEvent) -> WatchEvent:
         return WatchEvent(position=e.position, kind=KINDS.get(e.kind, str(e.kind)),
                           path=f"{self.path.rstrip('/')}/{e.name}", name=e.name, from_name=e.from_name, ino=e.ino,
-                          size=e.size, time_ms=e.time_ms, hosts=tuple(e.hosts))
+                          size=e.size, time_ms=e.time_ms, hosts=tuple(e.hosts), host=e.host)
 
 
 def _floor(e: grpc.RpcError) -> int:

@@ -33,9 +33,10 @@ Seen = list[tuple[str, str, str]]   # (kind, name, from_name)
 def feed_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
                  ) -> typing.Iterator[LocalCluster]:
     """Two workers; TTL sweeps every 0.3 s (an eviction on cue); a watcher that takes
-    nothing for 1.5 s is cut off; two watches at once."""
+    nothing for 1.5 s is cut off; two watches at once; replica events interleave with
+    the namespace's from 2 s after the start (the tests filter them: --kinds)."""
     flags = (*FAST_MASTER_FLAGS, "--master-ttl-sweep-s", "0.3", "--master-watch-stall-s", "1.5",
-             "--master-watchers", "2")
+             "--master-watchers", "2", "--master-worker-timeout-s", "2")   # (replica events 2 s after start)
     c = start_cluster(tmp_path_factory.mktemp("feed") / "cluster", extra_master_flags=flags)
     try:
         yield c
@@ -47,8 +48,12 @@ def sdk(c: LocalCluster) -> Client:
     return Client(master=c.master_address, config=client_config(c))
 
 
+NAMES = "created,removed,evicted"   # the namespace's events (replica ones come when the registry's look finds them)
+
+
 def cv_watch(c: LocalCluster, path: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([CV, "--config", str(c.config_path), "fs", "watch", path, "--json", *args],
+    return subprocess.Popen([CV, "--config", str(c.config_path), "fs", "watch", path, "--json", "--kinds", NAMES,
+                             *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -85,8 +90,8 @@ def test_a_subscriber_sees_exactly_the_sequence_across_a_resume(feed_cluster: Lo
         expected = [("created", "b.data", ""), ("removed", "b.data", ""), ("created", "c.data", ""),
                     ("created", "c.data", ""), ("evicted", "a.data", "")]
 
-        text = subprocess.run([CV, "--config", str(c.config_path), "fs", "watch", d, "--since", "0", "--count", "2"],
-                              capture_output=True, text=True, timeout=30)
+        text = subprocess.run([CV, "--config", str(c.config_path), "fs", "watch", d, "--since", "0", "--count", "2",
+                               "--kinds", NAMES], capture_output=True, text=True, timeout=30)
         assert text.returncode == 0, text.stderr
         lines = [line.split("\t") for line in text.stdout.splitlines()]
         assert [(f[0], f[1], f[2]) for f in lines] == [(str(got1[0]["position"]), "created", "a.tmp"),
@@ -116,7 +121,7 @@ def test_sdk_watch_is_live_and_a_third_watch_is_refused(feed_cluster: LocalClust
         d = "/feed/live"
         client.mkdir(d, parents=True)
         got: list[WatchEvent] = []
-        w = client.watch(d)
+        w = client.watch(d, kinds=["created"])
 
         def consume() -> None:
             for e in w:
@@ -126,7 +131,7 @@ def test_sdk_watch_is_live_and_a_third_watch_is_refused(feed_cluster: LocalClust
         t = threading.Thread(target=consume)
         t.start()
         wait_until("the watch is open", lambda: w.position >= 0, timeout=10)
-        with client.watch(d) as second:   # the second of master.watchers = 2
+        with client.watch(d, kinds=["created"]) as second:   # the second of master.watchers = 2
             it = iter(second)
             client.put_bytes(f"{d}/one", b"1")
             assert next(it).name == "one"
@@ -136,7 +141,7 @@ def test_sdk_watch_is_live_and_a_third_watch_is_refused(feed_cluster: LocalClust
         t.join(timeout=20)
         w.close()
         assert [(e.kind, e.name) for e in got] == [("created", "one"), ("created", "two")]
-        assert got[0].position < got[1].position == w.position
+        assert got[0].position < got[1].position <= w.position
 
 
 def test_a_watcher_that_stops_reading_is_cut_off(feed_cluster: LocalCluster) -> None:
@@ -165,7 +170,7 @@ def test_a_watcher_that_stops_reading_is_cut_off(feed_cluster: LocalCluster) -> 
         assert 0 < taken < 401, taken   # some came before the window filled, not all of them
         chan.close()
         # its slot is free again: two watches open
-        with client.watch(d) as w1, client.watch(d) as w2:
+        with client.watch(d, kinds=["created"]) as w1, client.watch(d, kinds=["created"]) as w2:
             client.put_bytes(f"{d}/after", b"1")
             assert next(iter(w1)).name == next(iter(w2)).name == "after"
 
@@ -197,12 +202,39 @@ def test_a_position_older_than_the_window_is_refused(tmp_path: Path, request: py
             assert len(lines) == 1 and "older than the events kept" in lines[0]
             assert "master.events_retention_s" in lines[0]
             # from the floor on, nothing is missing
-            w = client.watch(d, since=too_old.value.floor)
+            w = client.watch(d, since=too_old.value.floor, kinds=["created"])
             client.put_bytes(f"{d}/new", b"y")
             assert next(iter(w)).name == "new"
             w.close()
     finally:
         stop_clusters([c], request)
+
+
+def test_replica_events_follow_a_worker_loss_and_the_copy(cluster_factory: Factory) -> None:
+    """A file's two replicas announced after its close; its host's worker killed: that
+    host lost, and the host the master copied the blocks to added."""
+    c = cluster_factory(workers=3, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-worker-timeout-s", "2",
+                                                       "--master-replication-scan-s", "1"))
+    with sdk(c) as client:
+        d = "/rep"
+        client.mkdir(d)
+        w = client.watch(d)
+        it = iter(w)
+        client.put_bytes(f"{d}/f", b"r" * 1000)
+        created = next(it)
+        assert (created.kind, created.name) == ("created", "f")
+        added = [next(it), next(it)]
+        holders = sorted(client.locate([f"{d}/f"])[0].hosts)
+        assert [(e.kind, e.name) for e in added] == [("replica_added", "f")] * 2
+        assert sorted(e.host for e in added) == holders and len(holders) == 2
+        victim = holders[0]
+        c.kill_worker([c.worker_host(i) for i in range(3)].index(victim))
+        lost, copied = next(it), next(it)
+        assert (lost.kind, lost.host) == ("replica_lost", victim)
+        assert copied.kind == "replica_added" and copied.host not in holders
+        assert sorted(client.locate([f"{d}/f"])[0].hosts) == sorted([holders[1], copied.host])
+        assert added[0].position < added[1].position < lost.position < copied.position
+        w.close()
 
 
 def test_positions_hold_across_a_leader_failover(cluster_factory: Factory) -> None:
@@ -211,7 +243,7 @@ def test_positions_hold_across_a_leader_failover(cluster_factory: Factory) -> No
         d = "/ha"
         client.mkdir(d)
         client.put_bytes(f"{d}/before", b"1")
-        w = client.watch(d, since=0)
+        w = client.watch(d, since=0, kinds=["created"])
         it = iter(w)
         before = next(it)
         assert before.name == "before"
@@ -221,7 +253,7 @@ def test_positions_hold_across_a_leader_failover(cluster_factory: Factory) -> No
         assert (after.kind, after.name) == ("created", "after") and after.position > before.position
         w.close()
         # the new leader holds the same events at the same positions
-        with client.watch(d, since=0) as replay:
+        with client.watch(d, since=0, kinds=["created"]) as replay:
             it = iter(replay)
             assert [(e.position, e.name) for e in (next(it), next(it))] == \
                 [(before.position, "before"), (after.position, "after")]

@@ -10,11 +10,14 @@ import pytest
 
 from curvine_py.common.types import RENAME_EXCHANGE, ROOT_INO
 from curvine_py.master import events
-from curvine_py.master.records import Commit, Evict, Link, Mknod, PruneEvents, Rename, Rmdir, Unlink, Victim
+from curvine_py.master.records import (
+    Commit, Evict, HostChange, Link, Mknod, PruneEvents, Rename, ReplicaChanges, Rmdir, Unlink, Victim,
+)
 from tests.unit.test_namespace import NS
 
 Row = tuple[str, int, str, str]   # kind, parent, name, from_name
-KIND = {events.CREATED: "created", events.REMOVED: "removed", events.EVICTED: "evicted"}
+KIND = {events.CREATED: "created", events.REMOVED: "removed", events.EVICTED: "evicted",
+        events.REPLICA_ADDED: "added", events.REPLICA_LOST: "lost"}
 
 
 @pytest.fixture
@@ -93,3 +96,22 @@ def test_prune_keeps_the_newest_and_moves_the_floor(ns: NS) -> None:
     written(ns, d, "next")
     assert events.bounds(ns.ns.conn) == (5, 6)               # positions are never reused
     assert [(e.position, e.name) for e in events.read_after(ns.ns.conn, d, 5, 6, 10)] == [(6, "next")]
+
+
+def test_replica_changes_say_only_what_the_feed_has_not_said(ns: NS) -> None:
+    d = ns.mkdir(ROOT_INO, "d")
+    ino = written(ns, d, "f")
+    ns.do(Link, ino=ino, new_parent=d, new_name="g")
+    at = head(ns)
+    ns.do(ReplicaChanges, changes=[HostChange(ino, "h1", True), HostChange(ino, "h2", True)])
+    ns.do(ReplicaChanges, changes=[HostChange(ino, "h1", True), HostChange(ino, "h3", False)])   # said / never held
+    ns.do(ReplicaChanges, changes=[HostChange(ino, "h1", False)])
+    got = [(k, n) for k, _, n, _ in seen(ns, at)]
+    assert got == [("added", "f"), ("added", "g"), ("added", "f"), ("added", "g"), ("lost", "f"), ("lost", "g")]
+    hosts = [r[0] for r in ns.ns.conn.execute("SELECT host FROM events WHERE pos > ? ORDER BY pos", (at,))]
+    assert hosts == ["h1", "h1", "h2", "h2", "h1", "h1"]
+    assert events.hosts_of(ns.ns.conn, [ino]) == {ino: {"h2"}}
+    ns.do(Unlink, parent=d, name="f")
+    assert events.hosts_of(ns.ns.conn, [ino]) == {ino: {"h2"}}     # g still names it
+    ns.do(Unlink, parent=d, name="g")
+    assert events.hosts_of(ns.ns.conn, [ino]) == {}                 # gone: its removal says every host lost it

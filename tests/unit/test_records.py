@@ -23,8 +23,9 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
     RECORDS, ROOT, Allocate, Commit, CommitBlock, Create, Evict, ExpireLeases, LastRead, LeaderAnnounce, Link, Mknod,
-    OpenWrite, PruneEvents, PruneOplog, Record, RecordReads, RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr,
-    Setxattr, SyncEntry, UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount, Unlink, Victim, decode,
+    HostChange, OpenWrite, PruneEvents, PruneOplog, Record, ReplicaChanges, RecordReads, RegisterWorker, Removexattr,
+    Rename, Renew, Rmdir, Setattr, Setxattr, SyncEntry, UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount,
+    Unlink, Victim, decode,
 )
 
 from tests.unit.test_namespace import NS, errno_of
@@ -67,6 +68,7 @@ SAMPLES: list[Record] = [
     LeaderAnnounce(term=3, raft_id="10.0.0.1:8994", address="10.0.0.1:8995", frame_port=8996),
     PruneOplog(before_ms=5),
     PruneEvents(before_ms=5, keep=10),
+    ReplicaChanges(changes=(HostChange(9, "h1", True), HostChange(9, "h2", False))),
 ]
 
 
@@ -226,6 +228,8 @@ def _workload(ns: NS) -> None:
     ns.do(LeaderAnnounce, term=2, raft_id="10.0.0.2:8994", address="10.0.0.2:8995", frame_port=8996)
     ns.do(PruneOplog, before_ms=1)   # nothing that old: the replay below keeps every row
     ns.do(PruneEvents, before_ms=1, keep=2)   # the event feed keeps the newest two (meta.events_floor)
+    ns.do(ReplicaChanges, changes=[HostChange(ino, "h1", True), HostChange(ino, "h2", True),
+                                   HostChange(ino, "h1", False), HostChange(ino, "h2", True)])   # (the last: said)
     _ufs_workload(ns)
 
 
@@ -248,7 +252,7 @@ def _ufs_workload(ns: NS) -> None:
 
 
 TABLES = ("inodes", "dirents", "blocks", "pending_blocks", "xattrs", "reads", "workers", "meta",
-          "ufs_mounts", "ufs_dirs", "ufs_files", "events")
+          "ufs_mounts", "ufs_dirs", "ufs_files", "events", "event_hosts")
 
 
 def _tables(n: Namespace) -> dict[str, list[tuple[Any, ...]]]:
@@ -279,7 +283,7 @@ def test_a_replay_of_the_oplog_rebuilds_the_same_tables(ns: NS, tmp_path: Path) 
         assert _tables(fresh.ns)["ufs_mounts"] == []   # (umounted at the end)
         # the event feed: the same events at the same positions, pruned at the same point
         kinds = {r[2] for r in _tables(fresh.ns)["events"]}
-        assert kinds == {0, 1, 2} and events_bounds(fresh.ns.conn)[0] > 0
+        assert kinds == {0, 1, 2, 3, 4} and events_bounds(fresh.ns.conn)[0] > 0
     finally:
         fresh.journal.stop()
 
