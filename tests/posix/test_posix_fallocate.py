@@ -46,6 +46,7 @@ def test_modes_change_size_and_bytes_as_on_ext4(mounted: Mount, second_mount: Mo
     a, b = mounted.path / name, second_mount.path / name
     data = pattern(3 * BS)
     a.write_bytes(data)
+    assert b.read_bytes() == data                             # the other mount has read (and cached) it
     want = bytearray(data)
     fd = os.open(a, os.O_RDWR)
     try:
