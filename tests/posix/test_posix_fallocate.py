@@ -192,3 +192,38 @@ def tmp_names(mount: Mount) -> list[str]:
         trash = client.meta.resolve("/" + TRASH_NAME).ino
         reply = client.meta.call(Master.ReadDir, pb.ReadDirRequest(caller=client.meta.caller(), ino=trash, limit=1000))
         return [e.name for e in reply.entries if "tmp" in e.name]
+
+
+def test_dynamo_kvbm_disk_tier_pattern(mounted: Mount) -> None:
+    """Dynamo KVBM's disk tier, as its source does it: mkostemp, O_DIRECT set by fcntl, the
+    whole region fallocated (mode 0), the file unlinked while open, then pwrite and pread
+    of aligned pages at offsets from several threads."""
+    import fcntl
+    import mmap
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    page, pages = 64 * 1024, 96                             # 6 MiB: two blocks
+    fd, path = tempfile.mkstemp(dir=mounted.path, prefix="kvbm-")
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+        os.posix_fallocate(fd, 0, page * pages)
+        assert os.fstat(fd).st_size == page * pages
+        os.unlink(path)
+        assert os.fstat(fd).st_nlink == 0
+
+        def put(i: int) -> None:
+            buf = mmap.mmap(-1, page)                       # page-aligned, as O_DIRECT wants
+            buf.write((i + 1).to_bytes(4, "little") * (page // 4))
+            assert os.pwrite(fd, buf, i * page) == page
+
+        def get(i: int) -> bool:
+            buf = mmap.mmap(-1, page)
+            assert os.preadv(fd, [buf], i * page) == page
+            return bytes(buf) == (i + 1).to_bytes(4, "little") * (page // 4)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(put, range(0, pages, 2)))          # every other page: the rest stays zeros
+            assert all(pool.map(get, range(0, pages, 2)))
+        assert os.pread(fd, page, page) == bytes(page)
+    finally:
+        os.close(fd)
+    assert not os.path.exists(path)
