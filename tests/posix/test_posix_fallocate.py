@@ -227,3 +227,50 @@ def test_dynamo_kvbm_disk_tier_pattern(mounted: Mount) -> None:
     finally:
         os.close(fd)
     assert not os.path.exists(path)
+
+
+def test_vllm_fs_offload_pattern(mounted: Mount, second_mount: Mount) -> None:
+    """vLLM's fs offload tier: per key a hashed three-level directory, an O_EXCL temp file
+    written O_DIRECT (buffered when O_DIRECT is refused), os.replace into place,
+    os.path.exists per key from another mount, readv into a memoryview; a short file is
+    seen short (readv returns fewer bytes), never served as whole."""
+    import hashlib
+    import mmap
+    root, other = mounted.path / f"vllm-{os.urandom(3).hex()}", second_mount.path
+    size = 2 * MiB + 4096
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(6)]
+
+    def where(base: Path, key: str) -> Path:
+        return base / key[:2] / key[2:4] / key[4:6] / f"{key}.bin"
+    for i, key in enumerate(keys[:4]):
+        p = where(root, key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        buf = mmap.mmap(-1, size)
+        buf.write((i + 7).to_bytes(4, "little") * (size // 4))
+        tmp = p.with_name(p.name + f".{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        except OSError as e:
+            assert e.errno == errno.EINVAL
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            assert os.write(fd, buf) == size
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+    theirs = other / root.name
+    assert [os.path.exists(where(theirs, k)) for k in keys] == [True] * 4 + [False] * 2
+    for i, key in enumerate(keys[:4]):
+        into = memoryview(bytearray(size))
+        fd = os.open(where(theirs, key), os.O_RDONLY)
+        try:
+            assert os.readv(fd, [into]) == size
+        finally:
+            os.close(fd)
+        assert into[:8] == (i + 7).to_bytes(4, "little") * 2 and into[-4:] == (i + 7).to_bytes(4, "little")
+    os.truncate(where(root, keys[0]), size - 100)             # a short chunk: readv says so
+    fd = os.open(where(theirs, keys[0]), os.O_RDONLY)
+    try:
+        assert os.readv(fd, [memoryview(bytearray(size))]) == size - 100
+    finally:
+        os.close(fd)
