@@ -2,8 +2,9 @@
 docs/posix.md "Space"): the handlers deploy/pyfuse3.patch adds to pyfuse3, onto the VFS
 (client/vfsspace.py, VFS.tmpfile).  A zeroed range reads as zeros through this mount at
 once and through another mount after the close; a hole is reported where the file's block
-map has no block; an O_TMPFILE file has no name until a linkat gives it one.  (One module,
-so one cluster start, for the operations the patch's last handlers brought.)
+map has no block; an O_TMPFILE file has no name until a linkat gives it one.  And the KV
+stacks' own file patterns that use them (Dynamo KVBM's disk tier, vLLM's fs offload).
+(One module, so one cluster start, for the operations the patch's last handlers brought.)
 """
 from __future__ import annotations
 
