@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import (
-    DIR_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_ATIME, SETATTR_ATIME_NOW,
+    CAPABILITY_XATTR, DIR_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_ATIME, SETATTR_ATIME_NOW,
     SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
     XATTR_CREATE, XATTR_REPLACE,
 )
@@ -544,7 +544,14 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     @applies(Removexattr)
     def op_removexattr(self, rec: Removexattr) -> Row:
         row = self.inode(rec.ino)
-        self._xattr_access(row, rec.cred, rec.name, write=True)
+        if rec.name == CAPABILITY_XATTR and not rec.cred.root and rec.cred.uid != row["uid"]:
+            # The kernel drops a file's capability at a write by someone without
+            # CAP_FSETID (killpriv), asking the mount as that writer; it refuses the
+            # removexattr call itself to anyone without CAP_SETFCAP before it gets here.
+            # So whoever may write the file may drop it, as on a local filesystem.
+            posix.require(row, rec.cred, W)
+        else:
+            self._xattr_access(row, rec.cred, rec.name, write=True)
         if rec.name in acl.NAMES:
             if not row[_ACL_COLUMN[rec.name]]:
                 raise err(errno.ENODATA)

@@ -46,7 +46,7 @@ from curvine_py.client.reader import FileReader, LentView
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.common.lockranges import UNLCK, WRLCK, Range
-from curvine_py.common.types import HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
+from curvine_py.common.types import CAPABILITY_XATTR, HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master, Method, Rep, Req
 
@@ -135,6 +135,9 @@ class InodeState:
     handles: int = 0
     hidden: tuple[int, str, Identity] | None = None   # unlinked while open: remove at last release
     version: int = 0          # bumped when a writer here commits: readers reload their block lists
+    # the master said it has no security.capability: asked once while it is open here, not
+    # before every write(2) (a capability set elsewhere meanwhile shows at the next open)
+    no_capability: bool = False
 
 
 @dataclass
@@ -368,15 +371,25 @@ class VFS:
         """The kernel asks for security.capability before every write(2) to a file, and
         (FUSE_POSIX_ACL) for the access ACL of an inode whose permission it checks for
         someone other than its owner, again after each revalidation of its name: for an
-        inode whose cached attributes say it has none, that is answered here."""
+        inode whose cached attributes say it has none, that is answered here.  A
+        capability's absence is learnt from the master's first answer while the file is
+        open here and kept until its last close: close-to-open, as its bytes are."""
         if name == ACL_ACCESS:
             cached = self.cached_dir_attr(self._in(ino))
             if cached is None and self.cache is not None:
                 cached = self.cache.attr(self._in(ino))
             if cached is not None and not cached.acl:
                 raise err(errno.ENODATA)
+        opened = self._open_state(ino) if name == CAPABILITY_XATTR else None
+        if opened is not None and opened.no_capability:
+            raise err(errno.ENODATA)
         req = pb.XattrRequest(caller=self.meta.caller(ident), ino=self._in(ino), name=name)
-        reply = yield from ask(Master.GetXattr, req)
+        try:
+            reply = yield from ask(Master.GetXattr, req)
+        except CurvineError as e:
+            if opened is not None and e.errno == errno.ENODATA:
+                opened.no_capability = True
+            raise
         return bytes(reply.value)
 
     def create(self, parent: int, name: str, mode: int, flags: int, umask: int, ident: Identity,
@@ -606,7 +619,17 @@ class VFS:
     def statfs(self) -> Op[pb.StatFsReply]:
         return (yield from ask(Master.StatFs, pb.Empty()))
 
+    def _open_state(self, ino: int) -> InodeState | None:
+        with self._lock:
+            return self._inodes.get(ino)
+
+    def _capability_changed(self, ino: int, name: str) -> None:
+        opened = self._open_state(ino) if name == CAPABILITY_XATTR else None
+        if opened is not None:
+            opened.no_capability = False
+
     def setxattr(self, ino: int, name: str, value: bytes, flags: int, ident: Identity) -> Op[None]:
+        self._capability_changed(ino, name)
         yield from ask(Master.SetXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
                                                         name=name, value=value, flags=flags))
         self._dir_attrs.pop(self._in(ino), None)   # an ACL sets the mode bits
@@ -616,6 +639,7 @@ class VFS:
         return list((yield from ask(Master.ListXattr, req)).names)
 
     def removexattr(self, ino: int, name: str, ident: Identity) -> Op[None]:
+        self._capability_changed(ino, name)
         yield from ask(Master.RemoveXattr, pb.XattrRequest(caller=self.meta.caller(ident, True), ino=self._in(ino),
                                                            name=name))
         self._dir_attrs.pop(self._in(ino), None)

@@ -27,3 +27,6 @@ XATTR_REPLACE = 2
 # A file unlinked while a mount still has it open keeps living under this name prefix
 # until the last handle is released (as libfuse's .fuse_hidden files); listings skip it.
 HIDDEN_PREFIX = ".curvine_hidden_"
+# A file's capabilities: the kernel asks for it before each write(2) and drops it at a
+# write by someone without CAP_FSETID (killpriv), asking as that writer.
+CAPABILITY_XATTR = "security.capability"

@@ -259,3 +259,49 @@ def test_a_leader_change_ends_every_session_and_the_mount_opens_one_with_the_new
             m.stop()
     finally:
         c.stop()
+
+
+def master_calls(cluster: LocalCluster, method: str) -> float:
+    """How many calls of method the master has answered (its /metrics)."""
+    address = cluster.masters[0].metrics
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    found = re.search(rf'curvine_master_rpc_duration_seconds_count\{{method="{method}"[^}}]*\}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+# A valid VFS_CAP_REVISION_2 value (cap_net_bind_service permitted): the kernel checks the form
+CAP_NET_BIND = bytes.fromhex("01000002" "00040000" "00000000" "00000000" "00000000")
+
+
+def _write_as_user(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, b"y")
+    finally:
+        os.close(fd)
+
+
+def test_a_capability_is_asked_once_per_inode_and_a_write_still_drops_it(posix_cluster: LocalCluster,
+                                                                          mounted: Mount, sdk: Client) -> None:
+    """The kernel asks for security.capability before every write(2): the mount asks the
+    master once while the file is open here.  A capability set by another client is seen
+    at the next open (close-to-open, as the bytes), so an unprivileged writer's write
+    finds it and drops it (the kernel's killpriv)."""
+    d = mounted.path / "caps"
+    d.mkdir()
+    f = d / "tool"
+    f.write_bytes(b"")
+    os.chmod(f, 0o666)
+    before = master_calls(posix_cluster, "GetXattr")
+    fd = os.open(f, os.O_WRONLY)
+    try:
+        for _ in range(50):
+            os.write(fd, b"x" * 4096)
+    finally:
+        os.close(fd)
+    assert master_calls(posix_cluster, "GetXattr") - before <= 2, "the capability was asked per write"
+    sdk.setxattr("/caps/tool", "security.capability", CAP_NET_BIND)
+    assert os.getxattr(f, "security.capability") == CAP_NET_BIND
+    assert run_as_user(_write_as_user, "caps/tool", cwd=mounted.path) is None
+    assert errno_of(run_as_user(os.getxattr, "caps/tool", "security.capability", cwd=mounted.path)) == 61  # ENODATA
+    assert f.stat().st_size == 50 * 4096
