@@ -32,6 +32,7 @@ N = 2000
 WITH_DATA = N // 5
 AT_REST_MAX = 300          # bytes per file, the bound
 RETRY_ROW_MAX = 400        # bytes of payload per retry-cache row (table + index); ~1,150 with the record kept
+EVENT_MAX = 200            # bytes of payload per event of the feed (table + index), while the window keeps it
 SLACK = 192 << 10          # what may stay above the empty store: the free pages reclaim leaves (16), /kv
 
 Factory = typing.Callable[..., typing.Any]
@@ -68,7 +69,10 @@ class Store:
 
 
 def test_meta_db_stays_small_and_gives_space_back(cluster_factory: Factory) -> None:
-    c = cluster_factory(workers=1, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-retry-cache-s", "1"))
+    # the retry cache and the event feed's window (master/events.py) kept 1 s: "at rest"
+    # is after both were pruned
+    c = cluster_factory(workers=1, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-retry-cache-s", "1",
+                                                       "--master-events-retention-s", "1"))
     db = Store(c.meta_dir(0) / "meta.db")
     assert db.q("PRAGMA auto_vacuum")[0] == schema.INCREMENTAL
     client = Client(master=c.master_address, config=client_config(c))
@@ -89,6 +93,11 @@ def test_meta_db_stays_small_and_gives_space_back(cluster_factory: Factory) -> N
                              " WHERE name IN ('oplog', 'oplog_req'))")
         assert rows > 0
         assert payload / rows <= RETRY_ROW_MAX, f"{payload / rows:.0f} bytes per retry-cache row"
+        events, event_bytes = db.q("SELECT (SELECT count(*) FROM events), (SELECT sum(payload) FROM dbstat"
+                                   " WHERE name IN ('events', 'events_parent'))")
+        per_event = event_bytes / events if events else 0.0
+        assert per_event <= EVENT_MAX, f"{per_event:.0f} bytes per event"
+        wait_until("the events to be pruned", lambda: db.q("SELECT count(*) FROM events")[0] == 0, 10)
         # at rest: the retry cache pruned; the prunes themselves (records without a request
         # id, one a second) leave no row
         wait_until("the retry cache to be pruned", lambda: db.q("SELECT count(*) FROM oplog")[0] == 0, 10)
@@ -105,7 +114,8 @@ def test_meta_db_stays_small_and_gives_space_back(cluster_factory: Factory) -> N
         waited = wait_until("meta.db to shrink back", lambda: db.file() <= start + SLACK, 15)
         assert db.logical() <= start + SLACK
         print(f"\n{N} files: created in {created_s:.1f} s, deleted in {deleted_s:.1f} s; meta.db {start} B empty, "
-              f"{per_file:.0f} B/file at rest, {payload / rows:.0f} B per retry-cache row, peak {peak} B, "
+              f"{per_file:.0f} B/file at rest, {payload / rows:.0f} B per retry-cache row, {per_event:.0f} B per "
+              f"event ({events} events), peak {peak} B, "
               f"{db.file()} B {waited:.1f} s after the deletes")
     finally:
         client.close()
