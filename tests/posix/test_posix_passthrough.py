@@ -19,6 +19,7 @@ from pyfuse3_features import needs_passthrough
 
 from curvine_py.common import config as cfgmod
 from curvine_py.worker.blockstore import unshared
+from tests.posix.conftest import block_ids, wait_deleted
 
 pytestmark = [pytest.mark.timeout(180), needs_passthrough]   # the patched pyfuse3 (deploy/build-pyfuse3.sh)
 
@@ -126,6 +127,7 @@ def test_a_reader_keeps_its_version_while_another_mount_rewrites_the_file(d: Pat
     reads it: the worker must not recycle (overwrite) that file for new blocks."""
     old, new = os.urandom(KV), os.urandom(KV)
     write_kv(d / "c.data", old)
+    old_ids = block_ids(mounted, d / "c.data")
     other = second_mount.path / d.name
     f = open(d / "c.data", "rb", buffering=0)
     try:
@@ -133,7 +135,7 @@ def test_a_reader_keeps_its_version_while_another_mount_rewrites_the_file(d: Pat
         (other / "c.data").write_bytes(new)            # same inode, new block, old one freed
         for i in range(6):                              # new blocks that would reuse freed files
             (other / f"x{i}").write_bytes(os.urandom(KV))
-        time.sleep(1.0)                                 # the workers delete the old block meanwhile
+        wait_deleted(mounted, old_ids)                  # the workers delete the old block meanwhile
         rest = f.read()
     finally:
         f.close()
