@@ -19,7 +19,8 @@ What is bounded explicitly:
 
 Only the leader serves watches (the hosts in events are its registry's); a master that
 stops leading ends its streams with UNAVAILABLE naming the leader, where the watcher
-resumes.  The leader also prunes the table (``housekeeping``, by ``PruneEvents`` records).
+resumes.  The leader's ``housekeeping`` also runs the replica events' look
+(master/replicafeed.py) and prunes the table (by ``PruneEvents`` records).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import logging
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import grpc
@@ -60,7 +61,6 @@ class _Stream:
     path: str
     sending_since: float = 0.0     # monotonic time a batch was handed to gRPC and not yet taken; 0 = none
     cut: bool = False
-    started: float = field(default_factory=time.monotonic)
 
 
 class Watchers:
