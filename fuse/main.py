@@ -27,6 +27,7 @@ if typing.TYPE_CHECKING:
     from curvine_py.client.cachesession import CacheSession
     from curvine_py.client.core import ClientCore
     from curvine_py.client.vfs import VFS
+    from curvine_py.fuse.notify import KernelNotifier
     from curvine_py.fuse.ops import CurvineOps
 
 log = logging.getLogger("curvine.fuse")
@@ -183,6 +184,7 @@ class _Mounted:
     ops: CurvineOps
     real: str
     session: CacheSession | None = None   # the metadata cache's session (fuse.metadata_cache)
+    notifier: KernelNotifier | None = None   # tells the kernel what the session's pushes took
     detached: bool = False   # the watchdog found the mount gone: nothing of ours to unmount
 
 
@@ -226,7 +228,13 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
         log.error("mount failed: %s", e)
         _notify(ready_fd, f"mount failed: {e}")
         return None
-    return _Mounted(core, vfs, ops, real, session.start() if session is not None else None)
+    if session is None:
+        return _Mounted(core, vfs, ops, real)
+    # after init (the kernel's session exists) and before the cache session's first push
+    from curvine_py.fuse.notify import KernelNotifier
+    notifier = KernelNotifier(vfs.root_ino).start()
+    session.on_push = notifier.pushed
+    return _Mounted(core, vfs, ops, real, session.start(), notifier)
 
 
 def _reach_master(cfg: config.Config, ready_fd: int | None) -> ClientCore | None:
@@ -327,6 +335,8 @@ def _unmount(m: _Mounted, mountpoint: str) -> None:
     flush can wait long for an unreachable master; a process touching the mount in that
     time must get an error at once, not hang."""
     import pyfuse3
+    if m.notifier is not None:   # before close: a notification after it has no session to go to
+        m.notifier.stop()
     try:
         pyfuse3.close(unmount=not m.detached)   # detached: nothing of ours is mounted there now
     except Exception as e:

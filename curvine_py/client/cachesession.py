@@ -22,6 +22,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from curvine_py.client.framedclient import connect
 from curvine_py.client.metacache import MetaCache
@@ -48,8 +49,11 @@ class Ended(Exception):
 class CacheSession:
     """Keeps one session open while the mount runs (start, stop)."""
 
-    def __init__(self, meta: MasterClient, cache: MetaCache) -> None:
-        self.meta, self.cache = meta, cache
+    def __init__(self, meta: MasterClient, cache: MetaCache,
+                 on_push: Callable[[pb.Invalidation], None] | None = None) -> None:
+        """on_push: called with each push once the cache forgot its keys, before it is
+        acknowledged (the mount's: the kernel forgets them too, fuse/notify.py)."""
+        self.meta, self.cache, self.on_push = meta, cache, on_push
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="cache-session", daemon=True)
@@ -134,13 +138,15 @@ class CacheSession:
                 continue   # (a part of a frame stays in reader for the next fill)
             try:
                 if got == mf.PUSH_CALL_ID:
-                    self.cache.invalidate(pb.Invalidation.FromString(body))
+                    push = pb.Invalidation.FromString(body)
+                    self.cache.invalidate(push)
+                    if self.on_push is not None:
+                        self.on_push(push)
                     ack = True
                 else:
                     self._answered(beats.pop(got, None), status, body, lease)
             finally:
                 reader.consume(mf.LENGTH.size + length)
-
 
     def _answered(self, sent: float | None, status: int, body: memoryview, lease: float) -> None:
         if status == mf.OK and sent is not None:

@@ -1,0 +1,155 @@
+"""The kernel's side of the master's invalidations (issues 39 §2 and 41).
+
+A mount's cache session (client/cachesession.py) gets a push from the master for every
+name or attribute it holds that someone else changes, and acknowledges it before the
+change's caller is answered.  The mount's own cache forgets the keys at once; without
+this module the kernel kept its dentries and attributes until ``fuse.entry_timeout_s`` /
+``fuse.attr_timeout_s`` ran out.  KernelNotifier tells the kernel too: a name key
+becomes ``invalidate_entry(parent, name)``, an attribute key (and a directory's mode key)
+``invalidate_inode(ino, attr_only=True)``.
+
+Why a thread of its own: pyfuse3's notifications block in the kernel while a related
+request is in flight (``invalidate_entry`` waits for the directory's lock that a
+lookup, create, unlink or rename there holds).  Called from the trio loop or a thread a
+FUSE request waits on, that is a deadlock; called from the session thread, a stuck one
+would stop its beats.  So the session hands each push here and waits for it only briefly
+(WAIT_S): the acknowledgement, and so the changer's answer, normally comes after the
+kernel forgot, but a push that collides with a request of this mount in the same
+directory (which may itself wait for the other mount's acknowledgement: a cycle) is
+acknowledged without waiting, and the kernel forgets as soon as that request is done.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+import typing
+from collections.abc import Callable
+
+from curvine_py.client.metacache import LISTING
+from curvine_py.common.types import ROOT_INO
+from curvine_py.pb import curvine_pb2 as pb
+
+log = logging.getLogger(__name__)
+WAIT_S = 0.05        # how long a push's acknowledgement waits for the kernel to forget it
+STOP_WAIT_S = 1.0    # how long stop() waits for a notification in the kernel to return
+
+
+class Note(typing.NamedTuple):
+    """One thing the kernel is told to forget: a name in a directory, or (name None) an
+    inode's attributes; kernel inode numbers."""
+    ino: int
+    name: bytes | None
+
+
+class KernelNotifier:
+    """Turns pushes into the kernel's invalidations, in order, on one thread of its own.
+
+    entry and inode are pyfuse3's invalidate_entry and invalidate_inode (called only
+    between start and stop: after pyfuse3.close there is no session to notify)."""
+
+    def __init__(self, root_ino: int,
+                 entry: Callable[[int, bytes], None] | None = None,
+                 inode: Callable[..., None] | None = None, wait_s: float = WAIT_S) -> None:
+        if entry is None or inode is None:
+            import pyfuse3
+            entry, inode = entry or pyfuse3.invalidate_entry, inode or pyfuse3.invalidate_inode
+        self.root_ino = root_ino
+        self._entry, self._inode, self._wait_s = entry, inode, wait_s
+        self._queue: queue.SimpleQueue[tuple[int, list[Note]] | None] = queue.SimpleQueue()
+        self._done = threading.Condition()
+        self._submitted = self._finished = 0      # tickets: pushes handed over, and told the kernel
+        self._calling = threading.Lock()           # held while the kernel is being told
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kernel-notify", daemon=True)
+        self.pushes = 0          # pushes handed over (with something for the kernel)
+        self.session_s = 0.0     # the session thread's time in pushed(), over them
+        self.told = 0            # notifications the kernel took (ENOENT: it had forgotten; not counted)
+
+    def start(self) -> "KernelNotifier":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No notification after this returns (pyfuse3.close comes next): one the kernel
+        holds up longer than STOP_WAIT_S is left behind, logged."""
+        self._closed = True
+        self._queue.put(None)
+        if self._calling.acquire(timeout=STOP_WAIT_S):
+            self._calling.release()
+        else:
+            log.warning("a kernel invalidation still waits in the kernel at unmount")
+        if self.pushes:
+            log.info("kernel invalidations: %d pushes, %d told, %.1f us each in the session thread",
+                     self.pushes, self.told, self.session_s / self.pushes * 1e6)
+
+    # ------------------------------------------------------------------ the session's side
+    def pushed(self, push: pb.Invalidation) -> None:
+        """The session thread's hook, after the mount's cache forgot push's keys: hand
+        them to the kernel, and wait up to WAIT_S for it, unless the kernel is behind
+        already (an earlier push still waits for a request in flight)."""
+        notes = self.notes(push)
+        if not notes or self._closed:
+            return
+        start = time.perf_counter()
+        with self._done:
+            caught_up = self._finished == self._submitted
+            self._submitted += 1
+            ticket = self._submitted
+        self._queue.put((ticket, notes))
+        if caught_up:
+            with self._done:
+                self._done.wait_for(lambda: self._finished >= ticket, timeout=self._wait_s)
+        self.pushes += 1
+        self.session_s += time.perf_counter() - start
+
+    def notes(self, push: pb.Invalidation) -> list[Note]:
+        """What push's keys mean to the kernel (listings: nothing, the kernel keeps no
+        listing; a directory's mode key: its attributes), in kernel inode numbers."""
+        out: list[Note] = []
+        for k in push.keys:
+            ino = self.kernel_ino(k.ino)
+            if ino is None or (k.entry and k.name == LISTING):
+                continue
+            note = Note(ino, os.fsencode(k.name) if k.entry and k.name else None)
+            if note not in out:
+                out.append(note)
+        return out
+
+    def kernel_ino(self, ino: int) -> int | None:
+        """The kernel's number of master inode ino (fuse/ops.py's mapping reversed: the
+        mount's root, maybe a --subdir, is the kernel's 1); None: not in this mount (the
+        pool's root above a subdir)."""
+        if ino == self.root_ino:
+            return ROOT_INO
+        return None if ino == ROOT_INO else ino
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None or self._closed:
+                return
+            ticket, notes = item
+            with self._calling:
+                for note in notes:
+                    if self._closed:
+                        return
+                    self._tell(note)
+            with self._done:
+                self._finished = ticket
+                self._done.notify_all()
+
+    def _tell(self, note: Note) -> None:
+        try:
+            if note.name is None:
+                self._inode(note.ino, attr_only=True)
+            else:
+                self._entry(note.ino, note.name)
+            self.told += 1
+        except OSError as e:
+            if e.errno != errno.ENOENT:   # ENOENT: the kernel holds nothing of it
+                log.warning("kernel invalidation of %s failed: %s", note, e)
