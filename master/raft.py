@@ -162,7 +162,7 @@ class Snapshots:
                 snap.backup(self.journal.conn)
                 self.journal.conn.execute("PRAGMA journal_mode=WAL")
                 self.journal.conn.execute("DROP TABLE IF EXISTS raft_snapshot")
-                schema.acl_columns(self.journal.conn)
+                schema.upgrade(self.journal.conn)   # an older master's snapshot: this version's tables
                 schema.keep_counts(self.journal.conn)
                 self.journal.raft_applied = self.journal.stored_index()
                 log.info("installed the raft snapshot at log index %d in %.2f s (the store was at %d)", index,

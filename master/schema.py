@@ -134,14 +134,8 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     """Create the tables, the counters and the root directory if they are missing.  now_ns:
     the root's times (the clock's by default; 0 for a master of a Raft group, whose
     replicas must hold the same root: the group's first LeaderAnnounce sets them)."""
-    conn.executescript(SCHEMA)
-    migrate(conn)
-    acl_columns(conn)
-    if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
-        conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
+    upgrade(conn)
     conn.execute("BEGIN IMMEDIATE")
-    for key, value in COUNTERS.items():
-        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
     if conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
         now = time.time_ns() if now_ns is None else now_ns
         conn.execute(
@@ -151,6 +145,22 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     conn.execute("COMMIT")
     keep_counts(conn)
     incremental_vacuum_on(conn)
+
+
+def upgrade(conn: sqlite3.Connection) -> None:
+    """Bring a store to this version's tables, columns and counters: a new one, one an
+    older master made, or an older master's Raft snapshot just installed into this one
+    (the backup replaces the whole schema: a newer follower would otherwise lack the
+    tables it writes at its next apply)."""
+    conn.executescript(SCHEMA)
+    migrate(conn)
+    acl_columns(conn)
+    if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
+        conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
+    conn.execute("BEGIN IMMEDIATE")
+    for key, value in COUNTERS.items():
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+    conn.execute("COMMIT")
 
 
 # Counts kept by triggers in the meta table, so that Report, StatFs and /metrics read one

@@ -18,7 +18,7 @@ from curvine_py.master import schema
 from curvine_py.master.journal import Journal
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.raft import Snapshots, _journal_problem, _keep_readable
-from curvine_py.master.records import Mknod, PruneOplog
+from curvine_py.master.records import Mknod, PruneOplog, Rename
 
 
 def store(path: Path) -> Journal:
@@ -74,6 +74,31 @@ def test_a_snapshot_installs_only_when_it_is_ahead(tmp_path: Path) -> None:
         mkdir(ahead, i, name)
     Snapshots(str(tmp_path / "ahead.db"), ahead).load(snap)
     assert names(ahead) == ["a", "b", "c", "x", "y"] and ahead.raft_applied == 6
+
+
+def test_an_older_masters_snapshot_gets_this_versions_tables(tmp_path: Path) -> None:
+    """A rolling upgrade: the leader still runs a version without the event feed's tables
+    (and counter); a newer follower installs its snapshot and goes on applying records
+    that write them."""
+    old = store(tmp_path / "old.db")
+    mkdir(old, 2, "a")
+    old.conn.execute("DROP TABLE events")
+    old.conn.execute("DROP TABLE event_hosts")
+    old.conn.execute("DELETE FROM meta WHERE key='events_floor'")
+    snap = str(tmp_path / "raft.snapshot")
+    Snapshots(str(tmp_path / "old.db"), old).save(snap, ("entry", "entry", {"members"}))
+    new = store(tmp_path / "new.db")
+    Snapshots(str(tmp_path / "new.db"), new).load(snap)
+    assert names(new) == ["a"]
+    tables = {r[0] for r in new.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"events", "event_hosts"} <= tables
+    assert new.conn.execute("SELECT value FROM meta WHERE key='events_floor'").fetchone() is not None
+    made = new.apply_entry(3, Mknod(parent=ROOT_INO, name="f.tmp", mode=stat.S_IFREG | 0o644, now_ns=3).to_json())
+    assert not isinstance(made, OSError), made
+    moved = new.apply_entry(4, Rename(parent=ROOT_INO, name="f.tmp", new_parent=ROOT_INO, new_name="f",
+                                      now_ns=4).to_json())
+    assert not isinstance(moved, OSError), moved                     # a rename into place: an event
+    assert names(new) == ["a", "f"] and new.conn.execute("SELECT count(*) FROM events").fetchone()[0] >= 1
 
 
 def _journal(path: Path, entries: int) -> None:
