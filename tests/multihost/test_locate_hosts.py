@@ -1,7 +1,8 @@
 """Locate's holders across real hosts (issue 44 section 1): for files of known blocks
 written from a worker's host, the hosts Locate names for each file are exactly the hosts
 whose workers have every one of its blocks on disk; after a worker is lost and its
-blocks copied again, the same holds and the lost host is named nowhere."""
+blocks copied again, the same holds and the lost host is named nowhere; after a chunk's
+eviction, it is named absent and every host's prefix stops before it."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ from tests.conftest import FAST_MASTER_FLAGS, wait_until
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 
-FLAGS = (*FAST_MASTER_FLAGS, "--master-worker-timeout-s", "2", "--master-replication-scan-s", "1")
+FLAGS = (*FAST_MASTER_FLAGS, "--master-worker-timeout-s", "2", "--master-replication-scan-s", "1",
+         "--master-ttl-sweep-s", "0.3")   # a TTL eviction on cue
 WORKER_HOSTS = (1, 2, 3)
 BLOCK = 64 * 1024
 FILES = 12
@@ -72,6 +74,17 @@ def test_locate_names_exactly_the_hosts_with_every_block(net_cluster_factory: ty
     with c.client(1) as cl:
         counts = cl.prefix_hosts(paths)
     assert counts == leading(paths, got) and gone not in counts
+
+    evicted = paths[3]   # the fourth chunk of the prefix goes: every host's prefix stops at 3
+    with c.client(1) as cl:
+        cl.set_ttl(evicted, 1)
+        wait_until("the TTL sweep evicts the chunk", lambda: not cl.exists(evicted), timeout=20)
+        after = {g.path: g for g in cl.locate(paths)}
+        counts = cl.prefix_hosts(paths)
+    assert not after[evicted].found and not after[evicted].hosts
+    assert {p: set(g.hosts) for p, g in after.items() if p != evicted} == \
+        {p: hosts for p, hosts in got.items() if p != evicted}
+    assert counts == leading(paths[:3], got) and max(counts.values()) <= 3
 
 
 def leading(paths: list[str], holders: dict[str, set[str]]) -> dict[str, int]:
