@@ -234,6 +234,7 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
     from curvine_py.fuse.notify import KernelNotifier
     notifier = KernelNotifier(vfs.root_ino).start()
     session.on_push = notifier.pushed
+    session.cache.on_refused = notifier.refused
     return _Mounted(core, vfs, ops, real, session.start(), notifier)
 
 

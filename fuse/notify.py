@@ -67,6 +67,7 @@ class KernelNotifier:
         self._thread = threading.Thread(target=self._run, name="kernel-notify", daemon=True)
         self.pushes = 0          # pushes handed over (with something for the kernel)
         self.session_s = 0.0     # the session thread's time in pushed(), over them
+        self.refusals = 0        # replies the cache refused, handed over (refused)
         self.told = 0            # notifications the kernel took (ENOENT: it had forgotten; not counted)
 
     def start(self) -> "KernelNotifier":
@@ -83,8 +84,8 @@ class KernelNotifier:
         else:
             log.warning("a kernel invalidation still waits in the kernel at unmount")
         if self.pushes:
-            log.info("kernel invalidations: %d pushes, %d told, %.1f us each in the session thread",
-                     self.pushes, self.told, self.session_s / self.pushes * 1e6)
+            log.info("kernel invalidations: %d pushes (%.1f us each in the session thread), %d refused "
+                     "replies, %d told", self.pushes, self.session_s / self.pushes * 1e6, self.refusals, self.told)
 
     # ------------------------------------------------------------------ the session's side
     def pushed(self, push: pb.Invalidation) -> None:
@@ -105,6 +106,21 @@ class KernelNotifier:
                 self._done.wait_for(lambda: self._finished >= ticket, timeout=self._wait_s)
         self.pushes += 1
         self.session_s += time.perf_counter() - start
+
+    def refused(self, keys: list[pb.CacheKey]) -> None:
+        """The cache's hook (MetaCache.on_refused), from a request's thread or the trio
+        loop: a reply the cache did not keep (a change elsewhere raced with it), which the
+        kernel is about to keep for its timeouts with no push to end that.  Queued, never
+        waited for: the kernel's invalidation of the name waits until the request that
+        brought it (holding the directory) is answered, then drops what it left."""
+        notes = self.notes(pb.Invalidation(keys=keys))
+        if not notes or self._closed:
+            return
+        with self._done:
+            self._submitted += 1
+            ticket = self._submitted
+        self._queue.put((ticket, notes))
+        self.refusals += 1
 
     def notes(self, push: pb.Invalidation) -> list[Note]:
         """What push's keys mean to the kernel (listings: nothing, the kernel keeps no

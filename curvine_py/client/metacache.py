@@ -19,6 +19,7 @@ import threading
 import time
 import typing
 from collections import OrderedDict
+from collections.abc import Callable
 
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -69,6 +70,10 @@ class MetaCache:
         self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
         self.sessions = 0           # sessions begun
+        # Called (outside the lock) with the name and attribute keys of a reply made in a
+        # session that this cache did not keep: no push will come for them, so whoever else
+        # keeps that reply (the kernel, fuse/notify.py) must drop it too.
+        self.on_refused: Callable[[list[pb.CacheKey]], None] | None = None
 
     # ------------------------------------------------------------------ the session
     def begin(self, session: int, valid_until: float) -> None:
@@ -164,9 +169,16 @@ class MetaCache:
         made in the current session and no push numbered lease_seq or later took one of
         them already (pushes and replies arrive in any order).  A listing is kept only for
         a new directory (the name's) or one a push took and no refused grant since."""
-        if not lease_seq or not session:
+        if not session:
             return
-        keys = list(keys)
+        keys, attrs = list(keys), tuple(attrs)
+        if not (lease_seq and self._grant(session, lease_seq, attrs, name, directory, keys)) and self.on_refused:
+            self.on_refused([pb.CacheKey(ino=a.ino) for a in attrs]
+                            + ([pb.CacheKey(ino=name[0], name=name[1], entry=True)] if name is not None else []))
+
+    def _grant(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
+               name: tuple[int, str, int] | None, directory: pb.Attr | None, keys: list[pb.CacheKey]) -> bool:
+        """granted's work: False when refused."""
         wanted: list[Key] = [(a.ino, None) for a in attrs]
         if name is not None:
             wanted.append((name[0], name[1]))
@@ -175,13 +187,13 @@ class MetaCache:
         wanted += [(k.ino, k.name) for k in keys]
         with self._lock:
             if session != self.session:
-                return
+                return False
             if lease_seq <= self._dropped_floor or any(self._dropped.get(k, 0) >= lease_seq for k in wanted):
                 # refused: a listing that lost this name (or these listings) can never be whole again here
                 for ino in [k.ino for k in keys] + ([name[0]] if name is not None else []):
                     self._taken.discard(ino)
                     self._complete.discard(ino)
-                return
+                return False
             for a in attrs:
                 self._attrs[a.ino] = a
                 self._attrs.move_to_end(a.ino)
@@ -210,6 +222,7 @@ class MetaCache:
                 self._taken.discard(parent)
             if len(self._taken) > self._max:
                 self._taken.clear()
+        return True
 
     def own_change(self, session: int, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
         """A mutation of this mount's own, made in session: its invalidation of what this
