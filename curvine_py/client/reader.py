@@ -35,6 +35,7 @@ SCATTERED = 2   # small far reads in a row after which a file counts as read at 
 # block was one serial read + verify on one thread.  A multiple of every chunk size a
 # block's checksums use (128 KiB, 1 MiB), so a short-circuit part verifies whole chunks.
 WHOLE_PART = 4 << 20
+HEADER_READ = 4096   # a first read at offset 0 up to this size is a header: its range alone (_read_slot)
 T = TypeVar("T")
 
 
@@ -440,8 +441,9 @@ class FileReader:
         if offset >= self.size or len(into) == 0:
             return 0
         total = min(len(into), self.size - offset)
+        last = (offset + total - 1) // self.bs
         for idx, within, done, n in slots(offset, total, self.bs):
-            self._read_slot(idx, within, into[done:done + n], offset)
+            self._read_slot(idx, within, into[done:done + n], offset, last)
         return total
 
     def read_bytes(self, offset: int, size: int) -> bytes:
@@ -509,16 +511,28 @@ class FileReader:
             raise
         return LentView(entry.view[within:within + size], self, entry)
 
-    def _read_slot(self, idx: int, within: int, out: memoryview, offset: int) -> None:
+    def _read_slot(self, idx: int, within: int, out: memoryview, offset: int, last: int = -1) -> None:
+        """Bytes of block idx into out.  last: the last block the caller's read covers
+        (read-ahead starts after it: the read fetches the blocks up to there itself)."""
         block = self.blocks.get(idx)
         if block is None:
             out[:] = bytearray(len(out))
             return
         with self._lock:
             cached = idx in self._cache
-        if not cached and within == 0 and len(out) >= min(self.bs, block.length):
-            self._note(offset, idx)
-            self._fill(block, 0, out)   # caller wants the whole block: no staging copy
+            first = self._last_idx < 0 and not cached
+        whole = min(self.bs, block.length)
+        if not cached and within + len(out) >= whole and len(out) >= whole // 2:
+            # the caller wants the block, or its rest after a header: no staging copy
+            self._note(offset, idx, last)
+            self._fill(block, within, out)
+            return
+        if first and offset == 0 and len(out) <= HEADER_READ:
+            # a file's header read first (LMCache's fs:// chunks: 28 bytes, then the rest in
+            # one read): its range alone; the read that goes on from its end is sequential
+            self._fill(block, within, out)
+            with self._lock:
+                self._random_end = len(out)
             return
         if not cached and self._random(idx, offset, len(out)):
             self._fill(block, within, out)   # a small random read: its range alone
@@ -561,14 +575,16 @@ class FileReader:
             self._random_end = offset + size
             return True
 
-    def _note(self, offset: int, idx: int) -> None:
-        """Reads near the furthest point read so far are sequential: fetch the next blocks."""
+    def _note(self, offset: int, idx: int, upto: int = -1) -> None:
+        """Reads near the furthest point read so far are sequential: fetch the blocks after
+        upto (default idx: the last block the read covers) ahead."""
         with self._lock:
             self._last_idx, self._used = idx, time.monotonic()
             sequential = offset <= self._max_end + self.bs
             self._max_end = max(self._max_end, offset)
             if sequential:
-                for nxt in range(idx + 1, idx + 1 + self.read_ahead):
+                after = max(idx, upto) + 1
+                for nxt in range(after, after + self.read_ahead):
                     if nxt in self.blocks and nxt not in self._cache and not self._start_fetch_nowait(nxt):
                         return
 

@@ -92,3 +92,27 @@ def test_get_into_reads_a_large_block_in_parts_byte_exact(shared_cluster: LocalC
     finally:
         here.close()
         far.close()
+
+
+def test_a_header_then_the_rest_is_read_straight_in(shared_cluster: LocalCluster) -> None:
+    """LMCache's fs:// chunk format read through the SDK (the in-process plugin's get):
+    28 bytes of header, then the rest in one readinto.  The header's range alone is
+    fetched and the rest goes straight into the caller's buffer, block by block: one
+    short-circuit read more than the blocks, none of them into the reader's block cache
+    (before, the header read fetched block 0 whole and read the others ahead into pooled
+    buffers, and the rest was copied out of them)."""
+    c = client_on_host(shared_cluster, shared_cluster.worker_host(0), cache_local_writes=True)
+    try:
+        data = os.urandom(28 + 3 * 4 * MiB - 1000)   # 3 blocks of the directory's 4 MiB
+        c.put_bytes("/kvr-header", data, 4 * MiB)
+        sc = c.core.paths.shortcircuit
+        assert sc is not None
+        reads = sc.stats()["reads"]
+        rest = memoryview(bytearray(len(data) - 28))
+        with c.open("/kvr-header", "rb") as f:
+            assert f.read(28) == data[:28]
+            assert f.readinto(rest) == len(rest)
+        assert bytes(rest) == data[28:]
+        assert sc.stats()["reads"] - reads == 4   # the header's range, then 3 blocks' bytes
+    finally:
+        c.close()
