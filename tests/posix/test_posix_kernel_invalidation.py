@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from curvine_py.sdk import Client
+from tests.conftest import client_config, wait_until
 from tests.posix.conftest import Mount
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "30", "--fuse-entry-timeout-s", "30")
@@ -118,3 +119,25 @@ def test_a_directory_mode_changed_on_a_shows_on_b(dirs: tuple[Path, Path], secon
     cached_in_b_kernel(second_mount, b / "sub")
     os.chmod(a / "sub", 0o700)
     seen_within("directory chmod", lambda: stat.S_IMODE((b / "sub").stat().st_mode) == 0o700)
+
+
+def test_a_name_under_a_ufs_mount_is_not_kept_by_the_kernel(mounted: Mount, second_mount: Mount,
+                                                            tmp_path: Path) -> None:
+    """Under a UFS mount the master grants nothing (names change behind it) and pushes
+    nothing: b's kernel drops each answer right after taking it (MetaCache.on_refused),
+    instead of keeping it for its 30 s.  A name made there behind everyone's back shows
+    on b at once too."""
+    nas = tmp_path / "nas"
+    nas.mkdir()
+    (nas / "f").write_bytes(b"1")
+    with Client(master=mounted.cluster.master_address, config=client_config(mounted.cluster)) as sdk:
+        sdk.ufs.mount(f"file://{nas}", "/ufs-kinval")
+    a, b = mounted.path / "ufs-kinval", second_mount.path / "ufs-kinval"
+    assert (b / "f").stat().st_size == 1 and (b / "f").stat().st_size == 1
+    os.chmod(a / "f", 0o640)
+    seen_within("chmod under a UFS mount", lambda: stat.S_IMODE((b / "f").stat().st_mode) == 0o640)
+    assert not exists(b / "g")
+    (a / "g").write_bytes(b"22")
+    seen_within("create under a UFS mount", lambda: exists(b / "g"))
+    os.unlink(a / "g")
+    seen_within("unlink under a UFS mount", lambda: not exists(b / "g"))
