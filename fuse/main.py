@@ -235,6 +235,7 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
     notifier = KernelNotifier(vfs.root_ino).start()
     session.on_push = notifier.pushed
     session.cache.on_refused = notifier.refused
+    session.cache.on_end = notifier.refused
     return _Mounted(core, vfs, ops, real, session.start(), notifier)
 
 

@@ -111,11 +111,12 @@ class KernelNotifier:
         self.session_s += time.perf_counter() - start
 
     def refused(self, keys: list[pb.CacheKey]) -> None:
-        """The cache's hook (MetaCache.on_refused), from a request's thread or the trio
-        loop: a reply the cache did not keep (a change elsewhere raced with it), which the
-        kernel is about to keep for its timeouts with no push to end that.  Queued, never
-        waited for: the kernel's invalidation of the name waits until the request that
-        brought it (holding the directory) is answered, then drops what it left."""
+        """The cache's hooks (MetaCache.on_refused, on_end), from a request's thread, the
+        trio loop or the session thread: a reply the cache did not keep (a change
+        elsewhere raced with it), or what it held when its session ended, which the kernel
+        would keep for its timeouts with no push to end that.  Queued, never waited for:
+        the kernel's invalidation of a name waits until a request that holds its directory
+        (the one that brought the reply) is answered, then drops what it left."""
         notes = self.notes(pb.Invalidation(keys=keys))
         if not notes or self._closed:
             return

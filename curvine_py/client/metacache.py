@@ -74,6 +74,9 @@ class MetaCache:
         # session that this cache did not keep: no push will come for them, so whoever else
         # keeps that reply (the kernel, fuse/notify.py) must drop it too.
         self.on_refused: Callable[[list[pb.CacheKey]], None] | None = None
+        # Called (outside the lock) with the name and attribute keys the cache held when its
+        # session ended: no push will come for them any more (the kernel drops them too).
+        self.on_end: Callable[[list[pb.CacheKey]], None] | None = None
 
     # ------------------------------------------------------------------ the session
     def begin(self, session: int, valid_until: float) -> None:
@@ -92,9 +95,12 @@ class MetaCache:
         """The session is over (its stream broke, its lease ran out, the master forgot it):
         nothing cached stands."""
         with self._lock:
+            held = self._held() if self.on_end is not None else []
             self._clear()
             self.session = 0
             self._valid_until = 0.0
+        if held and self.on_end is not None:
+            self.on_end(held)
 
     @property
     def handled(self) -> int:
@@ -230,6 +236,12 @@ class MetaCache:
         of on the stream, and is handled here before the mutation returns."""
         if seq and session == self.session:
             self.invalidate(pb.Invalidation(seq=seq, keys=keys))
+
+    # ------------------------------------------------------------------ internals
+    def _held(self) -> list[pb.CacheKey]:
+        """The names and attributes cached (lock held)."""
+        return ([pb.CacheKey(ino=p, name=n, entry=True) for p, n in self._names]
+                + [pb.CacheKey(ino=i) for i in self._attrs.keys() | self._perms.keys()])
 
     # ------------------------------------------------------------------ internals
     def _clear(self) -> None:

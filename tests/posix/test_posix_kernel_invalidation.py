@@ -141,3 +141,20 @@ def test_a_name_under_a_ufs_mount_is_not_kept_by_the_kernel(mounted: Mount, seco
     seen_within("create under a UFS mount", lambda: exists(b / "g"))
     os.unlink(a / "g")
     seen_within("unlink under a UFS mount", lambda: not exists(b / "g"))
+
+
+def test_what_b_held_when_its_session_ended_leaves_its_kernel(mounted: Mount, second_mount: Mount,
+                                                              dirs: tuple[Path, Path]) -> None:
+    """The master restarts: b's session ends, and so do the pushes that would tell b's
+    kernel of a change.  b's kernel drops what b's cache held at that moment
+    (MetaCache.on_end), so a file changed through a after the restart shows on b at once,
+    not after the 30 s."""
+    a, b = dirs
+    (a / "r").write_bytes(b"1")
+    cached_in_b_kernel(second_mount, b / "r")
+    before = sessions(second_mount)
+    mounted.cluster.kill_master()
+    mounted.cluster.restart_master()
+    wait_until("b's new session", lambda: sessions(second_mount) > before, timeout=20)
+    (a / "r").write_bytes(b"4444")
+    seen_within("size, after b's session ended", lambda: (b / "r").stat().st_size == 4)
