@@ -197,8 +197,10 @@ def _holds_more(sock: socket.socket, b: curvine_pb2.BlockInfo) -> bool:
     frames.send_frame(sock, data_pb2.DataHeader(op=Op.READ, block_id=b.block_id, offset=b.length,
                                                 length=1, token=b.token))
     h = frames.check_reply(frames.recv_header(sock), f"block {b.block_id}")
+    if h.length > 1:   # a length is a claim: never allocated before it is checked
+        raise frames.ChannelClosed(f"block {b.block_id}: a reply of {h.length} bytes to a read of 1")
     if h.length:
-        frames.recv_exact_into(sock, memoryview(bytearray(h.length)))
+        frames.recv_exact_into(sock, memoryview(bytearray(1)))
     return h.length == 1
 
 

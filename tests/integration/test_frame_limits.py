@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from curvine_py.common import frames
 from curvine_py.common import metaframes as mf
 from curvine_py.common.types import ROOT_INO
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 from curvine_py.sdk import Client
+from curvine_py.worker.ufspersist import _holds_more
 from tests.conftest import LocalCluster, client_config, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,6 +80,23 @@ def test_frames_of_any_size_read_whole_and_in_order(size: int) -> None:
             assert bytes(reader.fill(mf.LENGTH.size + length)[mf.REQUEST.size:]) == payload
             reader.consume(mf.LENGTH.size + length)
         sender.join()
+
+
+def test_a_persisting_worker_never_allocates_a_peers_claimed_length() -> None:
+    """The block data channel: a Persist upload asks the holder of a block for 1 byte past
+    its length (worker/ufspersist.py _holds_more); a reply announcing 1 TiB is refused
+    before anything is allocated (it raised MemoryError, or allocated, before)."""
+    a, b = socket.socketpair()
+    with a, b:
+        def peer() -> None:
+            frames.recv_header(b)
+            frames.reply(b, length=1 << 40)
+        t = threading.Thread(target=peer)
+        t.start()
+        block = pb.BlockInfo(block_id=7, length=MiB, token="")
+        with pytest.raises(frames.ChannelClosed, match="a reply of 1099511627776 bytes to a read of 1"):
+            _holds_more(a, block)
+        t.join()
 
 
 # ---------------------------------------------------------------- a real master
