@@ -178,28 +178,32 @@ class MetaCache:
         if not session:
             return
         keys, attrs = list(keys), tuple(attrs)
-        if not (lease_seq and self._grant(session, lease_seq, attrs, name, directory, keys)) and self.on_refused:
-            self.on_refused([pb.CacheKey(ino=a.ino) for a in attrs]
-                            + ([pb.CacheKey(ino=name[0], name=name[1], entry=True)] if name is not None else []))
-
-    def _grant(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
-               name: tuple[int, str, int] | None, directory: pb.Attr | None, keys: list[pb.CacheKey]) -> bool:
-        """granted's work: False when refused."""
         wanted: list[Key] = [(a.ino, None) for a in attrs]
         if name is not None:
             wanted.append((name[0], name[1]))
         if directory is not None:
             wanted.append((directory.ino, ""))
         wanted += [(k.ino, k.name) for k in keys]
+        lost = self._grant(session, lease_seq, attrs, name, directory, keys, wanted) if lease_seq else wanted
+        if lost and self.on_refused is not None:
+            self.on_refused([pb.CacheKey(ino=ino, name=n or "", entry=n is not None) for ino, n in lost])
+
+    def _grant(self, session: int, lease_seq: int, attrs: tuple[pb.Attr, ...], name: tuple[int, str, int] | None,
+               directory: pb.Attr | None, keys: list[pb.CacheKey], wanted: list[Key]) -> list[Key]:
+        """granted's work: [] when kept, else the keys whose answer no push may end (all
+        of them, but for a grant a push undid: the master forgot only the keys it took,
+        and pushes the rest's changes)."""
         with self._lock:
             if session != self.session:
-                return False
-            if lease_seq <= self._dropped_floor or any(self._dropped.get(k, 0) >= lease_seq for k in wanted):
+                return wanted
+            taken = wanted if lease_seq <= self._dropped_floor else \
+                [k for k in wanted if self._dropped.get(k, 0) >= lease_seq]
+            if taken:
                 # refused: a listing that lost this name (or these listings) can never be whole again here
                 for ino in [k.ino for k in keys] + ([name[0]] if name is not None else []):
                     self._taken.discard(ino)
                     self._complete.discard(ino)
-                return False
+                return taken
             for a in attrs:
                 self._attrs[a.ino] = a
                 self._attrs.move_to_end(a.ino)
@@ -228,7 +232,7 @@ class MetaCache:
                 self._taken.discard(parent)
             if len(self._taken) > self._max:
                 self._taken.clear()
-        return True
+        return []
 
     def own_change(self, session: int, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
         """A mutation of this mount's own, made in session: its invalidation of what this
