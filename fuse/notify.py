@@ -6,7 +6,10 @@ change's caller is answered.  The mount's own cache forgets the keys at once; wi
 this module the kernel kept its dentries and attributes until ``fuse.entry_timeout_s`` /
 ``fuse.attr_timeout_s`` ran out.  KernelNotifier tells the kernel too: a name key
 becomes ``invalidate_entry(parent, name)``, an attribute key (and a directory's mode key)
-``invalidate_inode(ino, attr_only=True)``.
+``invalidate_inode(ino, attr_only=True)``.  The same for what no push will ever end: an
+answer the cache refused (MetaCache.on_refused) and what it held when its session ended
+(MetaCache.on_end).  What the kernel may still keep for its timeouts: docs/posix.md
+"The kernel's caches".
 
 Why a thread of its own: pyfuse3's notifications block in the kernel while a related
 request is in flight (``invalidate_entry`` waits for the directory's lock that a
@@ -68,7 +71,7 @@ class KernelNotifier:
         self.pushes = 0          # pushes handed over (with something for the kernel)
         self.session_s = 0.0     # the session thread's time in pushed(), over them
         self.waited_out = 0      # pushes acknowledged before the kernel forgot (WAIT_S passed)
-        self.refusals = 0        # replies the cache refused, handed over (refused)
+        self.refusals = 0        # refused answers and session ends handed over (refused)
         self.told = 0            # notifications the kernel took (ENOENT: it had forgotten; not counted)
 
     def start(self) -> "KernelNotifier":
@@ -86,8 +89,8 @@ class KernelNotifier:
             log.warning("a kernel invalidation still waits in the kernel at unmount")
         if self.pushes:
             log.info("kernel invalidations: %d pushes (%.1f us each in the session thread, %d not waited for "
-                     "to the end), %d refused replies, %d told", self.pushes, self.session_s / self.pushes * 1e6,
-                     self.waited_out, self.refusals, self.told)
+                     "to the end), %d refused answers or session ends, %d told",
+                     self.pushes, self.session_s / self.pushes * 1e6, self.waited_out, self.refusals, self.told)
 
     # ------------------------------------------------------------------ the session's side
     def pushed(self, push: pb.Invalidation) -> None:
