@@ -230,6 +230,8 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
         return None
     if session is None:
         return _Mounted(core, vfs, ops, real)
+    if not cfg.fuse.kernel_invalidation:
+        return _Mounted(core, vfs, ops, real, session.start())
     # after init (the kernel's session exists) and before the cache session's first push
     from curvine_py.fuse.notify import KernelNotifier
     notifier = KernelNotifier(vfs.root_ino).start()
@@ -337,8 +339,11 @@ def _unmount(m: _Mounted, mountpoint: str) -> None:
     flush can wait long for an unreachable master; a process touching the mount in that
     time must get an error at once, not hang."""
     import pyfuse3
-    if m.notifier is not None:   # before close: a notification after it has no session to go to
-        m.notifier.stop()
+    if m.notifier is not None and not m.notifier.stop():   # before close: after it, no session to go to
+        from curvine_py.fuse.watchdog import MountCheck
+        stuck = MountCheck.find(m.real)   # a notification and a request we no longer answer wait
+        if stuck is not None:             # on each other in the kernel: only an abort ends both
+            stuck.abort()
     try:
         pyfuse3.close(unmount=not m.detached)   # detached: nothing of ours is mounted there now
     except Exception as e:

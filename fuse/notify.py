@@ -78,19 +78,24 @@ class KernelNotifier:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """No notification after this returns (pyfuse3.close comes next): one the kernel
-        holds up longer than STOP_WAIT_S is left behind, logged."""
+    def stop(self) -> bool:
+        """No notification after this returns (pyfuse3.close comes next); False when one
+        is still held up in the kernel after STOP_WAIT_S.  That one waits for a directory
+        lock that a request in flight holds, and a stopping mount no longer answers that
+        request: neither ends until the connection is aborted (the caller does), and the
+        daemon cannot exit meanwhile (its write to /dev/fuse keeps the device open)."""
         self._closed = True
         self._queue.put(None)
-        if self._calling.acquire(timeout=STOP_WAIT_S):
+        finished = self._calling.acquire(timeout=STOP_WAIT_S)
+        if finished:
             self._calling.release()
         else:
-            log.warning("a kernel invalidation still waits in the kernel at unmount")
+            log.warning("a kernel invalidation still waits in the kernel at unmount: aborting the connection")
         if self.pushes:
             log.info("kernel invalidations: %d pushes (%.1f us each in the session thread, %d not waited for "
                      "to the end), %d refused answers or session ends, %d told",
                      self.pushes, self.session_s / self.pushes * 1e6, self.waited_out, self.refusals, self.told)
+        return finished
 
     # ------------------------------------------------------------------ the session's side
     def pushed(self, push: pb.Invalidation) -> None:

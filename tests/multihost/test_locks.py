@@ -417,13 +417,14 @@ def test_sqlite_written_from_two_hosts(net_cluster_factory: Factory, tmp_path: P
     tests/unit/test_mount_locks.py pin each).  (WAL mode
     needs memory shared by every connection, which hosts do not share: SQLite's
     documentation rules it out on network filesystems.)  The kernel's name cache is on
-    (the default fuse.entry_timeout_s): each mount's kernel forgets the journal's name
+    (the default fuse.entry_timeout_s) with fuse.kernel_invalidation: each mount's kernel forgets the journal's name
     when the other host creates or deletes it (fuse/notify.py: the master's pushes, and
     a lookup whose grant a concurrent change refused).  Without that, a host still saw
     the journal the other host had just deleted and opened it (ENOENT: SQLITE_CANTOPEN):
     6 runs of 6 failed; with the pushes alone, 1 of 6."""
     c = cluster(net_cluster_factory)
-    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    flags = ("--fuse-kernel-invalidation", "true")
+    m1, m2 = c.mount(1, tmp_path / "m1", *flags), c.mount(3, tmp_path / "m2", *flags)
     wait_granted(c, m1 / "warm")
     new_db(m1 / "x.db", "delete")
     tags = "abcd"
