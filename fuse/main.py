@@ -318,7 +318,9 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
             nursery.cancel_scope.cancel()   # every request still waiting, too
         nursery.start_soon(stopping.listen)
         nursery.start_soon(watch, m.ops.requests or Requests(0), m.vfs, mount, on_detach, m.ops._hop_limits)
-        nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mountpoint, cfg.fuse.max_read_ahead)
+        if mount is not None:
+            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mount.dev, mountpoint,
+                               cfg.fuse.max_read_ahead)
         _notify(ready_fd, f"ok {os.getpid()}")
         if not stopping.asked:
             try:
@@ -372,11 +374,13 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
     return served
 
 
-def tune_readahead(mountpoint: str, max_read_ahead: int) -> None:
-    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks coming."""
+def tune_readahead(dev: str, mountpoint: str, max_read_ahead: int) -> None:
+    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks
+    coming.  dev: the mount's "major:minor" from the mount table, never from a stat of the
+    mount: our own loop would have to answer it, and one it left unanswered at a stop kept
+    the thread in the kernel and the daemon from exiting (seen once in the suite)."""
     try:
-        dev = os.stat(mountpoint).st_dev
-        path = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        path = Path(f"/sys/class/bdi/{dev}/read_ahead_kb")
         path.write_text(str(max_read_ahead // 1024))
         log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
     except OSError as e:
