@@ -508,13 +508,7 @@ class VFS:
         parent = self._in(parent)
         st = self._handles[opened.fh].state
         st.hidden = (parent, name, ident)
-        try:
-            trash = yield from self._trash()
-            self.meta.saw_dirs((yield from ask(Master.Rename,
-                                               self.meta.rename_request(parent, name, trash, name, 0, ROOT))))
-            st.hidden = (trash, name, ROOT)
-        except CurvineError as e:
-            log.warning("could not move %s to the trash directory: %s", name, e)
+        yield from self._to_trash(st, parent, name)
         return replace(opened, attr=self.overlay(opened.attr))
 
     def unlink(self, parent: int, name: str, ident: Identity) -> Op[None]:
@@ -561,14 +555,20 @@ class VFS:
         self.meta.saw_dirs((yield from ask(Master.Rename,
                                            self.meta.rename_request(parent, name, parent, hidden, 0, ident))))
         st.hidden = (parent, hidden, ident)
-        try:   # then out of the directory, so that it can be removed as on ext4
+        yield from self._to_trash(st, parent, hidden)   # then out of the directory, as on ext4
+        return True
+
+    def _to_trash(self, st: InodeState, parent: int, name: str) -> Op[None]:
+        """Move an open file's hidden name out of its directory into the trash directory,
+        where its last release removes it (as root: the trash is root's); left where it
+        is, still hidden, when that fails."""
+        try:
             trash = yield from self._trash()
             self.meta.saw_dirs((yield from ask(Master.Rename,
-                                               self.meta.rename_request(parent, hidden, trash, hidden, 0, ROOT))))
-            st.hidden = (trash, hidden, ROOT)
+                                               self.meta.rename_request(parent, name, trash, name, 0, ROOT))))
+            st.hidden = (trash, name, ROOT)
         except CurvineError as e:
-            log.warning("could not move %s to the trash directory: %s", hidden, e)
-        return True
+            log.warning("could not move %s to the trash directory: %s", name, e)
 
     def _trash(self) -> Op[int]:
         """The root-owned directory where files unlinked while open wait for their last close."""
