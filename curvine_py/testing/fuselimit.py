@@ -24,6 +24,7 @@ import trio
 
 from curvine_py.common.config import FuseConfig
 from curvine_py.fuse.main import tune_readahead
+from curvine_py.fuse.watchdog import MountCheck
 
 T = TypeVar("T")
 
@@ -187,9 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = set(pyfuse3.default_options) | {"fsname=fuselimit", "default_permissions"}
     pyfuse3.init(Passthrough(os.path.realpath(args.source), cfg), args.mountpoint, opts)
 
+    mount = MountCheck.find(os.path.realpath(args.mountpoint))   # its device, from the mount table
+
     async def serve() -> None:
-        async with trio.open_nursery() as nursery:   # the stat of the mountpoint needs the loop
-            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, args.mountpoint, cfg.max_read_ahead)
+        async with trio.open_nursery() as nursery:
+            if mount is not None:
+                nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mount.dev, args.mountpoint,
+                                   cfg.max_read_ahead)
             await pyfuse3.main()
     try:
         trio.run(serve)
