@@ -37,7 +37,7 @@ class Caller(_message.Message):
     def __init__(self, uid: _Optional[int] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Attr(_message.Message):
-    __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation", "acl")
+    __slots__ = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev", "block_size", "replicas", "complete", "generation", "acl", "allocated", "kv")
     INO_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class Attr(_message.Message):
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ACL_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
     ino: int
     mode: int
     uid: int
@@ -68,7 +70,9 @@ class Attr(_message.Message):
     complete: bool
     generation: int
     acl: bool
-    def __init__(self, ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., nlink: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., rdev: _Optional[int] = ..., block_size: _Optional[int] = ..., replicas: _Optional[int] = ..., complete: _Optional[bool] = ..., generation: _Optional[int] = ..., acl: _Optional[bool] = ...) -> None: ...
+    allocated: int
+    kv: bool
+    def __init__(self, ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., nlink: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., rdev: _Optional[int] = ..., block_size: _Optional[int] = ..., replicas: _Optional[int] = ..., complete: _Optional[bool] = ..., generation: _Optional[int] = ..., acl: _Optional[bool] = ..., allocated: _Optional[int] = ..., kv: _Optional[bool] = ...) -> None: ...
 
 class WorkerAddress(_message.Message):
     __slots__ = ("worker_id", "host", "ip", "rpc_port", "data_port")
@@ -435,7 +439,7 @@ class AllocateBlocksReply(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns")
+    __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns", "holes")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -443,6 +447,7 @@ class CommitRequest(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    HOLES_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     ino: int
     lease_id: int
@@ -450,7 +455,8 @@ class CommitRequest(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     release: bool
     mtime_ns: int
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., release: _Optional[bool] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+    holes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., release: _Optional[bool] = ..., mtime_ns: _Optional[int] = ..., holes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("caller", "lease_ids")
@@ -894,16 +900,18 @@ class PeerStatus(_message.Message):
     def __init__(self, raft_address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
 
 class LocateRequest(_message.Message):
-    __slots__ = ("caller", "paths", "pin_ms", "unpin")
+    __slots__ = ("caller", "paths", "pin_ms", "unpin", "brief")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     PIN_MS_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     paths: _containers.RepeatedScalarFieldContainer[str]
     pin_ms: int
     unpin: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., pin_ms: _Optional[int] = ..., unpin: _Optional[bool] = ...) -> None: ...
+    brief: bool
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., pin_ms: _Optional[int] = ..., unpin: _Optional[bool] = ..., brief: _Optional[bool] = ...) -> None: ...
 
 class Located(_message.Message):
     __slots__ = ("errno", "attr", "hosts", "tier")
@@ -918,10 +926,12 @@ class Located(_message.Message):
     def __init__(self, errno: _Optional[int] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ..., hosts: _Optional[_Iterable[str]] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class LocateReply(_message.Message):
-    __slots__ = ("files",)
+    __slots__ = ("files", "whole")
     FILES_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[Located]
-    def __init__(self, files: _Optional[_Iterable[_Union[Located, _Mapping]]] = ...) -> None: ...
+    whole: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, files: _Optional[_Iterable[_Union[Located, _Mapping]]] = ..., whole: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("caller", "path", "resume", "since")
