@@ -439,7 +439,7 @@ class AllocateBlocksReply(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns", "holes")
+    __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns", "holes", "truncated", "truncate_to")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +448,8 @@ class CommitRequest(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     HOLES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_TO_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     ino: int
     lease_id: int
@@ -456,7 +458,9 @@ class CommitRequest(_message.Message):
     release: bool
     mtime_ns: int
     holes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., release: _Optional[bool] = ..., mtime_ns: _Optional[int] = ..., holes: _Optional[_Iterable[int]] = ...) -> None: ...
+    truncated: bool
+    truncate_to: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., lease_id: _Optional[int] = ..., size: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., release: _Optional[bool] = ..., mtime_ns: _Optional[int] = ..., holes: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., truncate_to: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("caller", "lease_ids")
