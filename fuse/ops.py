@@ -220,7 +220,8 @@ class CurvineOps(pyfuse3.Operations):
         e.st_rdev = a.rdev
         e.st_size = a.size
         e.st_blksize = 1 << 20
-        e.st_blocks = (a.size + 511) // 512
+        # a file's blocks that exist (holes count nothing: du, cp --sparse); others by their size
+        e.st_blocks = ((a.allocated if stat.S_ISREG(a.mode) else a.size) + 511) // 512
         e.st_atime_ns = a.atime_ns
         e.st_mtime_ns = a.mtime_ns
         e.st_ctime_ns = a.ctime_ns

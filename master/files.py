@@ -143,17 +143,31 @@ class FileOps(Store):
             else:
                 self.conn.execute("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
                                   (ino, idx, bid, b.length, to_i64(b.checksum)))
+        freed += self._punch(ino, rec.holes)
         if size < row["size"] or rec.blocks:
             freed += self._truncate(row, size)
-        if rec.blocks or size != row["size"] or rec.mtime_ns:
+        if rec.blocks or rec.holes or size != row["size"] or rec.mtime_ns:
             mtime = rec.mtime_ns or rec.now_ns
-            mode = posix.clear_suid(row["mode"], rec.cred) if rec.blocks else row["mode"]
+            mode = posix.clear_suid(row["mode"], rec.cred) if rec.blocks or rec.holes else row["mode"]
             self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
                               " WHERE ino=?", (size, mtime, rec.now_ns, mode, ino))
             self.ufs_dirty(ino, rec.now_ns)
         if rec.release:
             freed += self._release(ino)
         return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
+
+    def _punch(self, ino: int, holes: tuple[int, ...]) -> list[int]:
+        """Empty the slots in holes (fallocate's punch or zero range over a whole block,
+        applied after the commit's blocks): each becomes a hole, which every client reads
+        as zeros, and its block is returned to be freed on the workers as a deleted
+        file's blocks are."""
+        freed: list[int] = []
+        for idx in holes:
+            old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
+            if old is not None:
+                freed.append(old[0])
+                self.conn.execute("DELETE FROM blocks WHERE ino=? AND idx=?", (ino, idx))
+        return freed
 
     def _exists(self, ino: int) -> bool:
         return self.conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is not None

@@ -477,6 +477,7 @@ class Commit(Record, op="commit"):
     blocks: tuple[CommitBlock, ...] = ()
     release: bool = False
     mtime_ns: int = 0    # 0: now_ns
+    holes: tuple[int, ...] = ()   # slots emptied after blocks are installed (a punched whole block)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,6 +155,7 @@ def upgrade(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
     migrate(conn)
     acl_columns(conn)
+    allocated_column(conn)
     if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
         conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
     conn.execute("BEGIN IMMEDIATE")
@@ -295,6 +296,38 @@ def acl_columns(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
         raise
     log.info("meta.db: inodes have ACL columns now (%d ACL xattrs moved into them)", len(rows))
+
+
+# inodes.allocated, the bytes a file's blocks hold (Attr.allocated, st_blocks), kept by
+# these triggers on blocks inside each mutation's transaction: every master of a group
+# holds the same value, and reading an inode's attributes scans none of its blocks.
+ALLOCATED_TRIGGERS = {
+    "allocated_insert": "AFTER INSERT ON blocks BEGIN"
+                        " UPDATE inodes SET allocated = allocated + NEW.length WHERE ino = NEW.ino; END",
+    "allocated_delete": "AFTER DELETE ON blocks BEGIN"
+                        " UPDATE inodes SET allocated = allocated - OLD.length WHERE ino = OLD.ino; END",
+    "allocated_update": "AFTER UPDATE OF ino, length ON blocks BEGIN"
+                        " UPDATE inodes SET allocated = allocated - OLD.length WHERE ino = OLD.ino;"
+                        " UPDATE inodes SET allocated = allocated + NEW.length WHERE ino = NEW.ino; END",
+}
+
+
+def allocated_column(conn: sqlite3.Connection) -> None:
+    """Give a store (a new one, one made before st_blocks counted blocks, or such a
+    master's Raft snapshot) the inodes' ``allocated`` column, summed once from its
+    blocks, and the triggers that keep it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if "allocated" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:
+            conn.execute("ALTER TABLE inodes ADD COLUMN allocated INTEGER NOT NULL DEFAULT 0")
+            conn.execute("UPDATE inodes SET allocated = (SELECT sum(length) FROM blocks b WHERE b.ino = inodes.ino)"
+                         " WHERE ino IN (SELECT DISTINCT ino FROM blocks)")
+        for name, body in ALLOCATED_TRIGGERS.items():
+            conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} {body}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def incremental_vacuum_on(conn: sqlite3.Connection) -> None:

@@ -73,6 +73,7 @@ def own_change(result: Row) -> dict[str, Any]:
 
 def to_attr(row: Row) -> pb.Attr:
     a = pb.Attr(**{k: row[k] for k in ATTR_FIELDS})
+    a.allocated = row.get("allocated") or 0   # (a retry-cache row of an older master has none)
     a.complete = bool(row.get("complete", 1))
     a.acl = bool(row.get("acl"))
     return a
@@ -609,7 +610,7 @@ class MasterService:
     def Commit(self, request: pb.CommitRequest) -> pb.AttrReply:
         blocks = tuple(CommitBlock(b.block_id, b.offset, b.length, b.checksum) for b in request.blocks)
         rec = Commit(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id, size=request.size,
-                     blocks=blocks, release=request.release, mtime_ns=request.mtime_ns)
+                     blocks=blocks, release=request.release, mtime_ns=request.mtime_ns, holes=tuple(request.holes))
         result = self.submit(rec, request.caller.session)
         on_disk: dict[int, int] = {}
         for b in request.blocks:

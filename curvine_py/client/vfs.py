@@ -277,6 +277,7 @@ class VFS:
             a.nlink = 0       # unlinked while open (kept under a hidden name until released)
         if writing and w is not None:
             a.size = w.size
+            a.allocated = vfsspace.allocated(w.present_blocks(), w.size, w.bs)   # (st_blocks of unflushed writes)
             if w.changed:
                 a.mtime_ns = a.ctime_ns = max(a.mtime_ns, w.mtime_ns)
         return a
@@ -831,8 +832,10 @@ class VFS:
 
     def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through a handle open for writing (client/vfsspace.py says what each
-        mode does): zeros written through the file's writer, the size grown; visible to
-        other clients at the commit (close, fsync, unlock), as a write is."""
+        mode does): the whole blocks of a zeroed range emptied (holes: the commit frees
+        them on the workers), zeros written through the file's writer into the blocks it
+        covers in part, the size grown; visible to other clients at the commit (close,
+        fsync, unlock), as a write is."""
         h = self.handle(fh)
         if not h.writes or (h.flags & os.O_ACCMODE) == os.O_RDONLY:
             raise err(errno.EBADF, "file not open for writing")
@@ -844,6 +847,9 @@ class VFS:
             w = self._writer_for(h)
             plan = vfsspace.fallocation(mode, offset, length, w.size)
             try:
+                holes = vfsspace.whole_slots(plan.zero_start, plan.zero_end, w.size, w.bs)
+                if holes:
+                    w.punch(holes)   # (whole blocks become holes, freed at the commit)
                 present = w.present_blocks()   # (a hole reads zeros already: left a hole)
                 for at, n in vfsspace.pieces(plan.zero_start, plan.zero_end, w.bs, len(_ZEROS)):
                     if at // w.bs in present:

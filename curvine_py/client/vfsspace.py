@@ -6,9 +6,10 @@ no state of their own; the VFS applies what they decide to the file's writer.
 
 What a block map can say: a file is a map of slots (block index -> block); a slot without a
 block is a hole and reads as zeros.  So SEEK_DATA/SEEK_HOLE answer per block (a block is
-data all through, even where its bytes are zeros), and fallocate's zeroing modes write
-zeros: a commit can replace a slot's block but not empty it (CommitRequest has no field
-for that), so a punched block is a block of zeros, not yet a hole.
+data all through, even where its bytes are zeros), fallocate's zeroing modes empty the
+slots they cover whole (``whole_slots``: the commit's ``holes``, the block freed on the
+workers) and write zeros into the part-covered ones that hold a block, and st_blocks
+counts the bytes the slots that hold a block hold (``allocated``).
 """
 from __future__ import annotations
 
@@ -86,3 +87,17 @@ def seek_data(present: Collection[int], size: int, block_size: int, offset: int,
     while idx <= last and idx in present:
         idx += 1
     return min(size, max(offset, idx * block_size))
+
+
+def whole_slots(start: int, end: int, size: int, block_size: int) -> range:
+    """The slots whose bytes [start, end) covers whole, in a file of size bytes: the last
+    slot's bytes end at the size, so a range reaching the end of the file covers it."""
+    first = -(-start // block_size)
+    last = min(end, size) // block_size if min(end, size) < size else -(-size // block_size)
+    return range(first, max(first, last))
+
+
+def allocated(present: Collection[int], size: int, block_size: int) -> int:
+    """The bytes the slots in present hold in a file of size bytes (each whole, the last up
+    to the size): Attr.allocated as a writer sees its unflushed file."""
+    return sum(min(block_size, size - i * block_size) for i in present if i * block_size < size)

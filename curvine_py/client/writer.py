@@ -114,6 +114,7 @@ class FileWriter:
         self._streaming = True
         self.shipped: list[Future[pb.BlockInfo]] = []         # every ship since the last commit, in order
         self.uncommitted: list[pb.BlockInfo] = []  # shipped blocks of a commit that failed: sent again
+        self.holes: set[int] = set()   # slots punched since the last commit, not written since (punch)
         self._slots = threading.Semaphore(IN_FLIGHT)
         self._lock = threading.RLock()
         self._error: BaseException | None = None
@@ -183,6 +184,7 @@ class FileWriter:
             self._touch()
             for idx, within, done, n in slots(offset, len(mv), self.bs):
                 piece = mv[done:done + n]
+                self.holes.discard(idx)
                 self.size = max(self.size, offset + done + n)
                 if n == self.bs and idx not in self.dirty:
                     direct.append(self._ship(idx, piece, None))
@@ -220,6 +222,7 @@ class FileWriter:
                 if db is None:
                     db = self.dirty[idx] = DirtyBlock(self.pool)
                 db.room(within + n, raw)   # a planned buffer, or none needed: no wait
+                self.holes.discard(idx)
                 self.size = max(self.size, offset + done + n)   # before a ship: it takes the size
                 self._guard(idx, within)
                 db.write(within, mv[done:done + n])
@@ -320,11 +323,33 @@ class FileWriter:
                 db.view[rem:] = bytearray(self.bs - rem)
             self.size = size
 
+    def punch(self, holes: range) -> None:
+        """Make whole slots holes (fallocate's punch or zero range over whole blocks): their
+        bytes dropped here, and the next commit names them (CommitRequest.holes), so the
+        master empties them after installing the commit's blocks and frees their blocks
+        on the workers.  A slot written after this leaves the set again."""
+        with self._lock:
+            self._check_open()
+            if self.lease is not Lease.HARD:
+                self._harden()
+            self._touch()
+            for idx in sorted(i for i in self._present() if i in holes):   # (a hole already stays one)
+                if idx in self.dirty:
+                    self._drop_dirty(idx)
+                if idx in self.inflight:
+                    self._apply(idx)
+                if self.current.pop(idx, None) is not None:
+                    self.reader.invalidate(idx)
+                self.holes.add(idx)
+
     def present_blocks(self) -> set[int]:
         """The slots that hold bytes as this writer sees them (committed, shipped, dirty);
         the others are holes (SEEK_DATA/SEEK_HOLE, client/vfsspace.py)."""
         with self._lock:
-            return set(self.current) | set(self.inflight) | set(self.dirty)
+            return self._present()
+
+    def _present(self) -> set[int]:
+        return set(self.current) | set(self.inflight) | set(self.dirty)
 
     # ------------------------------------------------------------------ reads (overlay)
     def pread(self, offset: int, into: memoryview) -> int:
@@ -384,11 +409,14 @@ class FileWriter:
 
     def _commit_request(self, infos: list[pb.BlockInfo], release: bool) -> pb.CommitRequest:
         """The size and new blocks written since the last commit (mtime only if changed)."""
-        return self.core.meta.commit_request(self.ino, self.lease_id, self.size, infos, release=release,
-                                             mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+        req = self.core.meta.commit_request(self.ino, self.lease_id, self.size, infos, release=release,
+                                            mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
+        req.holes.extend(sorted(self.holes))
+        return req
 
     def _committed(self, release: bool) -> None:
         self.uncommitted = []
+        self.holes.clear()
         self.committed_size = self.size
         self.changed = False
         if release:

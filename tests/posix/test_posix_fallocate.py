@@ -129,6 +129,104 @@ def test_seek_data_and_hole_follow_the_block_map(mounted: Mount, second_mount: M
         os.close(fd)
 
 
+def slot_blocks(mount: Mount, path: Path) -> dict[int, int]:
+    """Slot -> block id of a file, as the master holds its block map."""
+    from curvine_py.sdk import Client
+    from tests.conftest import client_config
+    with Client(master=mount.cluster.master_address, config=client_config(mount.cluster)) as client:
+        reply = client.meta.block_locations(os.stat(path).st_ino)
+        return {b.offset // BS: b.block_id for b in reply.blocks}
+
+
+def blocks_on_disk(mount: Mount) -> set[int]:
+    """Ids of the committed block files in every worker's data dir (not staging, not free)."""
+    return {int(p.name) for p in mount.cluster.dir.glob("worker*/data/**/*") if p.is_file()
+            and p.name.isdigit() and "staging" not in p.parts and "free" not in p.parts}
+
+
+def settled(fn, want: object, within_s: float = 10.0) -> object:  # type: ignore[no-untyped-def]
+    """fn() once it returns want (the kernel's attribute cache of another mount, or the
+    workers' deletes, catch up within seconds); else its last answer, for the assert."""
+    deadline = time.monotonic() + within_s
+    got = fn()
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+        got = fn()
+    return got
+
+
+def test_a_punched_whole_block_is_freed_and_st_blocks_counts_what_exists(mounted: Mount,
+                                                                         second_mount: Mount) -> None:
+    """PUNCH_HOLE over block 1 and ZERO_RANGE over block 2 (and parts of its neighbours):
+    both slots become holes, their blocks are deleted on the workers, st_blocks counts
+    the two blocks left, on both mounts; the bytes read as ext4's."""
+    name = f"punch-{os.urandom(3).hex()}"
+    a, b = mounted.path / name, second_mount.path / name
+    data = pattern(4 * BS, seed=3)
+    a.write_bytes(data)
+    assert settled(lambda: os.stat(b).st_blocks, 4 * BS // 512) == 4 * BS // 512
+    before = slot_blocks(mounted, a)
+    assert sorted(before) == [0, 1, 2, 3] and set(before.values()) <= blocks_on_disk(mounted)
+    want = bytearray(data)
+    fd = os.open(a, os.O_RDWR)
+    try:
+        fallocate(fd, PUNCH_HOLE | KEEP_SIZE, BS, BS)
+        fallocate(fd, ZERO_RANGE | KEEP_SIZE, 2 * BS - 10, BS + 20)   # block 2 whole, 10 bytes of 3
+        want[BS:3 * BS + 10] = bytes(2 * BS + 10)
+        assert [os.lseek(fd, BS, os.SEEK_HOLE), os.lseek(fd, BS, os.SEEK_DATA)] == [BS, 3 * BS]
+        assert os.pread(fd, 2 * BS + 20, BS - 5) == bytes(want[BS - 5:3 * BS + 15])
+    finally:
+        os.close(fd)
+    assert b.read_bytes() == bytes(want)
+    assert settled(lambda: os.stat(b).st_blocks, 2 * BS // 512) == 2 * BS // 512
+    assert settled(lambda: os.stat(a).st_blocks, 2 * BS // 512) == 2 * BS // 512
+    after = slot_blocks(mounted, a)
+    assert sorted(after) == [0, 3] and after[0] == before[0]   # block 3 rewritten (its zeroed head)
+    gone = {before[1], before[2], before[3]}
+    assert settled(lambda: gone & blocks_on_disk(mounted), set()) == set()   # deleted on the workers
+    assert before[0] in blocks_on_disk(mounted)
+
+
+def test_a_sparse_file_shows_only_its_blocks_to_du_and_cp(mounted: Mount, second_mount: Mount) -> None:
+    """A 2 GiB file made by truncate holds no block: st_blocks 0, du 0 (its apparent size
+    2 GiB); a few bytes in its middle make one block (4 MiB: the pool's allocation unit);
+    cp --sparse=always copies it to a file of the same blocks (it finds the data with
+    SEEK_DATA, skips the rest)."""
+    import subprocess
+    name = f"sparse2g-{os.urandom(3).hex()}"
+    a, b = mounted.path / name, second_mount.path / name
+    size, at = 2 << 30, (1 << 30) + 5
+
+    def du(path: Path, *flags: str) -> int:
+        out = subprocess.run(["du", "-B1", *flags, str(path)], capture_output=True, text=True, timeout=30, check=True)
+        return int(out.stdout.split()[0])
+    with open(a, "wb") as f:
+        f.truncate(size)
+    assert (os.stat(a).st_size, os.stat(a).st_blocks) == (size, 0)
+    assert (du(a), du(a, "--apparent-size")) == (0, size)
+    assert slot_blocks(mounted, a) == {}
+    fd = os.open(a, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"data!", at)
+    finally:
+        os.close(fd)
+    assert settled(lambda: os.stat(b).st_blocks, BS // 512) == BS // 512
+    assert du(b) == BS
+    copy = mounted.path / f"{name}.copy"
+    subprocess.run(["cp", "--sparse=always", str(a), str(copy)], check=True, timeout=60)
+    st = os.stat(second_mount.path / copy.name)
+    assert (st.st_size, settled(lambda: os.stat(second_mount.path / copy.name).st_blocks, BS // 512)) == \
+        (size, BS // 512)
+    assert sorted(slot_blocks(mounted, copy)) == [at // BS]
+    fd = os.open(second_mount.path / copy.name, os.O_RDONLY)
+    try:
+        assert os.lseek(fd, 0, os.SEEK_DATA) == (at // BS) * BS
+        assert os.pread(fd, 7, at - 1) == b"\0data!\0"
+    finally:
+        os.close(fd)
+    assert du(copy) == BS
+
+
 def link_fd(fd: int, to: Path) -> None:
     """linkat(AT_FDCWD, "/proc/self/fd/FD", AT_FDCWD, to, AT_SYMLINK_FOLLOW), as open(2)'s
     manual names it for O_TMPFILE (os.link calls link(2), which does not follow the fd's link)."""

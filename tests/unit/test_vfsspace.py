@@ -60,3 +60,19 @@ def test_other_modes_are_not_supported(mode: int) -> None:
 
 def test_pieces_stay_inside_blocks() -> None:
     assert list(vfsspace.pieces(5, 30, BS, 4)) == [(5, 3), (8, 4), (12, 4), (16, 4), (20, 4), (24, 4), (28, 2)]
+
+
+@given(st.integers(0, 60), st.integers(1, 60), st.integers(0, 60))
+def test_whole_slots_are_the_slots_a_zeroed_range_covers_whole(start: int, length: int, size: int) -> None:
+    """A slot's bytes are [i*BS, min((i+1)*BS, size)): whole_slots names exactly those inside
+    [start, start+length) (a slot reaching the file's end is covered up to the size)."""
+    end = start + length
+    want = [i for i in range(-(-size // BS))
+            if start <= i * BS and min((i + 1) * BS, size) <= end]
+    assert list(vfsspace.whole_slots(start, end, size, BS)) == want
+
+
+def test_allocated_counts_the_bytes_of_present_slots() -> None:
+    assert vfsspace.allocated({0, 2}, 2 * BS + 3, BS) == BS + 3      # the last slot up to the size
+    assert vfsspace.allocated(set(), 10 * BS, BS) == 0                # all holes (a truncate-up)
+    assert vfsspace.allocated({5}, 2 * BS, BS) == 0                   # past the size (truncated away)
