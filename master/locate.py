@@ -45,10 +45,18 @@ _CHUNK = 500           # values per IN (...) statement, well under SQLite's vari
 # the columns of a found name, in pb.Attr's field names (complete last but one: a bool there)
 _FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
            "block_size", "replicas", "generation")
-_NAMES = ("SELECT d.name, " + ", ".join(f"i.{f}" for f in _FIELDS) + ", i.complete"
-          " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name IN ({})")
-_INO, _MODE, _COMPLETE = 0, 1, len(_FIELDS)
-Found = tuple[Any, ...]   # _FIELDS' values then complete
+# a brief Locate's (the KV lookup's) columns: what "a whole chunk" and a pin need
+_BRIEF = ("ino", "mode", "size")
+_INO, _MODE, _COMPLETE, _BRIEF_SIZE = 0, 1, -1, 2
+Found = tuple[Any, ...]   # the call's fields' values (_FIELDS or _BRIEF), then complete
+
+
+def _names_sql(fields: tuple[str, ...]) -> str:
+    return ("SELECT d.name, " + ", ".join(f"i.{f}" for f in fields) + ", i.complete"
+            " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name IN ({})")
+
+
+_NAMES = {_FIELDS: _names_sql(_FIELDS), _BRIEF: _names_sql(_BRIEF)}
 Where = tuple[tuple[str, ...], str]   # a file's holders, sorted, and their one tier ("": mixed)
 
 
@@ -71,13 +79,20 @@ class Locator:
         c = request.caller
         cred = Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
         ns = self._ns()
-        rows = self._rows(ns, cred, paths)
+        fields = _BRIEF if request.brief else _FIELDS
+        rows = self._rows(ns, cred, paths, fields)
         files = [r[_INO] for r in rows if isinstance(r, tuple) and stat.S_ISREG(r[_MODE])]
         if request.unpin:
             self.pins.release(c.client_id, files)
             return pb.LocateReply()
         if request.pin_ms:
             self.pins.hold(c.client_id, files, request.pin_ms / 1000)
+        if request.brief:
+            return pb.LocateReply(whole=[_whole(r) for r in rows])
+        return self._reply(ns, rows, files)
+
+    def _reply(self, ns: Namespace, rows: list[Found | int], files: list[int]) -> pb.LocateReply:
+        """The full answer: each path's attributes, holders and tier."""
         holders = self._where(ns, files)
         policies = Policies(ns.conn)
         tier_of = policies.tier if policies.values[TIER] else None   # no tier policy anywhere: skip the walk
@@ -102,8 +117,8 @@ class Locator:
         return reply
 
     # ------------------------------------------------------------------ names
-    def _rows(self, ns: Namespace, cred: Cred, paths: list[str]) -> list[Found | int]:
-        """Each path's columns, or the errno of its absence, in order."""
+    def _rows(self, ns: Namespace, cred: Cred, paths: list[str], fields: tuple[str, ...]) -> list[Found | int]:
+        """Each path's fields (then complete), or the errno of its absence, in order."""
         out: list[Found | int] = [errno.ENOENT] * len(paths)
         by_dir: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for i, p in enumerate(paths):
@@ -112,15 +127,15 @@ class Locator:
                 continue
             parent, name = _split(p)
             if not name:
-                out[i] = self._one(ns, cred, "/")
+                out[i] = self._one(ns, cred, "/", fields)
                 continue
             by_dir[parent].append((i, name))
         for parent, items in by_dir.items():
-            self._in_dir(ns, cred, parent, items, paths, out)
+            self._in_dir(ns, cred, parent, items, paths, out, fields)
         return out
 
     def _in_dir(self, ns: Namespace, cred: Cred, parent: str, items: list[tuple[int, str]],
-                paths: list[str], out: list[Found | int]) -> None:
+                paths: list[str], out: list[Found | int], fields: tuple[str, ...]) -> None:
         try:
             d = ns.resolve(cred, parent, True, self._fresh_dir)
             if not stat.S_ISDIR(d["mode"]):
@@ -137,23 +152,23 @@ class Locator:
         cur.row_factory = None   # plain tuples: no Row, no dict per name
         for k in range(0, len(names), _CHUNK):
             part = names[k:k + _CHUNK]
-            for r in cur.execute(_NAMES.format(",".join("?" * len(part))), (d["ino"], *part)):
+            for r in cur.execute(_NAMES[fields].format(",".join("?" * len(part))), (d["ino"], *part)):
                 found[r[0]] = r[1:]
         for i, name in items:
             row = found.get(name)
             if row is None:
                 out[i] = errno.ENAMETOOLONG if len(name.encode("utf-8", "surrogateescape")) > 255 else errno.ENOENT
             elif stat.S_ISLNK(row[_MODE]):
-                out[i] = self._one(ns, cred, paths[i])   # followed, as stat(2) does
+                out[i] = self._one(ns, cred, paths[i], fields)   # followed, as stat(2) does
             else:
                 out[i] = row
 
-    def _one(self, ns: Namespace, cred: Cred, path: str) -> Found | int:
+    def _one(self, ns: Namespace, cred: Cred, path: str, fields: tuple[str, ...]) -> Found | int:
         try:
             row = ns.resolve(cred, path, True, self._fresh_dir)
         except CurvineError as e:
             return e.errno or errno.EIO
-        return (*(row[f] for f in _FIELDS), row.get("complete", 1))
+        return (*(row[f] for f in fields), row.get("complete", 1))
 
     # ------------------------------------------------------------------ where
     def holders(self, ns: Namespace, inos: Iterable[int]) -> dict[int, set[str]]:
@@ -205,6 +220,12 @@ class Locator:
                         break
                 out[ino] = hosts or set()
         return out, tiers
+
+
+def _whole(r: Found | int) -> bool:
+    """A brief row is a whole chunk: found, a regular file, complete, not empty (a
+    writer still at it, or a name made and not yet written, is a miss)."""
+    return isinstance(r, tuple) and stat.S_ISREG(r[_MODE]) and bool(r[_COMPLETE]) and r[_BRIEF_SIZE] > 0
 
 
 def _split(p: str) -> tuple[str, str]:

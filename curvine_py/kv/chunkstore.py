@@ -15,7 +15,9 @@ batched operations on named chunks, done here over the SDK with no LMCache impor
   unlock (1.6 against 0.85 ms for 8 keys).  An unpin that may have dropped the pin of
   a lookup running meanwhile pins those chunks again (``_unpin``).  The answers are
   read off the reply's messages, not made into the SDK's ``Location`` records (at 256
-  keys those cost more than the master's work).
+  keys those cost more than the master's work), and the master sends no messages either:
+  a brief ``Locate`` answers one flag per name (``ChunkStore.lookup``, medians on a local
+  cluster: 8 keys 0.22 -> 0.14 ms, 32 keys 0.38 -> 0.18, 256 keys 1.90 -> 0.69).
 - ``load``: ``Client.get_into`` straight into the caller's buffer (no intermediate copy;
   the SDK reads a replica on this host from its block file).
 - ``delete``: the sizes of the removed chunks, for LMCache's byte accounting.
@@ -93,12 +95,12 @@ class ChunkStore:
     def lookup(self, names: Sequence[str], lock: bool = False) -> list[bool]:
         """Which chunks are there, whole (one master call); lock: pin them until unlock."""
         if not lock:
-            return [_whole(m) for m in self._locate(names)]
+            return self._hits(names)
         with self._pin_mu:   # counted as asked before the call: an unpin meanwhile sees them (_unpin)
             for n in names:
                 self._asking[n] = self._asking.get(n, 0) + 1
         try:
-            hits = [_whole(m) for m in self._locate(names, pin_s=self.cfg.lock_ttl_s)]
+            hits = self._hits(names, pin_s=self.cfg.lock_ttl_s)
         finally:
             with self._pin_mu:
                 for n in names:
@@ -166,18 +168,26 @@ class ChunkStore:
                 log.warning("renewing the pins of locked chunks failed (retried in %.0f s): %s",
                             self.cfg.lock_ttl_s / 3, e)
 
-    def _locate(self, names: Sequence[str], pin_s: float = 0.0, unpin: bool = False) -> list[pb.Located]:
-        """The master's Locate answers for chunk names (one call per LOCATE_BATCH); the
-        paths are made here, normalised already (the base is, a chunk name has no '/')."""
+    def _hits(self, names: Sequence[str], pin_s: float = 0.0) -> list[bool]:
+        """Which chunks are whole, from brief Locate answers (a master that predates them
+        answers in full: read off its messages)."""
+        out: list[bool] = []
+        for reply in self._locate(names, pin_s=pin_s, brief=True):
+            out += reply.whole if len(reply.whole) or not len(reply.files) else [_whole(m) for m in reply.files]
+        return out
+
+    def _locate(self, names: Sequence[str], pin_s: float = 0.0, unpin: bool = False,
+                brief: bool = True) -> list[pb.LocateReply]:
+        """The master's Locate replies for chunk names (one call per LOCATE_BATCH): brief
+        (a flag per name, no attributes: at 256 names the master's messages cost more
+        than its lookups) unless the caller needs the files' attributes.  The paths are
+        made here, normalised already (the base is, a chunk name has no '/')."""
         paths = [f"{self.base}/{n}" for n in names]
         meta = self.client.meta
         pin_ms = math.ceil(pin_s * 1000)
-        out: list[pb.Located] = []
-        for k in range(0, len(paths), LOCATE_BATCH):
-            reply = meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), paths=paths[k:k + LOCATE_BATCH],
-                                                              pin_ms=pin_ms, unpin=unpin))
-            out += reply.files
-        return out
+        return [meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), paths=paths[k:k + LOCATE_BATCH],
+                                                          pin_ms=pin_ms, unpin=unpin, brief=brief))
+                for k in range(0, len(paths), LOCATE_BATCH)]
 
     # ------------------------------------------------------------------ store, load, delete
     def store(self, names: Sequence[str], buffers: Sequence[Buffer],
@@ -224,7 +234,7 @@ class ChunkStore:
 
     def delete(self, names: Sequence[str]) -> list[int]:
         """Remove the chunks; each one's size, -1 where it was not there."""
-        sizes = [m.attr.size if m.errno == 0 else -1 for m in self._locate(names)]
+        sizes = [m.attr.size if m.errno == 0 else -1 for r in self._locate(names, brief=False) for m in r.files]
 
         def one(i: int) -> bool:
             try:

@@ -44,6 +44,34 @@ def test_locate_answers_each_path_in_order_with_its_holders(client: Client, remo
     assert a.tier == "DISK" or a.tier in ("SSD", "HDD", "MEM", ""), a.tier
 
 
+def test_a_brief_locate_answers_whether_each_path_is_a_whole_file(client: Client, remote_dir: str) -> None:
+    """The KV lookup's form: one flag per path, a complete regular file of > 0 bytes, the
+    same verdict as the full answer's (a file still being written is a miss)."""
+    d = remote_dir
+    client.put_bytes(f"{d}/a", b"x" * (5 * MiB))
+    client.put_bytes(f"{d}/empty", b"")
+    client.mkdir(f"{d}/sub")
+    client.symlink(f"{d}/a", f"{d}/link")
+    client.symlink(f"{d}/gone", f"{d}/dangling")
+    paths = [f"{d}/a", f"{d}/missing", f"{d}/empty", f"{d}/sub", f"{d}/link", f"{d}/dangling", f"{d}/a/x",
+             "relative", f"{d}/writing"]
+    with client.open(f"{d}/writing", "wb") as f:
+        f.write(b"y" * 1000)
+        f.flush()
+        brief = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=paths, brief=True))
+        full = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), paths=paths))
+    assert list(brief.whole) == [True, False, False, False, True, False, False, False, False]
+    assert not brief.files
+    assert [m.errno == 0 and m.attr.complete and m.attr.size > 0 and m.attr.mode & 0o170000 == 0o100000
+            for m in full.files] == list(brief.whole)
+    store = ChunkStore(client, ChunkStoreConfig(base_path=d, lock_ttl_s=30))
+    try:
+        assert store.lookup(["a", "missing", "empty", "link", "writing"], lock=True) == [True, False, False, True, True]
+        assert store.locked() == 3
+    finally:
+        store.close()
+
+
 def test_locate_tier_policy_and_limits(client: Client, remote_dir: str) -> None:
     d = remote_dir
     client.put_bytes(f"{d}/f", b"z")
@@ -146,12 +174,13 @@ def test_chunk_store_pins_again_what_a_lookup_locked_while_its_unpin_ran(client:
         real = store._locate
         calls: list[tuple[tuple[str, ...], float, bool]] = []
 
-        def racing(names: typing.Sequence[str], pin_s: float = 0.0, unpin: bool = False) -> list[pb.Located]:
+        def racing(names: typing.Sequence[str], pin_s: float = 0.0, unpin: bool = False,
+                   brief: bool = True) -> list[pb.LocateReply]:
             if unpin and not calls:   # a lookup locks c after the unpin chose it and before the master sees it
                 calls.append((("lookup",), 0.0, False))
                 assert store.lookup(["c"], lock=True) == [True]
             calls.append((tuple(names), pin_s, unpin))
-            return real(names, pin_s, unpin)
+            return real(names, pin_s, unpin, brief)
         store._locate = racing   # type: ignore[method-assign]
         store._unpin(["c"])     # the unpin of an earlier lock of c (none is held now)
         assert store.locked() == 1
