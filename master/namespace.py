@@ -16,6 +16,7 @@ import stat
 from typing import Any, Callable
 
 from curvine_py.common.errors import err
+from curvine_py.common.policy import KV, KV_BLOCK_SIZE
 from curvine_py.common.types import (
     CAPABILITY_XATTR, DIR_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_ATIME, SETATTR_ATIME_NOW,
     SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW, SETATTR_SIZE, SETATTR_UID,
@@ -140,6 +141,10 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             if not value:
                 raise err(errno.ENODATA)
             return bytes(value)
+        if name == KV:
+            if not row["kv"]:
+                raise err(errno.ENODATA)
+            return b"1"
         r = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
         if r is None:
             raise err(errno.ENODATA)
@@ -149,6 +154,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         row = self.inode(ino)
         names = [r[0] for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
         names += [name for name in acl.NAMES if row[_ACL_COLUMN[name]]]
+        names += [KV] if row["kv"] else []
         if not cred.root:
             names = [n for n in names if not n.startswith("trusted.")]
         return names
@@ -273,15 +279,18 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                 raise err(errno.ENAMETOOLONG if target else errno.ENOENT)
         size = DIR_SIZE if ftype == stat.S_IFDIR else len(target.encode("utf-8", "surrogateescape")) if target else 0
         block_size = rec.block_size or d["block_size"] or self.default_block_size
+        if d["kv"] and ftype == stat.S_IFREG and not rec.block_size:   # a KV chunk is one block
+            block_size = max(block_size, KV_BLOCK_SIZE)
         if rec.block_size and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
             raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
         self.conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
-            " block_size, replicas, target, acl, default_acl) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " block_size, replicas, target, acl, default_acl, kv) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
              rec.rdev, block_size, d["replicas"] or self.default_replicas, target,
              access.to_bytes() if access is not None else None,
-             d["default_acl"] if ftype == stat.S_IFDIR else None))
+             d["default_acl"] if ftype == stat.S_IFDIR else None,
+             d["kv"] if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
@@ -502,6 +511,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if name in acl.NAMES:
             return self._set_acl(row, rec)
         if name in cachepolicy.POLICY_XATTRS:
+        if name == KV:
+            return self._set_kv(row, rec)
             value = cachepolicy.normalize(name, value)
         exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
         if rec.flags & XATTR_CREATE and exists:
@@ -513,6 +524,18 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return {}
 
     def _set_acl(self, row: Row, rec: Setxattr) -> Row:
+    def _set_kv(self, row: Row, rec: Setxattr) -> Row:
+        """user.curvine.kv: kept in the inode (inodes.kv, Attr.kv) so that every lookup's
+        reply tells a mount a file is a KV chunk; "0" clears it as removexattr does.  What
+        is made under a directory later copies it (op_mknod); what is there stays as it is."""
+        on = cachepolicy.normalize(KV, rec.value) == b"1"
+        if rec.flags & XATTR_CREATE and row["kv"]:
+            raise err(errno.EEXIST)
+        if rec.flags & XATTR_REPLACE and not row["kv"]:
+            raise err(errno.ENODATA)
+        self.conn.execute("UPDATE inodes SET kv=?, ctime_ns=? WHERE ino=?", (int(on), rec.now_ns, row["ino"]))
+        return {}
+
         """setfacl: a valid ACL (else EINVAL) becomes the inode's.  An access ACL sets the
         mode's bits (owner, mask or owning group, other) and is kept only when it says more
         than they do; a default ACL only on a directory (EACCES elsewhere, as Linux).  An
@@ -559,6 +582,11 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                               (rec.now_ns, row["ino"]))
             return {}
         if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
+        if rec.name == KV:
+            if not row["kv"]:
+                raise err(errno.ENODATA)
+            self.conn.execute("UPDATE inodes SET kv=0, ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
+            return {}
             raise err(errno.ENODATA)
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}

@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS inodes (
   target TEXT,
   lease_id INTEGER NOT NULL DEFAULT 0, lease_client TEXT NOT NULL DEFAULT '',
   lease_expiry_ms INTEGER NOT NULL DEFAULT 0,
-  acl BLOB, default_acl BLOB
+  acl BLOB, default_acl BLOB,
+  kv INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS inodes_lease ON inodes(lease_expiry_ms) WHERE lease_id != 0;
 CREATE TABLE IF NOT EXISTS dirents (
@@ -162,6 +163,8 @@ def upgrade(conn: sqlite3.Connection) -> None:
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
     conn.execute("COMMIT")
+    if "kv" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:   # a store before KV directories
+        conn.execute("ALTER TABLE inodes ADD COLUMN kv INTEGER NOT NULL DEFAULT 0")
 
 
 # Counts kept by triggers in the meta table, so that Report, StatFs and /metrics read one
@@ -211,7 +214,7 @@ def count(conn: sqlite3.Connection, key: str) -> int:
 # times, not these); a directory's whole listing (ino, '/'), which every name change in
 # it changes.  Only columns a client caches count: a lease renewal changes none.
 ATTR_COLUMNS = ("mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, replicas,"
-                " complete, generation, target, acl, default_acl")
+                " complete, generation, target, acl, default_acl, kv")
 CHANGES = "temp.cache_changes"
 
 

@@ -76,6 +76,7 @@ def to_attr(row: Row) -> pb.Attr:
     a.allocated = row.get("allocated") or 0   # (a retry-cache row of an older master has none)
     a.complete = bool(row.get("complete", 1))
     a.acl = bool(row.get("acl"))
+    a.kv = bool(row.get("kv"))
     return a
 
 

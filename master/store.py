@@ -11,7 +11,7 @@ from curvine_py.common.types import ROOT_INO
 
 Row = dict[str, Any]
 ATTR_COLS = ("ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, "
-             "replicas, complete, generation, lease_id, lease_client, lease_expiry_ms, acl, default_acl, allocated")
+             "replicas, complete, generation, lease_id, lease_client, lease_expiry_ms, acl, default_acl, kv, allocated")
 # A name's inode in one statement (a lookup, and every mutation's checks of its names).
 CHILD = ("SELECT " + ", ".join(f"i.{c.strip()}" for c in ATTR_COLS.split(",")) + ", i.target"
          " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name=?")

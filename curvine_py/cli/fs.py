@@ -294,7 +294,7 @@ def cmd_mkdir(ctx: Context) -> int:
         path = remote(p)
         with on_path(path):
             ctx.client.mkdir(path, parents=ctx.args.parents, exist_ok=ctx.args.parents,
-                             block_size=ctx.args.block_size)
+                             block_size=ctx.args.block_size, kv=ctx.args.kv)
     return 0
 
 
@@ -535,6 +535,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="block size of the files created below it (e.g. 16MiB: a KV chunk of up to "
                         "16 MiB is one block, read by FUSE passthrough on a replica's host); "
                         "default: the parent's")
+    p.add_argument("--kv", action="store_true",
+                   help="a KV directory (cv fs policy --kv): its files are one block and every mount "
+                        "reads them as KV chunks, with no mount flag")
     p.add_argument("paths", nargs="+", metavar="PATH")
 
     p = add("put", cmd_put, "upload a local file ('-' reads stdin)")

@@ -1,14 +1,16 @@
-"""`cv fs pin|unpin|ttl|set-tier`: cache policies of files and directory trees.
+"""`cv fs pin|unpin|ttl|set-tier|policy`: cache policies of files and directory trees.
 
 They are xattrs on the namespace (``user.curvine.pin``, ``user.curvine.ttl``,
 ``user.curvine.tier``; docs/eviction.md), so the same settings are visible through a
 mount with getfattr.  Bad values come back from the master as one EINVAL line.
+`cv fs policy PATH --kv` marks a KV directory (``user.curvine.kv``, kept in the inode
+and copied down to what is made below it; docs/kvcache.md).
 """
 from __future__ import annotations
 
 import typing
 
-from curvine_py.cli import Context
+from curvine_py.cli import Context, output
 from curvine_py.cli.paths import on_path, remote
 from curvine_py.common.policy import TIERS, format_ttl
 
@@ -48,6 +50,18 @@ def cmd_set_tier(ctx: Context) -> int:
     return 0
 
 
+def cmd_policy(ctx: Context) -> int:
+    """Set what the flags name (--kv, --no-kv); with none, show the path's policy."""
+    path = remote(ctx.args.path)
+    with on_path(path):
+        if ctx.args.kv is not None:
+            ctx.client.set_kv(path, ctx.args.kv)
+            return 0
+        rows = policy_rows(ctx.client.cache_policy(path))
+    print(output.table([(f"{k}:", v) for k, v in rows]))
+    return 0
+
+
 def policy_rows(p: "CachePolicy") -> list[tuple[str, str]]:
     """Rows for `cv fs stat`: each setting and where it comes from."""
     def origin(where: str) -> str:
@@ -56,12 +70,14 @@ def policy_rows(p: "CachePolicy") -> list[tuple[str, str]]:
         ("pinned", f"yes{origin(p.pinned_by)}" if p.pinned else "no"),
         ("ttl", f"{format_ttl(p.ttl_s)}{origin(p.ttl_from)}" if p.ttl_s else "none"),
         ("tier", f"{p.tier}{origin(p.tier_from)}" if p.tier else "any"),
+        ("kv", f"yes{origin(p.kv_from)}" if p.kv else "no"),
     ]
 
 
 def policy_json(p: "CachePolicy") -> dict[str, typing.Any]:
     return {"pinned": p.pinned, "pinned_by": p.pinned_by or None, "ttl_s": p.ttl_s,
-            "ttl_from": p.ttl_from or None, "tier": p.tier or None, "tier_from": p.tier_from or None}
+            "ttl_from": p.ttl_from or None, "tier": p.tier or None, "tier_from": p.tier_from or None,
+            "kv": p.kv, "kv_from": p.kv_from or None}
 
 
 def register(add: typing.Callable[..., typing.Any]) -> None:
@@ -78,3 +94,12 @@ def register(add: typing.Callable[..., typing.Any]) -> None:
     p.add_argument("path", metavar="PATH")
     p.add_argument("tier", metavar="TIER", choices=[*TIERS, "any"], type=str.lower,
                    help=f"one of {', '.join(TIERS)}, or any")
+    p = add("policy", cmd_policy, "show a path's cache policy, or set what a flag names")
+    p.add_argument("path", metavar="PATH")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv", dest="kv", action="store_const", const=True, default=None,
+                    help="a KV directory: files made below it are one block (128 MiB unless their client "
+                         "names one) and every mount reads them as KV chunks, with no mount flag "
+                         "(docs/kvcache.md); so are subdirectories made below it")
+    kv.add_argument("--no-kv", dest="kv", action="store_const", const=False,
+                    help="no longer a KV directory (what was made below it keeps its setting)")

@@ -4,6 +4,11 @@
 sweeps; ``user.curvine.ttl`` = seconds after the last modification (``"7d"``, ``"12h"``,
 ``"30m"``, ``"45s"``, ``"2w"`` accepted, stored as seconds); ``user.curvine.tier`` = the
 tier new blocks prefer (``mem``, ``ssd``, ``hdd``, ``disk``).  docs/eviction.md.
+
+``user.curvine.kv`` = ``"1"`` marks a directory for the KV cache (docs/kvcache.md).  It is
+no xattr row: the master keeps it in the inode (``inodes.kv``, ``Attr.kv``), copied into
+every inode made under such a directory, so a mount knows a file is a KV chunk from the
+attributes its lookup returns, with no further call.
 """
 from __future__ import annotations
 
@@ -16,6 +21,12 @@ PIN = "user.curvine.pin"
 TTL = "user.curvine.ttl"
 TIER = "user.curvine.tier"
 POLICY_XATTRS = (PIN, TTL, TIER)
+KV = "user.curvine.kv"
+# The block size of a file made under a KV directory when its client names none: one block
+# holds the largest LMCache chunk (256 tokens of a 70B-class model in fp16, ~80 MiB plus its
+# header), the next power of two above it.  A block file is as long as its bytes, so a
+# 14 MiB chunk takes 14 MiB on disk all the same.
+KV_BLOCK_SIZE = 128 << 20
 TIERS = ("mem", "ssd", "hdd", "disk")
 _TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _TTL_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -41,6 +52,12 @@ def normalize(name: str, value: bytes) -> bytes:
         if text.lower() in ("0", "false", "no", "off"):
             return b"0"
         raise err(errno.EINVAL, f"bad {PIN} value {text!r}: use 1 or 0")
+    if name == KV:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return b"1"
+        if text.lower() in ("0", "false", "no", "off"):
+            return b"0"
+        raise err(errno.EINVAL, f"bad {KV} value {text!r}: use 1 or 0")
     if name == TTL:
         return str(parse_ttl(text)).encode()
     if name == TIER:

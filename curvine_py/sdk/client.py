@@ -25,7 +25,7 @@ from curvine_py.common import config as config_mod
 from curvine_py.common.buffers import fresh_bytes
 from curvine_py.common.config import Config
 from curvine_py.common.errors import CurvineError, err
-from curvine_py.common.policy import PIN, POLICY_XATTRS, TIER, TTL
+from curvine_py.common.policy import KV, PIN, POLICY_XATTRS, TIER, TTL
 from curvine_py.common.types import ROOT_INO, SETATTR_ATIME_NOW, SETATTR_MODE, SETATTR_MTIME_NOW, SETATTR_SIZE
 from curvine_py.client.metagroup import STATUS_TIMEOUT_S, MasterGroup
 from curvine_py.pb import curvine_pb2 as pb
@@ -263,9 +263,14 @@ class Client:
         return [s.name for s in self.scandir(path)]
 
     def mkdir(self, path: str, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,
-              block_size: int = 0) -> None:
+              block_size: int = 0, kv: bool = False) -> None:
         """block_size: the block size of files created below the new directory (and of its
-        new subdirectories) by clients that do not ask for one; 0 = its parent's."""
+        new subdirectories) by clients that do not ask for one; 0 = its parent's.  kv: a
+        KV directory (set_kv), the one made or, with exist_ok, the one there."""
+        if kv:
+            self.mkdir(path, mode, parents, exist_ok, block_size)
+            self.set_kv(path, True)
+            return
         p = normpath(path)
         if p == "/":
             if exist_ok or parents:
@@ -455,14 +460,26 @@ class Client:
         else:
             self.setxattr(path, TIER, tier.encode())
 
+    def set_kv(self, path: str, on: bool) -> None:
+        """Mark a directory for the KV cache (on) or unmark it: files made below it from now
+        on are one block (up to 128 MiB unless their client names a block size) and every
+        mount reads them as KV chunks; subdirectories made below it are KV directories.
+        What is there already keeps its own setting (as a block size does)."""
+        if on:
+            self.setxattr(path, KV, b"1")
+        else:
+            self.removexattr(path, KV, missing_ok=True)
+
     def cache_policy(self, path: str) -> "CachePolicy":
-        """The effective pin, ttl and tier of path, with the path each comes from."""
+        """The effective pin, ttl and tier of path, with the path each comes from; and
+        whether it is KV, from the top of the unbroken run of KV directories above it."""
         p = normpath(path)
         parts = [q for q in p.split("/") if q]
         chain = ["/" + "/".join(parts[:i]) for i in range(len(parts) + 1)]
-        pinned_by, ttl, tier = "", ("", ""), ("", "")
+        pinned_by, ttl, tier, kv_from = "", ("", ""), ("", ""), ""
         for prefix in chain:   # root first: a nearer ttl or tier overrides, any pin holds
             names = self.listxattr(prefix)
+            kv_from = (kv_from or prefix) if KV in names else ""
             for name in set(names) & set(POLICY_XATTRS):
                 value = self.getxattr(prefix, name).decode("ascii", "replace")
                 if name == PIN and value == "1" and not pinned_by:
@@ -473,7 +490,7 @@ class Client:
                     tier = (value, prefix)
         return CachePolicy(pinned=bool(pinned_by), pinned_by=pinned_by,
                            ttl_s=int(ttl[0]) if ttl[0].isdigit() else None, ttl_from=ttl[1],
-                           tier=tier[0], tier_from=tier[1])
+                           tier=tier[0], tier_from=tier[1], kv=bool(kv_from), kv_from=kv_from)
 
     # ------------------------------------------------------------------ cluster
     def block_locations(self, path: str) -> list[BlockLocation]:

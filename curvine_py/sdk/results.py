@@ -153,6 +153,8 @@ class CachePolicy:
     ttl_from: str
     tier: str
     tier_from: str
+    kv: bool = False     # files made below are KV chunks (docs/kvcache.md): one block, read the KV way
+    kv_from: str = ""    # the top of the run of KV directories it was copied down from
 
 
 
