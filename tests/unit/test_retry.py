@@ -124,24 +124,31 @@ def test_waits_may_depend_on_the_error() -> None:
     assert slept == [0.5]   # and no sleep(0) for "at once"
 
 
-def test_the_deadline_counts_from_the_first_attempt_and_cuts_the_last_wait() -> None:
-    """A slow first attempt uses up the deadline too; no wait runs past it."""
+def test_the_deadline_counts_from_the_first_attempt_and_cuts_the_last_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow first attempt uses up the deadline too; no wait runs past it.  On a clock of
+    the test's own (the attempts and waits advance it), so a loaded machine cannot move
+    the figures: with real sleeps this failed once with 30 ms to spare."""
+    now = [100.0]
+    monkeypatch.setattr(retry.time, "monotonic", lambda: now[0])
     calls: list[float] = []
+    slept: list[float] = []
 
     def slow_then_fail() -> None:
-        calls.append(time.monotonic())
-        time.sleep(0.1)
+        calls.append(now[0] - 100.0)
+        now[0] += 0.1
         raise Transient()
-    policy = Retry(transient=is_transient, deadline_s=0.25, wait=Exponential(0.04, 10.0))
-    start = time.monotonic()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+    policy = Retry(transient=is_transient, deadline_s=0.25, wait=Exponential(0.04, 10.0), sleep=sleep)
     with pytest.raises(Transient):
         policy.call(slow_then_fail)
-    took = time.monotonic() - start
-    # attempts at 0 and ~0.14 (0.1 + a 0.04 wait); the next wait (0.08) is cut to end at
-    # the deadline (0.25), where the last attempt starts
-    assert len(calls) == 3, [c - start for c in calls]
-    assert calls[2] - start == pytest.approx(0.25, abs=0.03)
-    assert 0.35 <= took < 0.45, took
+    # attempts at 0 and 0.14 (0.1 + a 0.04 wait); the next wait (0.08) is cut to end at
+    # the deadline (0.25), where the last attempt starts; none after it
+    assert calls == pytest.approx([0.0, 0.14, 0.25])
+    assert slept == pytest.approx([0.04, 0.01])
+    assert now[0] - 100.0 == pytest.approx(0.35)
 
 
 def test_a_deadline_already_past_after_the_first_attempt_gives_up_without_waiting() -> None:
