@@ -33,7 +33,7 @@ if typing.TYPE_CHECKING:
 log = logging.getLogger("curvine.fuse")
 RUN_DIR = Path(os.environ.get("CURVINE_RUN_DIR", "/run/curvine"))
 # A stop signal ends the FUSE loop; the requests it was serving get this long to finish
-# before they are cut off (the kernel then fails them: ENOTCONN), so one that waits on an
+# before they are cut off (answered EIO: fuse/ops.py _fs_errors), so one that waits on an
 # unreachable master (a lookup, a getattr: up to client.retry_s) cannot hold the unmount,
 # and a process touching the mount meanwhile gets an error, not a hang.  The flush of the
 # open files comes after the unmount and is not bounded by this.
@@ -221,6 +221,8 @@ def _mount(cfg: config.Config, mountpoint: str, ready_fd: int | None, subdir: st
     # with getxattr, cached until the name is revalidated), as the master does
     # (docs/posix.md "ACLs").  Without it a named user's entry would be refused by the kernel.
     ops.enable_acl = True
+    from curvine_py.fuse.watchdog import ensure_fusectl
+    ensure_fusectl()   # the stop's last resort (_unmount) and the watchdog's detach abort through it
     options = set(pyfuse3.default_options) | {"fsname=curvine", "subtype=curvine", "allow_other"}
     try:
         pyfuse3.init(ops, mountpoint, options)
@@ -269,12 +271,15 @@ class _Stopping:
     re-delivered by trio when the loop ends, or during the flush after it) must neither kill
     the daemon half-way through unmounting (the mount would be left dead: ENOTCONN) nor be
     lost: it is recorded and acted on by the loop.  On the loop, a stop ends pyfuse3's
-    session and gives the requests in flight STOP_GRACE_S (the `serving` scope)."""
+    session and gives the requests in flight STOP_GRACE_S (the `serving` scope); those still
+    running then are answered EIO (fuse/ops.py), so the kernel drops their locks.
+    on_stop: called at the stop, before the session ends (the kernel notifier's close)."""
 
     def __init__(self) -> None:
         import trio
         self.asked: list[int] = []
         self.serving = trio.CancelScope()
+        self.on_stop: list[typing.Callable[[], None]] = []
         signal.signal(signal.SIGTERM, self._outside_loop)
         signal.signal(signal.SIGINT, self._outside_loop)
 
@@ -285,6 +290,8 @@ class _Stopping:
     def _stop_serving(self) -> None:
         import pyfuse3
         import trio
+        for fn in self.on_stop:
+            fn()
         pyfuse3.terminate()
         self.serving.deadline = min(self.serving.deadline, trio.current_time() + STOP_GRACE_S)
 
@@ -311,6 +318,8 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
     from curvine_py.fuse.watchdog import MountCheck, Requests, watch
 
     mount = MountCheck.find(m.real)   # by device number: the watchdog notices a detached mount
+    if m.notifier is not None:
+        stopping.on_stop.append(m.notifier.close)
     async with trio.open_nursery() as nursery:
         def on_detach() -> None:   # the watchdog found the mount gone (its connection aborted)
             m.detached = True
@@ -326,9 +335,9 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
             try:
                 with stopping.serving:
                     await pyfuse3.main()
-                if stopping.serving.cancelled_caught:
+                if stopping.serving.cancel_called:   # (the cut-off requests catch it: answered EIO)
                     log.warning("stopping: requests still in flight %g s after the signal were "
-                                "cut off (they fail with ENOTCONN)", STOP_GRACE_S)
+                                "cut off (answered EIO)", STOP_GRACE_S)
             except Exception as e:   # (an ExceptionGroup too) a session loop reading the aborted connection
                 if not m.detached:
                     raise
@@ -342,10 +351,7 @@ def _unmount(m: _Mounted, mountpoint: str) -> None:
     time must get an error at once, not hang."""
     import pyfuse3
     if m.notifier is not None and not m.notifier.stop():   # before close: after it, no session to go to
-        from curvine_py.fuse.watchdog import MountCheck
-        stuck = MountCheck.find(m.real)   # a notification and a request we no longer answer wait
-        if stuck is not None:             # on each other in the kernel: only an abort ends both
-            stuck.abort()
+        _abort_stuck(m)
     try:
         pyfuse3.close(unmount=not m.detached)   # detached: nothing of ours is mounted there now
     except Exception as e:
@@ -354,6 +360,21 @@ def _unmount(m: _Mounted, mountpoint: str) -> None:
         m.session.stop()
     m.vfs.close()
     m.core.close()
+
+
+def _abort_stuck(m: _Mounted) -> None:
+    """A notification still in the kernel after the stop answered every request it served
+    waits on one the kernel holds unread (it came after the loop stopped reading), and its
+    write keeps /dev/fuse open, so closing it would not end the connection: only an abort
+    ends both (fusectl, mounted at start when we run as root: watchdog.ensure_fusectl)."""
+    from curvine_py.fuse.notify import STOP_WAIT_S
+    from curvine_py.fuse.watchdog import MountCheck
+    stuck = MountCheck.find(m.real)
+    if stuck is not None:
+        stuck.abort()
+    if m.notifier is not None and not m.notifier.idle(STOP_WAIT_S):
+        log.warning("the kernel invalidation is still stuck after the abort: the daemon's exit may wait for "
+                    "the connection's end")
 
 
 def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer | None:

@@ -78,18 +78,32 @@ class KernelNotifier:
         self._thread.start()
         return self
 
-    def stop(self) -> bool:
-        """No notification after this returns (pyfuse3.close comes next); False when one
-        is still held up in the kernel after STOP_WAIT_S.  That one waits for a directory
-        lock that a request in flight holds, and a stopping mount no longer answers that
-        request: neither ends until the connection is aborted (the caller does), and the
-        daemon cannot exit meanwhile (its write to /dev/fuse keeps the device open)."""
+    def close(self) -> None:
+        """No new notification from now on (a stop signal came): the one in the kernel, if
+        any, is the last.  A notification waits for the locks of the requests in flight
+        in its directory; once the loop stops reading /dev/fuse, one still queued there
+        unread would hold it until the connection ends, and its write keeps the device
+        open, so the connection never ends.  Closing at the signal leaves only the one
+        already waiting, on requests the stop answers (fuse/ops.py: EIO at the grace's end)."""
         self._closed = True
         self._queue.put(None)
-        finished = self._calling.acquire(timeout=STOP_WAIT_S)
-        if finished:
-            self._calling.release()
-        else:
+
+    def idle(self, timeout: float) -> bool:
+        """Whether no notification is in the kernel, waiting up to timeout for it to return."""
+        if not self._calling.acquire(timeout=timeout):
+            return False
+        self._calling.release()
+        return True
+
+    def stop(self) -> bool:
+        """No notification after this returns (pyfuse3.close comes next); False when one
+        is still held up in the kernel after STOP_WAIT_S.  Never waits longer: the thread
+        is a daemon thread that nothing joins, so a notification stuck in the kernel cannot
+        hold the daemon's exit in Python; in the kernel, only the connection's abort ends
+        it (the caller does that, through fusectl: fuse/watchdog.py ensure_fusectl)."""
+        self.close()
+        finished = self.idle(STOP_WAIT_S)
+        if not finished:
             log.warning("a kernel invalidation still waits in the kernel at unmount: aborting the connection")
         if self.pushes:
             log.info("kernel invalidations: %d pushes (%.1f us each in the session thread, %d not waited for "

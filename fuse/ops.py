@@ -70,6 +70,11 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     And the request is registered with the mount's watchdog while it runs (fuse/watchdog.py:
     op, what it works on, since when); one the watchdog gave up (Abandoned) is answered EIO.
+    So is one the loop's end cancels (a stop whose grace ran out, fuse/main.py): left
+    unanswered, the kernel would hold its inode locks until the connection ends, and a
+    kernel invalidation waiting for one (fuse/notify.py) keeps /dev/fuse open, so the
+    connection never ends (pyfuse3 awaits the handler in its reader task and replies
+    synchronously, so the answer goes out before the task sees the cancellation again).
     And timed into curvine_fuse_op_duration_seconds when the mount serves metrics."""
     params = list(inspect.signature(fn).parameters)
     name = params[1] if len(params) > 1 and params[1] != "ctx" else ""
@@ -90,6 +95,8 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except pyfuse3.FUSEError:
             raise
         except Abandoned:   # logged by the watchdog, with the state that held it up
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except trio.Cancelled:   # the loop's end cut it off (a stop's grace ran out): answered, see above
             raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:   # CurvineError included
             code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO

@@ -17,7 +17,8 @@ request is failed between the limit and the limit + ``TICK_S``:
   start: a path can be mounted over again).  When it is gone (``fusermount3 -uz``, a
   lazy ``umount -l``) the kernel may still hold requests the daemon would otherwise wait
   on forever: the connection is aborted (``/sys/fs/fuse/connections/<minor>/abort``,
-  every pending request fails at once; where fusectl is not mounted, as in containers,
+  every pending request fails at once; a daemon running as root mounts fusectl at start
+  when nothing is mounted there, ``ensure_fusectl``; where it cannot, as in containers,
   the connection ends when the daemon closes /dev/fuse right after its loop), and the
   loop is stopped (every request still in it cancelled) so the daemon exits 0 after its
   usual cleanup, without unmounting (something else may be mounted there by now).
@@ -36,8 +37,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import ctypes
 import functools
 import logging
+import os
 import re
 import time
 import typing
@@ -310,6 +313,24 @@ class MountCheck:
                      "right after its loop", minor, e)
 
 
+def ensure_fusectl(root: Path = FUSE_CONNECTIONS) -> bool:
+    """Mount fusectl on root when the daemon runs as root and nothing is mounted there, so
+    MountCheck.abort works on any machine (systemd mounts it at boot; many VMs and
+    containers do not): the stop's last resort against a kernel invalidation that waits on
+    a request nobody will answer (fuse/notify.py).  True when it is mounted (now or before)."""
+    if os.path.ismount(root):
+        return True
+    if os.geteuid() != 0 or not root.is_dir():   # no fuse module loaded, or not allowed to mount
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"fusectl", bytes(root), b"fusectl", 0, None) != 0:
+        log.info("cannot mount fusectl on %s (%s): a stuck FUSE connection cannot be aborted",
+                 root, os.strerror(ctypes.get_errno()))
+        return False
+    log.info("mounted fusectl on %s (nothing was): a stuck FUSE connection can be aborted", root)
+    return True
+
+
 async def watch(requests: Requests, vfs: typing.Any, mount: MountCheck | None,
                 detached: typing.Callable[[], None],
                 extra: typing.Callable[[], str] = lambda: "", tick_s: float = TICK_S) -> None:
@@ -353,4 +374,5 @@ def report(requests: Requests, vfs: typing.Any, late: list[Request], now: float,
     return "\n".join(lines)
 
 
-__all__ = ["Abandoned", "CURRENT", "Hop", "MountCheck", "Request", "Requests", "hop", "landed", "report", "watch"]
+__all__ = ["Abandoned", "CURRENT", "Hop", "MountCheck", "Request", "Requests", "ensure_fusectl", "hop", "landed",
+           "report", "watch"]

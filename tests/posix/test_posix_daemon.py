@@ -6,6 +6,8 @@ of its test whatever happened.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -322,6 +324,75 @@ def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: D
     mnt2 = daemons.mountpoint("check")
     daemons.foreground(mnt2)
     assert (mnt2 / "died-new").read_bytes() == b"x" * 1000
+
+
+def test_a_kernel_invalidation_waiting_on_a_cut_off_lookup_never_holds_the_stop(daemons: Daemons) -> None:
+    """The hang that kept fuse.kernel_invalidation off (issue 39 §2), made deterministic: a
+    lookup in the root waits on a stopped master; the cache session ends (the master
+    answers no beat for a lease), so the notifier asks the kernel to forget what the
+    session held in the root, and that invalidation waits for the root's lock, which the
+    lookup holds.  At SIGTERM the stop cuts the lookup off after its grace.  Before, the
+    cut-off lookup stayed unanswered until the connection's end, which the notifier's
+    write to /dev/fuse prevented: both processes stayed in D state for good (fusectl not
+    mounted).  Now the stop answers it EIO, the kernel drops the lock, the invalidation
+    returns, and the daemon unmounts and exits with no abort needed."""
+    from curvine_py.fuse.watchdog import MountCheck, ensure_fusectl
+    mnt = daemons.mountpoint()
+    p = daemons.foreground(mnt, "--client-retry-s", "30", "--fuse-kernel-invalidation", "true")
+    conn = MountCheck.find(str(mnt))
+    assert conn is not None
+    log = daemons.tmp / f"{mnt.name}.fg.log"
+    (mnt / "held").write_bytes(b"x")       # names and attributes in the root the session holds
+    os.stat(mnt / "held")
+    assert wait_until(lambda: " open with " in log.read_text(), 10), "no cache session opened"
+    lookup: list[BaseException | None] = []
+
+    def stat_a_new_name() -> None:   # no cache can answer it: the daemon asks the master
+        try:
+            os.stat(mnt / "not-there")
+            lookup.append(None)
+        except OSError as e:
+            lookup.append(e)
+    asker = threading.Thread(target=stat_a_new_name, daemon=True)
+    stuck = False
+    daemons.cluster.kill_master(signal.SIGSTOP)
+    try:
+        asker.start()
+        assert wait_until(lambda: "cache session ended" in log.read_text(), 15), "the session did not end"
+        time.sleep(1.0)   # the session's end handed to the notifier: its invalidation waits on the lookup
+        assert lookup == [], "the lookup did not wait on the stopped master"
+        p.send_signal(signal.SIGTERM)
+        # (no is_mounted before the exit: its realpath stats the mount point, a request that
+        # would wait in the kernel for good if the deadlock came back)
+        stuck = not wait_until(lambda: p.poll() is not None, 15)
+        assert not stuck, "the daemon did not exit 15 s after SIGTERM (the old deadlock)"
+        assert p.returncode == 0
+        assert not is_mounted(str(mnt))
+        asker.join(5)
+        assert lookup and isinstance(lookup[0], OSError) and lookup[0].errno == errno.EIO, \
+            f"the cut-off lookup: {lookup or 'still waiting'} (EIO: the daemon answered it)"
+        assert "still waits in the kernel" not in log.read_text()
+    finally:
+        if stuck:   # free the processes the old deadlock left in D state, so teardown can end
+            ensure_fusectl()
+            with contextlib.suppress(OSError):
+                Path(f"/sys/fs/fuse/connections/{conn.dev.split(':')[1]}/abort").write_text("1")
+        daemons.cluster.kill_master(signal.SIGCONT)
+
+
+def test_the_daemon_mounts_fusectl_where_nothing_is(tmp_path: Path) -> None:
+    """The abort a stuck stop falls back on needs fusectl (many VMs and containers do not
+    mount it): the daemon mounts it when it runs as root, once (never stacked)."""
+    from curvine_py.fuse.watchdog import ensure_fusectl
+    root = Path(os.path.realpath(tmp_path)) / "connections"
+    root.mkdir()
+    try:
+        assert ensure_fusectl(root) and os.path.ismount(root)
+        assert ensure_fusectl(root)
+        with open("/proc/self/mountinfo") as f:
+            assert [line.split()[4] for line in f].count(str(root)) == 1
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, timeout=10)
 
 
 def test_client_block_size_applies_to_files_the_mount_creates(daemons: Daemons) -> None:
