@@ -1,7 +1,17 @@
 """File data in the namespace: write leases, block allocation, commits, truncation.
 
 Part of the op-record machinery of ``namespace.py`` (``Namespace`` inherits these ops);
-kept apart because it is about one file's blocks and its writer, not about names.
+kept apart because it is about one file's blocks and its writers, not about names.
+
+Several clients may write one file at once (docs/posix.md "Several writers"): each holds
+a write lease of its own (a ``writers`` row); a commit merges the caller's blocks per
+block slot (the last commit wins a slot) and only grows the size, unless it carries the
+writer's truncation.  A truncation (an ``O_TRUNC`` open, a truncating setattr, a commit
+with ``truncate_to``) starts a new generation of the content: every other writer of the
+file loses its lease, so its commit gets ``ESTALE`` and its uncommitted blocks are freed
+-- two writers that each truncated never leave a mix of their bytes.  The inode's own
+lease columns summarize its writers (any live one's id, the latest expiry, ``complete``
+0 while one is hard) for the modules that only ask "is it being written".
 """
 from __future__ import annotations
 
@@ -46,9 +56,43 @@ class FileOps(Store):
         """A writer holds the file (a soft lease -- one held with complete=1 -- binds nobody)."""
         return bool(row["lease_id"]) and not row["complete"]
 
-    def _lease_busy(self, row: Row, client: str, now_ms: int) -> bool:
-        """Another client's live, hard lease."""
-        return self._hard_lease(row) and row["lease_client"] != client and row["lease_expiry_ms"] > now_ms
+    def is_writer(self, ino: int, lease_id: int, client: str) -> bool:
+        """Does client hold lease_id, a live write lease of ino?"""
+        return bool(lease_id) and self.conn.execute("SELECT 1 FROM writers WHERE lease_id=? AND ino=? AND client=?",
+                                                    (lease_id, ino, client)).fetchone() is not None
+
+    def _summarize(self, ino: int) -> None:
+        """Set the inode's lease columns from its writers: the newest one's id and client,
+        the latest expiry, complete unless one is hard; all cleared when none is left."""
+        rows = self.conn.execute("SELECT lease_id, client, expiry_ms, hard FROM writers WHERE ino=?"
+                                 " ORDER BY lease_id DESC", (ino,)).fetchall()
+        if not rows:
+            self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0, complete=1"
+                              " WHERE ino=?", (ino,))
+            return
+        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=? WHERE ino=?",
+                          (rows[0][0], rows[0][1], max(r[2] for r in rows), int(not any(r[3] for r in rows)), ino))
+
+    def new_generation(self, ino: int, keep: int = 0, keep_client: str = "") -> list[int]:
+        """A truncation: every writer of ino but lease keep (and keep_client's) loses its
+        lease; their uncommitted blocks are returned, to be freed.  Their commits then get
+        ESTALE: their writes began under the content the truncation replaced."""
+        freed: list[int] = []
+        others = self.conn.execute("SELECT lease_id FROM writers WHERE ino=? AND lease_id != ? AND client != ?",
+                                   (ino, keep, keep_client)).fetchall()
+        for (lease,) in others:
+            freed += self._drop_writer(ino, lease)
+        if others:
+            self._summarize(ino)
+        return freed
+
+    def _drop_writer(self, ino: int, lease: int) -> list[int]:
+        """Forget one writer: its row and its allocated, uncommitted blocks (returned)."""
+        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=? AND lease_id=?",
+                                                 (ino, lease))]
+        self.conn.execute("DELETE FROM pending_blocks WHERE ino=? AND lease_id=?", (ino, lease))
+        self.conn.execute("DELETE FROM writers WHERE lease_id=?", (lease,))
+        return freed
 
     @applies(Create)
     def op_create(self, rec: Create) -> Row:
@@ -65,50 +109,61 @@ class FileOps(Store):
 
     @applies(OpenWrite)
     def op_open_write(self, rec: OpenWrite) -> Row:
-        cred, now_ms = rec.cred, rec.now_ns // 1_000_000
+        cred = rec.cred
         row = self.inode(rec.ino)
         if stat.S_ISDIR(row["mode"]):
             raise err(errno.EISDIR)
         if not stat.S_ISREG(row["mode"]):
             raise err(errno.EINVAL, "not a regular file")
         posix.require(row, cred, W)
-        if self._lease_busy(row, rec.client_id, now_ms):
-            raise err(errno.EBUSY, "file is open for writing on another client")
         freed: list[int] = []
-        if rec.flags & os.O_TRUNC and row["size"]:
-            freed = self._truncate(row, 0)
-            self.conn.execute("UPDATE inodes SET size=0, mtime_ns=?, ctime_ns=?, generation=generation+1,"
-                              " mode=? WHERE ino=?", (rec.now_ns, rec.now_ns,
-                                                      posix.clear_suid(row["mode"], cred), row["ino"]))
-            row = self.inode(row["ino"])
-            self.ufs_dirty(row["ino"], rec.now_ns)
+        if rec.flags & os.O_TRUNC:   # a new generation: other writers' uncommitted bytes never join it
+            granted = self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, freed)
+            freed += self.new_generation(row["ino"], keep=granted["lease_id"])
+            if row["size"]:
+                freed += self._truncate(row, 0)
+                self.conn.execute("UPDATE inodes SET size=0, mtime_ns=?, ctime_ns=?, generation=generation+1,"
+                                  " mode=? WHERE ino=?", (rec.now_ns, rec.now_ns,
+                                                          posix.clear_suid(row["mode"], cred), row["ino"]))
+                self.ufs_dirty(row["ino"], rec.now_ns)
+            return {**granted, "attr": self.inode(row["ino"]), "freed": freed}
         return self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, freed)
 
     def _grant_lease(self, row: Row, client: str, now_ns: int, lease_ms: int, freed: list[int],
                      soft: bool = False) -> Row:
-        """The write lease (the holder's own live one is kept).  A soft lease, for the creator
-        of a new file, leaves the file complete: it binds nobody until its first allocate or
-        commit (_leased), so a file created and closed unwritten needs no commit -- the lease
-        just lapses -- at the price that another client may take it over meanwhile."""
-        now_ms = now_ns // 1_000_000
-        if row["lease_id"] and row["lease_client"] == client and row["lease_expiry_ms"] > now_ms:
-            lease = row["lease_id"]
-        else:
-            lease = self.counter("next_lease")
+        """A write lease of the client's own, beside any other clients' (its own live one
+        is kept).  A soft lease, for the creator of a new file, leaves the file complete: it
+        binds nobody until its first allocate or commit (_leased), so a file created and
+        closed unwritten needs no commit -- the lease just lapses."""
+        now_ms, ino = now_ns // 1_000_000, row["ino"]
+        own = self.conn.execute("SELECT lease_id, hard FROM writers WHERE ino=? AND client=? AND expiry_ms > ?"
+                                " ORDER BY lease_id DESC LIMIT 1", (ino, client, now_ms)).fetchone()
+        lease = own[0] if own is not None else self.counter("next_lease")
         expiry = now_ms + lease_ms
-        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=? WHERE ino=?",
-                          (lease, client, expiry, int(soft), row["ino"]))
-        return {"attr": self.inode(row["ino"]), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed,
-                "soft": soft}
+        hard = int(not soft or (own is not None and own[1]))
+        self.conn.execute("INSERT OR REPLACE INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,?)",
+                          (lease, ino, client, expiry, hard))
+        self._summarize(ino)
+        return {"attr": self.inode(ino), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed,
+                "soft": not hard}
 
     def _leased(self, rec: Allocate | Commit) -> Row:
-        """The file under the caller's lease, which this use makes hard (the file incomplete)."""
+        """The file under the caller's lease, which this use makes hard (the file incomplete).
+        ESTALE when the lease is gone: lapsed, or ended by another client's truncation."""
         row = self.inode(rec.ino)
-        if not row["lease_id"] or row["lease_id"] != rec.lease_id:
-            raise err(errno.ESTALE, "write lease lost (expired or taken over); reopen the file")
-        if row["complete"]:
-            self.conn.execute("UPDATE inodes SET complete=0 WHERE ino=?", (row["ino"],))
-            row = {**row, "complete": 0}
+        hard = self.conn.execute("SELECT hard FROM writers WHERE lease_id=? AND ino=?",
+                                 (rec.lease_id, rec.ino)).fetchone()
+        if hard is None and rec.lease_id and row["lease_id"] == rec.lease_id:   # granted before writers rows
+            self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
+                              (rec.lease_id, rec.ino, row["lease_client"], row["lease_expiry_ms"]))
+            hard = (0,)
+        if hard is None:
+            raise err(errno.ESTALE, "write lease lost (expired, or the file was truncated by another writer "
+                                    "meanwhile: its writes since its last commit are dropped); reopen the file")
+        if not hard[0]:
+            self.conn.execute("UPDATE writers SET hard=1 WHERE lease_id=?", (rec.lease_id,))
+            self._summarize(rec.ino)
+            row = self.inode(rec.ino)
         return row
 
     @applies(Allocate)
@@ -125,16 +180,27 @@ class FileOps(Store):
 
     @applies(Commit)
     def op_commit(self, rec: Commit) -> Row:
-        """Install written blocks, set the size; on release give up the lease."""
+        """Merge a writer's changes since its last commit; on release give up its lease.
+
+        Per block slot, the last commit wins: each block replaces what its slot held, the
+        other slots keep what other writers committed.  The size only grows (_merged_size),
+        unless the writer truncated (truncate_to >= 0): then the file is first cut there --
+        a new generation, which ends every other writer's lease -- and its size is the
+        writer's, exactly."""
         row = self._leased(rec)
-        ino, bs, size = row["ino"], row["block_size"] or self.default_block_size, rec.size
+        ino, bs = row["ino"], row["block_size"] or self.default_block_size
         freed: list[int] = []
+        truncated = rec.truncate_to >= 0
+        if truncated:
+            freed += self._truncate(row, rec.truncate_to) + self.new_generation(ino, keep=rec.lease_id)
+        size = rec.size if truncated else self._merged_size(ino, bs, row["size"], rec)
         for b in rec.blocks:
             bid, idx = b.block_id, b.offset // bs
             if b.offset % bs or b.length > bs:
                 raise err(errno.EINVAL, f"block {bid} does not fit the file's block size {bs}")
-            if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=?", (bid, ino)).rowcount != 1:
-                raise err(errno.EINVAL, f"block {bid} was not allocated to this file")
+            if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=? AND lease_id=?",
+                                 (bid, ino, rec.lease_id)).rowcount != 1:
+                raise err(errno.EINVAL, f"block {bid} was not allocated to this file under this lease")
             old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
             if old is not None:   # an UPDATE, not INSERT OR REPLACE: its delete fires no trigger (schema.COUNTS)
                 freed.append(old[0])
@@ -144,7 +210,7 @@ class FileOps(Store):
                 self.conn.execute("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
                                   (ino, idx, bid, b.length, to_i64(b.checksum)))
         freed += self._punch(ino, rec.holes)
-        if size < row["size"] or rec.blocks:
+        if truncated:   # (the writer's blocks end at its size; anything past it goes)
             freed += self._truncate(row, size)
         if rec.blocks or rec.holes or size != row["size"] or rec.mtime_ns:
             mtime = rec.mtime_ns or rec.now_ns
@@ -153,8 +219,20 @@ class FileOps(Store):
                               " WHERE ino=?", (size, mtime, rec.now_ns, mode, ino))
             self.ufs_dirty(ino, rec.now_ns)
         if rec.release:
-            freed += self._release(ino)
+            freed += self._release(ino, rec.lease_id)
         return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
+
+    def _merged_size(self, ino: int, bs: int, old: int, rec: Commit) -> int:
+        """The larger of the writer's size and the file's -- but when this commit replaces
+        the block the file ends in, that block is the writer's, and so is where the file
+        ends in it: then the file's part is only what its other blocks hold.  (Two writers
+        of a short file: "other" then "mine" leaves "mine", not "mine" and a zero.)"""
+        slots = {b.offset // bs for b in rec.blocks}
+        if old and (old - 1) // bs in slots:
+            ends = [r[0] * bs + r[1] for r in self.conn.execute("SELECT idx, length FROM blocks WHERE ino=?", (ino,))
+                    if r[0] not in slots]
+            old = max(ends, default=0)
+        return max(rec.size, old)
 
     def _punch(self, ino: int, holes: tuple[int, ...]) -> list[int]:
         """Empty the slots in holes (fallocate's punch or zero range over a whole block,
@@ -172,37 +250,50 @@ class FileOps(Store):
     def _exists(self, ino: int) -> bool:
         return self.conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is not None
 
-    def _release(self, ino: int) -> list[int]:
-        """Drop the lease; blocks allocated but never committed are orphans; unlinked files go."""
-        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=?", (ino,))]
-        self.conn.execute("DELETE FROM pending_blocks WHERE ino=?", (ino,))
-        self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0, complete=1"
-                          " WHERE ino=?", (ino,))
+    def _release(self, ino: int, lease: int) -> list[int]:
+        """Drop one writer's lease; blocks it allocated but never committed are orphans."""
+        return self._drop_writer(ino, lease) + self._settle(ino)
+
+    def _settle(self, ino: int) -> list[int]:
+        """After a writer left: the inode's lease columns again; an unlinked file with no
+        writer left goes."""
+        self._summarize(ino)
         row = self.inode(ino)
-        if row["nlink"] == 0:
-            freed += self._delete_inode(ino)
-        return freed
+        if row["nlink"] == 0 and not row["lease_id"]:
+            return self._delete_inode(ino)
+        return []
 
     @applies(Renew)
     def op_renew(self, rec: Renew) -> Row:
         now_ms = rec.now_ns // 1_000_000
+        expiry = now_ms + rec.lease_ms
         expired = []
         for lease in rec.lease_ids:
-            n = self.conn.execute("UPDATE inodes SET lease_expiry_ms=? WHERE lease_id=? AND lease_client=?",
-                                  (now_ms + rec.lease_ms, lease, rec.client_id)).rowcount
+            n = self.conn.execute("UPDATE writers SET expiry_ms=? WHERE lease_id=? AND client=?",
+                                  (expiry, lease, rec.client_id)).rowcount
             if n == 0:
                 expired.append(lease)
+                continue
+            self.conn.execute("UPDATE inodes SET lease_expiry_ms=max(lease_expiry_ms, ?)"
+                              " WHERE ino=(SELECT ino FROM writers WHERE lease_id=?)", (expiry, lease))
         return {"expired": expired}
 
     @applies(ExpireLeases)
     def op_expire_leases(self, rec: ExpireLeases) -> Row:
-        """Release lapsed leases: soft ones all at once (nothing allocated under them, and
-        an unlink already took their unlinked files), then up to EXPIRE_BATCH hard ones."""
+        """Release lapsed leases: soft ones all at once (nothing allocated under them),
+        then up to EXPIRE_BATCH hard ones, then any granted by a master before writers rows."""
         now_ms = rec.now_ns // 1_000_000
-        self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0"
-                          " WHERE lease_id != 0 AND complete = 1 AND lease_expiry_ms < ?", (now_ms,))
         freed: list[int] = []
-        for (ino,) in self.conn.execute("SELECT ino FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ?"
-                                        " ORDER BY lease_expiry_ms, ino LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():
-            freed += self._release(ino)
+        soft = [r[0] for r in self.conn.execute("SELECT DISTINCT ino FROM writers WHERE hard=0 AND expiry_ms < ?",
+                                                (now_ms,))]
+        self.conn.execute("DELETE FROM writers WHERE hard=0 AND expiry_ms < ?", (now_ms,))
+        for ino in soft:
+            freed += self._settle(ino)
+        for lease, ino in self.conn.execute("SELECT lease_id, ino FROM writers WHERE expiry_ms < ?"
+                                            " ORDER BY expiry_ms, lease_id LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():
+            freed += self._release(ino, lease)
+        for ino, lease in self.conn.execute(
+                "SELECT ino, lease_id FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? AND NOT EXISTS"
+                " (SELECT 1 FROM writers w WHERE w.ino = inodes.ino) LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():
+            freed += self._release(ino, lease)
         return {"freed": freed}

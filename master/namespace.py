@@ -479,9 +479,10 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if rec.size < 0 or rec.size > 1 << 50:
             raise err(errno.EFBIG if rec.size > 0 else errno.EINVAL)
         posix.require(row, cred, W)
-        if self._lease_busy(row, rec.client_id, rec.now_ns // 1_000_000):
-            raise err(errno.EBUSY, "file is open for writing on another client")
-        return self._truncate(row, rec.size) if rec.size < row["size"] else []
+        # A truncation starts a new generation: other clients' writers lose their leases
+        # (files.py new_generation), so none of their older writes joins the new content.
+        freed = self.new_generation(row["ino"], keep_client=rec.client_id) if rec.size < row["size"] else []
+        return freed + (self._truncate(row, rec.size) if rec.size < row["size"] else [])
 
     def _settimes(self, row: Row, cred: Cred, rec: Setattr, sets: dict[str, Any]) -> None:
         valid, now = rec.valid, rec.now_ns

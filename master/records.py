@@ -477,6 +477,7 @@ class Commit(Record, op="commit"):
     blocks: tuple[CommitBlock, ...] = ()
     release: bool = False
     mtime_ns: int = 0    # 0: now_ns
+    truncate_to: int = -1   # >= 0: the writer cut the file there since its last commit (files.py op_commit)
     holes: tuple[int, ...] = ()   # slots emptied after blocks are installed (a punched whole block)
 
 

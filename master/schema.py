@@ -49,6 +49,12 @@ CREATE TABLE IF NOT EXISTS pending_blocks (
   block_id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, lease_id INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS pending_ino ON pending_blocks(ino);
+CREATE TABLE IF NOT EXISTS writers (
+  lease_id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, client TEXT NOT NULL,
+  expiry_ms INTEGER NOT NULL, hard INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS writers_ino ON writers(ino);
+CREATE INDEX IF NOT EXISTS writers_expiry ON writers(expiry_ms);
 CREATE TABLE IF NOT EXISTS xattrs (
   ino INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name)
 );

@@ -611,7 +611,8 @@ class MasterService:
     def Commit(self, request: pb.CommitRequest) -> pb.AttrReply:
         blocks = tuple(CommitBlock(b.block_id, b.offset, b.length, b.checksum) for b in request.blocks)
         rec = Commit(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id, size=request.size,
-                     blocks=blocks, release=request.release, mtime_ns=request.mtime_ns, holes=tuple(request.holes))
+                     blocks=blocks, release=request.release, mtime_ns=request.mtime_ns, holes=tuple(request.holes),
+                     truncate_to=request.truncate_to if request.truncated else -1)
         result = self.submit(rec, request.caller.session)
         on_disk: dict[int, int] = {}
         for b in request.blocks:
@@ -653,8 +654,7 @@ class MasterService:
         tokens, which read too); that holder's shipped, uncommitted blocks get fresh
         write tokens (client/reader.py)."""
         row, rows = self.ns.file_blocks(request.ino)
-        writer = bool(request.lease_id) and row["lease_id"] == request.lease_id \
-            and row["lease_client"] == request.caller.client_id
+        writer = self.ns.is_writer(request.ino, request.lease_id, request.caller.client_id)
         if not writer:
             posix.require(row, cred_of(request.caller), R)
         blocks, workers = self._blocks(rows, row["block_size"], READ, request.ino)
@@ -854,8 +854,8 @@ class MasterService:
             self.replicator.worker_lost(wid)
         self.replicator.tick(self.ns.conn)
         now_ms = time.time_ns() // 1_000_000
-        if self.ns.conn.execute("SELECT 1 FROM inodes WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1",
-                                (now_ms,)).fetchone():
+        if self.ns.conn.execute("SELECT 1 FROM writers WHERE expiry_ms < ? UNION ALL SELECT 1 FROM inodes"
+                                " WHERE lease_id != 0 AND lease_expiry_ms < ? LIMIT 1", (now_ms, now_ms)).fetchone():
             self.submit(ExpireLeases())
         if time.monotonic() - self._last_prune >= min(PRUNE_EVERY_S, self.cfg.master.retry_cache_s):
             self._last_prune = time.monotonic()

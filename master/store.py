@@ -81,6 +81,6 @@ class Store:
     def _delete_inode(self, ino: int) -> list[int]:
         freed = [r[0] for r in self.conn.execute("SELECT block_id FROM blocks WHERE ino=?", (ino,))]
         freed += [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=?", (ino,))]
-        for table in ("inodes", "blocks", "pending_blocks", "xattrs", "reads", "ufs_files", "ufs_dirs"):
+        for table in ("inodes", "blocks", "pending_blocks", "writers", "xattrs", "reads", "ufs_files", "ufs_dirs"):
             self.conn.execute(f"DELETE FROM {table} WHERE ino=?", (ino,))
         return freed

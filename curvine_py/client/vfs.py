@@ -99,16 +99,16 @@ ACL_ACCESS = "system.posix_acl_access"   # an inode's access ACL (master/acl.py)
 def lease_at_first_write(flags: int) -> bool:
     """Does an open for writing leave the write lease for its first write?  An O_RDWR open
     without O_TRUNC: a program that reads and writes a file in place, as databases do
-    under their locks (docs/posix.md "Several writers").  Taken at the open, the lease of
-    a process that has not locked yet (SQLite opening its database) shut out the writer
-    on another host that held the lock: its writes got EBUSY until this host's next
-    unlock.  A write-only open, a truncation, takes it at once (EBUSY at the open)."""
+    under their locks (docs/posix.md "Several writers").  Its writer, taken at the first
+    write, starts from the file as committed then (the previous lock holder's writes
+    included), not as it was at the open.  A write-only open, a truncation, takes it at once."""
     return flags & os.O_ACCMODE == os.O_RDWR and not flags & os.O_TRUNC
 
 
 def shares_writes(e: CurvineError, flags: int) -> bool:
-    """Does a create refused EBUSY (an existing file another client writes now) open
-    anyway, its lease taken at its first write (lease_at_first_write)?"""
+    """Does a create refused EBUSY open anyway, its lease taken at its first write
+    (lease_at_first_write)?  (A master before several writers per file refused an open
+    for writing of a file another client wrote with EBUSY; today's never does.)"""
     return e.errno == errno.EBUSY and lease_at_first_write(flags)
 
 
@@ -655,9 +655,7 @@ class VFS:
         if write and shared is None:
             if lease_at_first_write(flags):
                 # Opened as for reading (the master checks read and write access); the
-                # first write takes the lease (_writer_for; EBUSY then if another client
-                # holds it).  Writers that take turns under a lock hand the lease over at
-                # each unlock (setlk).
+                # first write takes a lease (_writer_for), beside any other client's.
                 reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=False, ident=ident))
                 return self._new_handle(ino, flags, reply, True, ident)
             reply = yield from ask(Master.Open, self.meta.open_request(ino, flags, write=True, ident=ident))
@@ -1097,6 +1095,15 @@ class VFS:
             if a.type != UNLCK:
                 h.lock_owners.add((a.owner, a.flock))
                 h.state.version += 1
+                # This mount's writer of the file sees the file as it was when it began
+                # (another host may have committed since: several writers): it commits and
+                # closes, and the next write takes a writer that sees the new holder's file.
+                w = h.state.writer
+                if w is not None and not w.closed:
+                    try:
+                        yield Blocking(functools.partial(w.flush, True, True))
+                    except CurvineError as e:
+                        log.error("inode %d: committing at a lock: %s", h.ino, e)
         return reply.granted
 
     def unlock_owner(self, fh: int, owner: int, flock: bool) -> Op[None]:

@@ -119,6 +119,10 @@ class FileWriter:
         self._lock = threading.RLock()
         self._error: BaseException | None = None
         self.changed = False         # written or truncated since the last commit
+        # The smallest size this writer cut the file to since its last commit (None: no
+        # cut): its commit carries it, the master cuts there first and ends every other
+        # writer's lease (a new generation, docs/posix.md "Several writers").
+        self.cut: int | None = None
         self.mtime_ns = 0            # time of the last change, the file's mtime at commit
         self._state_lock = threading.Lock()
         self._phase_moved = threading.Condition(self._state_lock)   # wait_closing's wake-up
@@ -305,6 +309,8 @@ class FileWriter:
             if self.lease is not Lease.HARD and size != self.size:   # truncate(0) of a new file (put_bytes): no change
                 self._harden()
             self._touch()
+            if size < self.size or size == 0:   # (an extension only grows the file, as a write does)
+                self.cut = size if self.cut is None else min(self.cut, size)
             keep = (size + self.bs - 1) // self.bs
             for idx in [i for i in self.dirty if i >= keep]:
                 self._drop_dirty(idx)
@@ -412,11 +418,14 @@ class FileWriter:
         req = self.core.meta.commit_request(self.ino, self.lease_id, self.size, infos, release=release,
                                             mtime_ns=self.mtime_ns if self.changed else 0, ident=self.ident)
         req.holes.extend(sorted(self.holes))
+        if self.cut is not None:
+            req.truncated, req.truncate_to = True, self.cut
         return req
 
     def _committed(self, release: bool) -> None:
         self.uncommitted = []
         self.holes.clear()
+        self.cut = None
         self.committed_size = self.size
         self.changed = False
         if release:
@@ -786,8 +795,8 @@ class FileWriter:
 
     def _harden(self) -> None:
         """Make a soft lease binding before the first change: the first batch of block ids
-        (needed anyway) is asked for now, and from then on the master keeps other clients'
-        writers out (EBUSY) as for any lease.  The mount's loop may have asked already."""
+        (needed anyway) is asked for now; from then on the file is being written (not
+        complete) as under any lease.  The mount's loop may have asked already."""
         self._settle_harden()
         if self.lease is Lease.SOFT:
             self.ids.fill()
