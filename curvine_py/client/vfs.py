@@ -993,6 +993,10 @@ class VFS:
                 # and the parent's next write takes it again (_writer_for).  So can a close that
                 # found another descriptor's close already under way: flush waits for that one.
                 yield Blocking(w.flush, True, True)
+            # Again once committed: a read or seek of this file while the commit was on its way
+            # (the writer counts as closed from CLOSING on; the kernel's readahead, say) may
+            # have loaded the block map from before the commit under the version bumped above.
+            st.version += 1
         self._seen_generation.pop(h.ino, None)
 
     def fsync(self, fh: int) -> Op[None]:
