@@ -79,6 +79,9 @@ def build_server(cfg: config.Config) -> Servers:
     if cfg.master.frame_port < 0:
         raise ConfigError(f"master.frame_port = {cfg.master.frame_port}: clients make their metadata calls on "
                           "it, so it cannot be off (0 = an ephemeral port)")
+    if not cfg.master.trash_grace_s > 0:
+        raise ConfigError(f"master.trash_grace_s = {cfg.master.trash_grace_s}: a client keeping an unlinked open "
+                          "file must have time to say it lives; use seconds > 0 (the default is 60)")
     os.makedirs(cfg.master.meta_dir, exist_ok=True)
     service = MasterService(cfg, os.path.join(cfg.master.meta_dir, "meta.db"))
     service.journal.start()

@@ -19,10 +19,11 @@ import time
 from typing import Any, Iterable
 
 from curvine_py.common.config import Config
-from curvine_py.common.errors import ConfigError, NotLeader, Unavailable, err, handler
+from curvine_py.common.errors import ConfigError, CurvineError, NotLeader, Unavailable, err, handler
 from curvine_py.common.security import READ, WRITE, BlockTokens
 from curvine_py.common.tls import load as load_tls
-from curvine_py.common.types import RENAME_EXCHANGE, SETATTR_SIZE
+from curvine_py.common.trash import TRASH_NAME, owner_of
+from curvine_py.common.types import RENAME_EXCHANGE, ROOT_INO, SETATTR_SIZE
 from curvine_py.common.version import package_version
 from curvine_py.master import metrics, posix, schema
 from curvine_py.master.capacity import Capacity
@@ -36,11 +37,12 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.store import Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
-    Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
+    ROOT, Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
 from curvine_py.master.sessions import LISTING, Barrier, Key, Push, Sessions, cache_keys, key_of
+from curvine_py.master.trashsweep import TrashOwners
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
 from curvine_py.master.uploads import Uploader
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 U64_MAX = (1 << 64) - 1
 PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than master.retry_cache_s this often
 #                        (or every master.retry_cache_s, when that is shorter)
+TRASH_SWEEP_S = 10.0   # the trash is looked at this often (or every half grace, if less)
 ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
                "block_size", "replicas", "generation")
 
@@ -157,6 +160,9 @@ class MasterService:
         self.sessions = Sessions(cfg.master.cache_lease_s, lambda: self.group.term)
         self.locks = LockTable(cfg.master.lock_lease_s)
         self.locks.new_term()   # a (re)started master: the mounts reclaim their locks first
+        # who keeps files in the trash (their lock-lease renewals), and when it was last swept
+        self.trash = TrashOwners(cfg.master.trash_grace_s)
+        self._last_trash_sweep = 0.0
         self.loads = LoadJobs(lambda: self.ns, self.ufs, self.worker_rpc, self.file_blocks, cfg.ufs.load_threads,
                               cfg.ufs.timeout_s, self.evictor.note_read)
         # Locate: many paths at once, and LMCache's expiring locks (master/locate.py)
@@ -198,6 +204,7 @@ class MasterService:
                     self.registry.clear()
                     self.replicator.restart(self.cfg.master.worker_timeout_s)
                     self.locks.new_term()
+                    self.trash.new_term()
                     self.started = time.monotonic()
                     self._served_term = term
 
@@ -332,6 +339,7 @@ class MasterService:
         if any(c.client != request.caller.client_id for c in reclaim):   # (found by fuzzing: a KeyError)
             raise err(errno.EINVAL, "RenewLocks: a mount reclaims its own locks only (each one's caller is its own)")
         held = self.locks.renew(request.caller.client_id, reclaim)
+        self.trash.heard(request.caller.client_id)   # (a renewal is also a keeper of trash saying it lives)
         return pb.LockRenewReply(held=held, lease_ms=int(self.locks.lease_s * 1000))
 
     def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
@@ -540,6 +548,8 @@ class MasterService:
 
     @handler
     def Rename(self, request: pb.RenameRequest) -> pb.DirsReply:
+        if owner_of(request.new_name) is not None:   # a name kept in the trash: its client lives now
+            self.trash.heard(request.caller.client_id)
         rec = Rename(**envelope(request.caller), parent=request.parent, name=request.name,
                      new_parent=request.new_parent, new_name=request.new_name, flags=request.flags,
                      keep=tuple(request.keep))
@@ -848,8 +858,29 @@ class MasterService:
         self.sessions.expire()
         self.journal.reclaim()
 
+    def _sweep_trash(self) -> None:
+        """Remove the trash names of clients not heard for master.trash_grace_s (their
+        mounts died with files unlinked while open: master/trashsweep.py), which frees
+        the files' blocks; at most every TRASH_SWEEP_S."""
+        now = time.monotonic()
+        if now - self._last_trash_sweep < min(TRASH_SWEEP_S, self.trash.grace_s / 2):
+            return
+        self._last_trash_sweep = now
+        trash = self.ns.child(ROOT_INO, TRASH_NAME)
+        if trash is None:
+            return
+        names = [r[0] for r in self.ns.conn.execute("SELECT name FROM dirents WHERE parent=?", (trash["ino"],))]
+        for name in self.trash.stale(names):
+            try:
+                self.submit(Unlink(cred=ROOT, request_id="", client_id="", now_ns=0, parent=trash["ino"], name=name))
+                log.warning("trash: removed %s, kept by a client not heard for %.0f s (its mount died "
+                            "with the file open)", name, self.trash.grace_s)
+            except CurvineError as e:   # (removed meanwhile by its owner's last close)
+                log.info("trash: %s: %s", name, e)
+
     def _lead_housekeeping(self) -> None:
         self.locks.expire()
+        self._sweep_trash()
         for wid in self.registry.check_liveness():
             self.replicator.worker_lost(wid)
         self.replicator.tick(self.ns.conn)

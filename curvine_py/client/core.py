@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from curvine_py.common.buffers import BufferPool
 from curvine_py.common.connpool import ConnectionPool
@@ -22,27 +23,45 @@ from curvine_py.client.metaclient import MasterClient
 from curvine_py.client.localwrite import LocalWrites
 from curvine_py.client.shortcircuit import ShortCircuit
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 
 log = logging.getLogger(__name__)
+TRASH_ALIVE_FIRST_S = 1.0   # until a reply names the lock lease (a third of it is the pace)
 
 
 class LeaseKeeper:
-    """Renews the leases of open writers a few times per lease period."""
+    """Renews the leases of open writers a few times per lease period, and while this
+    process keeps files in the trash (unlinked while open, common/trash.py) tells the
+    master it lives: a lock-lease renewal every third of the lock lease, so the leader
+    does not take it for a dead mount and remove them (master/trashsweep.py)."""
 
     def __init__(self, meta: MasterClient, period_s: float) -> None:
         self.meta = meta
         self.period_s = period_s
+        self.alive_s = TRASH_ALIVE_FIRST_S   # then a third of the lock lease the master names
         self._leases: dict[int, int] = {}   # lease_id -> open count
+        self._keeps_trash: Callable[[], bool] = lambda: False
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()   # a new keeper of trash: say it lives at once
         self._thread: threading.Thread | None = None
 
     def add(self, lease_id: int) -> None:
         with self._lock:
             self._leases[lease_id] = self._leases.get(lease_id, 0) + 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def watch_trash(self, keeps: Callable[[], bool]) -> None:
+        """keeps: does this process keep files in the trash now (asked at each round)?"""
+        with self._lock:
+            self._keeps_trash = keeps
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+            self._thread.start()
 
     def __contains__(self, lease_id: int) -> bool:
         """Is lease_id still renewed (a writer holding it is open)?"""
@@ -58,7 +77,17 @@ class LeaseKeeper:
                 self._leases[lease_id] = n
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        renewed = time.monotonic()
+        while True:
+            self._wake.wait(min(self.period_s, self.alive_s))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._keeps_trash():
+                self._alive()
+            if time.monotonic() - renewed < self.period_s:
+                continue
+            renewed = time.monotonic()
             with self._lock:
                 leases = list(self._leases)
             if not leases:
@@ -70,8 +99,16 @@ class LeaseKeeper:
             except Exception as e:  # the master may be restarting; the next round retries
                 log.warning("lease renewal failed: %s", e)
 
+    def _alive(self) -> None:
+        try:
+            reply = self.meta.call(Master.RenewLocks, pb.LockRenew(caller=self.meta.caller()))
+            self.alive_s = max(reply.lease_ms / 3000, 0.1)
+        except Exception as e:  # as above; a master silent past master.trash_grace_s may remove them
+            log.warning("telling the master this client keeps files in the trash failed: %s", e)
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
 
 class ClientCore:

@@ -45,7 +45,9 @@ from curvine_py.client.metaclient import Identity
 from curvine_py.client.reader import FileReader, LentView
 from curvine_py.client.writer import FileWriter, Phase, WriterClosed
 from curvine_py.common.errors import CurvineError, err
+from curvine_py.common import trash as trash_names
 from curvine_py.common.lockranges import UNLCK, WRLCK, Range
+from curvine_py.common.trash import TRASH_NAME
 from curvine_py.common.types import CAPABILITY_XATTR, HIDDEN_PREFIX, ROOT_INO, SETATTR_SIZE
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master, Method, Rep, Req
@@ -88,7 +90,6 @@ def ask(method: Method[Req, Rep], request: Req) -> Generator[Step, Any, Rep]:
 
 log = logging.getLogger(__name__)
 ROOT = Identity(0, 0)
-TRASH_NAME = HIDDEN_PREFIX + "trash"
 DOTS = (".", "..")
 NAME_MAX = 255
 KEEP_MAX = 1024   # open inodes an unlink or rename carries for the master to keep (~10 KB)
@@ -565,11 +566,19 @@ class VFS:
         is, still hidden, when that fails."""
         try:
             trash = yield from self._trash()
+            kept = trash_names.kept_name(name, self.meta.client_id)   # (names this client: common/trash.py)
+            self.core.leases.watch_trash(self._keeps_trash)   # (this client says it lives while it keeps one)
             self.meta.saw_dirs((yield from ask(Master.Rename,
-                                               self.meta.rename_request(parent, name, trash, name, 0, ROOT))))
-            st.hidden = (trash, name, ROOT)
+                                               self.meta.rename_request(parent, name, trash, kept, 0, ROOT))))
+            st.hidden = (trash, kept, ROOT)
         except CurvineError as e:
             log.warning("could not move %s to the trash directory: %s", name, e)
+
+    def _keeps_trash(self) -> bool:
+        """Does this client keep a file in the trash now (one open here with no name)?"""
+        with self._lock:
+            return any(st.hidden is not None and trash_names.owner_of(st.hidden[1]) is not None
+                       for st in self._inodes.values())
 
     def _trash(self) -> Op[int]:
         """The root-owned directory where files unlinked while open wait for their last close."""

@@ -64,6 +64,9 @@ class MasterConfig:
     # flock and POSIX locks (master/locks.py): a mount silent this long loses its locks;
     # a master that starts or becomes the leader grants none for this long (reclaims)
     lock_lease_s: float = 5.0
+    # a client keeping files in the trash (unlinked while open) and silent this long is gone:
+    # the leader removes those files (common/trash.py, master/trashsweep.py)
+    trash_grace_s: float = 60.0
     rpc_threads: int = 16
     evict: bool = True            # evict least recently used files when the pool passes evict_high
     evict_high: float = 0.9       # usage fraction (pool or one worker) that starts eviction
