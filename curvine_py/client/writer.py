@@ -407,8 +407,17 @@ class FileWriter:
         self._check()
         try:
             attr = self.core.meta.call(Master.Commit, self._commit_request(infos, release)).attr
-        except BaseException:
+        except CurvineError as e:
+            if release and e.errno == errno.ESTALE and not infos and not self.changed:
+                # The lease ended (another client's truncation, docs/posix.md "Several
+                # writers") after everything this writer wrote was committed: the close
+                # loses nothing, so it does not fail.
+                self._committed(release)
+                return None
             self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
+            raise
+        except BaseException:
+            self.uncommitted = infos
             raise
         self._committed(release)
         return attr
@@ -464,8 +473,8 @@ class FileWriter:
             return None
         try:
             if (self.closed or self._error is not None or self.dirty or self.uncommitted
-                    or not all(f.done() for f in self.shipped)):
-                return None
+                    or not all(f.done() for f in self.shipped) or not self.changed):
+                return None   # (nothing changed: flush's close, which forgives a lease ended meanwhile)
             self.uncommitted = self._wait_all()   # every block is done: this does not wait
             if self._error is not None:
                 return None   # close() reports it

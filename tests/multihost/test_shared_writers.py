@@ -193,3 +193,16 @@ def test_a_writer_whose_file_another_host_truncated_gets_estale(net_cluster_fact
             assert e.errno == errno.ESTALE
     for m in (m1, m3):
         assert (m / "f").read_bytes() == b"3" * (BS + 10)
+
+    # A writer whose every write was committed (fsync) before the truncation loses nothing:
+    # its close does not fail, and its bytes are gone with the truncation, as anyone's.
+    fd = os.open(m1 / "f", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"1" * 10, 0)
+        os.fsync(fd)
+        with open(m3 / "f", "wb") as f:
+            f.write(b"3" * 20)
+    finally:
+        os.close(fd)
+    for m in (m1, m3):
+        assert (m / "f").read_bytes() == b"3" * 20
