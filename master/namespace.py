@@ -511,9 +511,9 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             raise err(errno.E2BIG)
         if name in acl.NAMES:
             return self._set_acl(row, rec)
-        if name in cachepolicy.POLICY_XATTRS:
         if name == KV:
             return self._set_kv(row, rec)
+        if name in cachepolicy.POLICY_XATTRS:
             value = cachepolicy.normalize(name, value)
         exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
         if rec.flags & XATTR_CREATE and exists:
@@ -524,7 +524,6 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}
 
-    def _set_acl(self, row: Row, rec: Setxattr) -> Row:
     def _set_kv(self, row: Row, rec: Setxattr) -> Row:
         """user.curvine.kv: kept in the inode (inodes.kv, Attr.kv) so that every lookup's
         reply tells a mount a file is a KV chunk; "0" clears it as removexattr does.  What
@@ -537,6 +536,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self.conn.execute("UPDATE inodes SET kv=?, ctime_ns=? WHERE ino=?", (int(on), rec.now_ns, row["ino"]))
         return {}
 
+    def _set_acl(self, row: Row, rec: Setxattr) -> Row:
         """setfacl: a valid ACL (else EINVAL) becomes the inode's.  An access ACL sets the
         mode's bits (owner, mask or owning group, other) and is kept only when it says more
         than they do; a default ACL only on a directory (EACCES elsewhere, as Linux).  An
@@ -582,12 +582,12 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             self.conn.execute(f"UPDATE inodes SET {_ACL_COLUMN[rec.name]}=NULL, ctime_ns=? WHERE ino=?",
                               (rec.now_ns, row["ino"]))
             return {}
-        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
         if rec.name == KV:
             if not row["kv"]:
                 raise err(errno.ENODATA)
             self.conn.execute("UPDATE inodes SET kv=0, ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
             return {}
+        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
             raise err(errno.ENODATA)
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
         return {}

@@ -163,14 +163,14 @@ def upgrade(conn: sqlite3.Connection) -> None:
     migrate(conn)
     acl_columns(conn)
     allocated_column(conn)
+    if "kv" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:   # a store before KV directories
+        conn.execute("ALTER TABLE inodes ADD COLUMN kv INTEGER NOT NULL DEFAULT 0")
     if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
         conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
     conn.execute("COMMIT")
-    if "kv" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:   # a store before KV directories
-        conn.execute("ALTER TABLE inodes ADD COLUMN kv INTEGER NOT NULL DEFAULT 0")
 
 
 # Counts kept by triggers in the meta table, so that Report, StatFs and /metrics read one
