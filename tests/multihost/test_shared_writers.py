@@ -10,6 +10,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 import typing
 from pathlib import Path
 
@@ -137,16 +138,19 @@ def test_lmcache_tmp_then_rename_from_two_hosts_leaves_one_whole_chunk(net_clust
     """Two pods store the same key at once, each: open `<key>.tmp` "wb" (O_TRUNC), write
     header + payload, close, rename to `<key>.data`.  Whichever way they interleave, the
     chunk after both is one writer's, whole; a loser's close (ESTALE) or rename (ENOENT,
-    its .tmp renamed by the other) fails, and it skips the store, as LMCache does."""
+    its .tmp renamed by the other) fails, and it skips the store, as LMCache does.  One
+    pod starts up to 80 ms after the other (by round), so the rounds cover opens at once,
+    a truncation of a file the other is writing, closing or renaming, and one after it."""
     c, m1, m3 = two_mounts(net_cluster_factory, tmp_path)
     size = 6 * MB   # two blocks: a mix of two writers' blocks would be possible
     (m1 / "kv").mkdir()
     outcomes: dict[str, int] = {}
     lock = threading.Lock()
 
-    def store(m: Path, key: str, data: bytes) -> typing.Callable[[threading.Barrier], None]:
+    def store(m: Path, key: str, data: bytes, delay: float) -> typing.Callable[[threading.Barrier], None]:
         def job(barrier: threading.Barrier) -> None:
             barrier.wait()
+            time.sleep(delay)
             try:
                 with open(m / "kv" / f"{key}.tmp", "wb") as f:
                     f.write(data[:HEADER.size])
@@ -160,10 +164,11 @@ def test_lmcache_tmp_then_rename_from_two_hosts_leaves_one_whole_chunk(net_clust
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
         return job
 
-    rounds = 8
+    rounds = 12
     for r in range(rounds):
-        key = f"k{r}"
-        assert not at_once(store(m1, key, chunk(1, size)), store(m3, key, chunk(3, size)))
+        key, delay = f"k{r}", (0.0, 0.005, 0.01, 0.02, 0.04, 0.08)[r // 2 % 6]
+        delays = (delay, 0.0) if r % 2 else (0.0, delay)
+        assert not at_once(store(m1, key, chunk(1, size), delays[0]), store(m3, key, chunk(3, size), delays[1]))
         for m in (m1, m3):
             assert whole((m / "kv" / f"{key}.data").read_bytes(), size) in (1, 3)
     print(f"outcomes of {2 * rounds} stores: {outcomes}")
