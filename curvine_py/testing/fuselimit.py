@@ -186,9 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = FuseConfig()   # our mount's cache times and read-ahead
     opts = set(pyfuse3.default_options) | {"fsname=fuselimit", "default_permissions"}
+    real = os.path.realpath(args.mountpoint)   # before the mount: after it, realpath's lstat would wait on us
     pyfuse3.init(Passthrough(os.path.realpath(args.source), cfg), args.mountpoint, opts)
-
-    mount = MountCheck.find(os.path.realpath(args.mountpoint))   # its device, from the mount table
+    mount = MountCheck.find(real)   # its device, from the mount table (never a stat of our own mount)
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
