@@ -233,13 +233,17 @@ def test_setfacl_getfacl_round_trip(f: Path, d: Path, u: AsUser) -> None:
 
 
 
-@pytest.mark.xfail(strict=True, reason="the kernel applies the umask before the mount sees the mode: pyfuse3 does "
-                                       "not ask for FUSE_DONT_MASK (docs/posix.md ACLs)")
 def test_a_default_acl_replaces_the_umask(d: Path, u: AsUser) -> None:
     """POSIX.1e and ext4: with a default ACL the umask is not applied (0666 under umask
-    022 gives 0664, mask rw-).  Here the mode arrives as 0644 and the mask is r--."""
+    022 gives 0664, mask rw-): the mount asks the kernel for FUSE_DONT_MASK (the mode
+    arrives unmasked, the umask beside it) and the master applies the umask only where
+    the directory has no default ACL."""
     top = d / "shared"
     top.mkdir()
     os.chmod(top, 0o777)
     os.setxattr(top, acl.DEFAULT, acl_of(7, {U2: 7}, group=5, mask=7, other=5))
     assert u(create, "shared/file", 0o666, uid=U1, umask=0o022) == 0o664
+    plain = d / "plain"   # no default ACL: the umask is applied, by the master now
+    plain.mkdir()
+    os.chmod(plain, 0o777)
+    assert u(create, "plain/file", 0o666, uid=U1, umask=0o027) == 0o640
