@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import mmap
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -128,7 +132,9 @@ class Fsx:
                        f"last {len(self.log)} ops:\n{tail}")
 
     def note(self, text: str) -> None:
-        self.log.append(f"{self.n:5d} {text}")
+        line = f"{self.n:5d} {text}"
+        self.log.append(line)
+        print(line, flush=True)   # (the parent keeps the tail of a child that died of a signal)
 
     def compare(self, got: bytes, offset: int, what: str) -> None:
         want = bytes(self.model.data[offset:offset + len(got)])
@@ -264,28 +270,61 @@ class Fsx:
                           f" (0.5 s later: {'the same' if again else 'gone'}: {[(hex(h), hex(d)) for h, d in again]})")
 
 
-def run_fsx(mounted: Mount, second_mount: Mount, seed: int, model: Model, ops: int, seconds: float) -> Fsx:
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fsx(mounted: Mount, second_mount: Mount, seed: int, broken: str = "") -> tuple[int, list[str]]:
+    """One run in a child process (its exit status and output lines): a read the mount
+    answers with an error under an mmap access is SIGBUS, which would end the whole test
+    run; in a child it fails this test, with the child's last ops."""
     name = f"fsx-{seed}"
-    fsx = Fsx(mounted.path / name, second_mount.path / name, seed, model)
-    start = time.monotonic()
-    try:
-        fsx.run(ops, seconds)
-    finally:
-        print(f"fsx seed {seed}: {fsx.n} ops in {time.monotonic() - start:.1f} s, {dict(fsx.counts)}")
-    return fsx
+    argv = [sys.executable, "-m", "tests.posix.test_posix_fsx", str(mounted.path / name),
+            str(second_mount.path / name), str(seed), broken, str(OPS), str(SECONDS)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}   # (as pytest's)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=SECONDS + 120, cwd=ROOT, env=env)
+    lines = p.stdout.splitlines()
+    if p.returncode < 0:
+        tail = "\n".join(lines[-40:])
+        pytest.fail(f"the fsx child died of {signal.Signals(-p.returncode).name} (an mmap access the mount "
+                    f"answered with an error is SIGBUS); rerun: FSX_SEED={seed}\nits last ops:\n{tail}\n"
+                    f"{p.stderr[-2000:]}")
+    print(lines[-1] if lines else p.stderr[-2000:])
+    return p.returncode, lines
 
 
 def test_fsx_with_fallocate_matches_the_model(mounted: Mount, second_mount: Mount) -> None:
     seed = int(os.environ.get("FSX_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31)
-    fsx = run_fsx(mounted, second_mount, seed, Model(), OPS, SECONDS)
-    assert fsx.counts["fallocate"] and fsx.counts["other_mount"], f"too short a run: {dict(fsx.counts)}"
+    code, lines = run_fsx(mounted, second_mount, seed)
+    assert code == 0, "\n".join(lines[-50:])
+    counts = json.loads(lines[-1].split(" ", 1)[1])
+    assert counts["fallocate"] and counts["other_mount"], f"too short a run: {counts}"
 
 
 def test_fsx_fails_against_a_wrong_model(mounted: Mount, second_mount: Mount) -> None:
     """The harness can fail: a model that forgets to zero a punched range is caught, with
     the seed and the log's tail in the message."""
-    with pytest.raises(Mismatch) as e:
-        run_fsx(mounted, second_mount, 7, Model(broken="punch"), OPS, SECONDS)
-    message = str(e.value)
+    code, lines = run_fsx(mounted, second_mount, 7, broken="punch")
+    message = "\n".join(lines)
+    assert code == 1, message[-3000:]
     assert "FSX_SEED=7" in message and "last " in message and "falloc" in message
-    print(message.splitlines()[0])
+
+
+def main(argv: list[str]) -> int:
+    """The child: A B SEED BROKEN OPS SECONDS; exit 1 with the mismatch printed, 0 when the
+    file matched the model throughout; the last line is "counts {...}" either way."""
+    a, b, seed, broken, ops, seconds = argv
+    fsx = Fsx(Path(a), Path(b), int(seed), Model(broken))
+    start = time.monotonic()
+    try:
+        fsx.run(int(ops), float(seconds))
+        return 0
+    except Mismatch as e:
+        print(e)
+        return 1
+    finally:
+        print(f"fsx seed {seed}: {fsx.n} ops in {time.monotonic() - start:.1f} s", flush=True)
+        print(f"counts {json.dumps(dict(fsx.counts))}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
