@@ -151,15 +151,17 @@ class FileOps(Store):
         """The file under the caller's lease, which this use makes hard (the file incomplete).
         ESTALE when the lease is gone: lapsed, or ended by another client's truncation."""
         row = self.inode(rec.ino)
-        hard = self.conn.execute("SELECT hard FROM writers WHERE lease_id=? AND ino=?",
+        hard = self.conn.execute("SELECT hard, client FROM writers WHERE lease_id=? AND ino=?",
                                  (rec.lease_id, rec.ino)).fetchone()
         if hard is None and rec.lease_id and row["lease_id"] == rec.lease_id:   # granted before writers rows
             self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
                               (rec.lease_id, rec.ino, row["lease_client"], row["lease_expiry_ms"]))
-            hard = (0,)
+            hard = (0, row["lease_client"])
         if hard is None:
             raise err(errno.ESTALE, "write lease lost (expired, or the file was truncated by another writer "
                                     "meanwhile: its writes since its last commit are dropped); reopen the file")
+        if hard[1] != rec.client_id:   # (lease ids are a counter: one must not be usable by whoever guesses it)
+            raise err(errno.EACCES, f"write lease {rec.lease_id} of inode {rec.ino} is another client's")
         if not hard[0]:
             self.conn.execute("UPDATE writers SET hard=1 WHERE lease_id=?", (rec.lease_id,))
             self._summarize(rec.ino)

@@ -110,3 +110,16 @@ def test_a_commit_replacing_the_block_the_file_ends_in_also_says_where_it_ends(n
     commit(ns, ino, "b", b, 2 * BS + 7, {2: 7})   # b's end is past a's block: it stays
     commit(ns, ino, "a", a, 4, {0: 4})
     assert ns.ns.inode(ino)["size"] == 2 * BS + 7
+
+
+def test_a_lease_is_usable_only_by_the_client_that_holds_it(ns: NS) -> None:
+    """Lease ids come from a counter: another client naming one (guessed, or a stale id
+    of its own) can neither allocate under it nor commit with it."""
+    ino = ns.create(ROOT_INO, "f")["attr"]["ino"]
+    a = writer(ns, ino, "a")
+    assert errno_of(lambda: ns.do(Allocate, client_id="b", ino=ino, lease_id=a, count=1)) == errno.EACCES
+    ids = ns.do(Allocate, client_id="a", ino=ino, lease_id=a, count=1)["block_ids"]
+    block = (CommitBlock(ids[0], 0, MB, ids[0]),)
+    assert errno_of(lambda: ns.do(Commit, client_id="b", ino=ino, lease_id=a, size=MB, blocks=block)) == errno.EACCES
+    ns.do(Commit, client_id="a", ino=ino, lease_id=a, size=MB, blocks=block)
+    assert slot_ids(ns, ino) == {0: ids[0]}
