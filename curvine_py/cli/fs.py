@@ -536,8 +536,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "16 MiB is one block, read by FUSE passthrough on a replica's host); "
                         "default: the parent's")
     p.add_argument("--kv", action="store_true",
-                   help="a KV directory (cv fs policy --kv): its files are one block and every mount "
-                        "reads them as KV chunks, with no mount flag")
+                   help="a KV directory (cv fs policy --kv): its files have 16 MiB blocks unless their "
+                        "client names a block size (a KV chunk of up to 16 MiB is one block)")
     p.add_argument("paths", nargs="+", metavar="PATH")
 
     p = add("put", cmd_put, "upload a local file ('-' reads stdin)")

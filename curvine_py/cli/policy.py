@@ -98,8 +98,9 @@ def register(add: typing.Callable[..., typing.Any]) -> None:
     p.add_argument("path", metavar="PATH")
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--kv", dest="kv", action="store_const", const=True, default=None,
-                    help="a KV directory: files made below it are one block (128 MiB unless their client "
-                         "names one) and every mount reads them as KV chunks, with no mount flag "
-                         "(docs/kvcache.md); so are subdirectories made below it")
+                    help="a KV directory: files made below it have 16 MiB blocks unless their client names "
+                         "a block size, so a KV chunk of up to 16 MiB is one block, which any mount on a "
+                         "replica's host hands to the kernel (docs/kvcache.md); so are subdirectories made "
+                         "below it")
     kv.add_argument("--no-kv", dest="kv", action="store_const", const=False,
                     help="no longer a KV directory (what was made below it keeps its setting)")

@@ -23,10 +23,12 @@ TIER = "user.curvine.tier"
 POLICY_XATTRS = (PIN, TTL, TIER)
 KV = "user.curvine.kv"
 # The block size of a file made under a KV directory when its client names none: one block
-# holds the largest LMCache chunk (256 tokens of a 70B-class model in fp16, ~80 MiB plus its
-# header), the next power of two above it.  A block file is as long as its bytes, so a
-# 14 MiB chunk takes 14 MiB on disk all the same.
-KV_BLOCK_SIZE = 128 << 20
+# holds a 14 MiB chunk (256 tokens of a 7B model, with its header), as bench/compare's
+# curvine-kv makes them.  Not 128 MiB, which would hold the largest chunk (~80 MiB, a 70B
+# model): a client keeps buffer_pool_bytes of buffers per block size, 2 of 128 MiB, and 96
+# chunks read at once through a mount made no progress in 200 s (4 MiB blocks: 40 s; 16 MiB:
+# 16 buffers).  Bigger chunks are several blocks, read as by default.
+KV_BLOCK_SIZE = 16 << 20
 TIERS = ("mem", "ssd", "hdd", "disk")
 _TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _TTL_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)

@@ -462,8 +462,9 @@ class Client:
 
     def set_kv(self, path: str, on: bool) -> None:
         """Mark a directory for the KV cache (on) or unmark it: files made below it from now
-        on are one block (up to 128 MiB unless their client names a block size) and every
-        mount reads them as KV chunks; subdirectories made below it are KV directories.
+        on have blocks of at least 16 MiB unless their client names a block size (a 14 MiB
+        KV chunk is one block, which a mount on a replica's host hands to the kernel);
+        subdirectories made below it are KV directories.
         What is there already keeps its own setting (as a block size does)."""
         if on:
             self.setxattr(path, KV, b"1")

@@ -6,11 +6,11 @@ read by itself, and whether the kernel caches a file's pages.  The SDK gives the
 none of it (client/vfs.py ``SdkOpens``), so a program reading through the SDK starts no
 check ahead, fetch ahead or staging, and reads no ``[fuse]`` setting.
 
-Files made under a KV directory (``Attr.kv``, docs/kvcache.md) are read the KV way by
-every mount, whatever its flags: a local replica by passthrough (as any one-block file)
-and a remote one staged for the kernel at its open (as ``fuse.stage_remote`` does for
-every file).  Not the fetch at lookup (``fuse.fetch_ahead``): it slowed a run of stats and
-the reads of a prompt's many chunks at once (issue 43), so it stays the flag's alone.
+A file under a KV directory (``Attr.kv``, docs/kvcache.md) is one block, so a mount on a
+replica's host hands it to the kernel by passthrough with default settings.  Staging it
+from a remote host at its open, per file, was tried and left out: with 96 chunks opened at
+once (LMCache's retrieve) the reads took 150 s against 40 s without it, and the fetch at
+lookup had lost the same way (issue 43); both stay ``fuse.stage_remote``/``fetch_ahead``.
 """
 from __future__ import annotations
 
@@ -41,16 +41,14 @@ class MountOpens:
         self.lookups = Lookups()   # running ones: the fetches ahead start in their pauses
         self.ahead = FetchAhead(core, lookups=self.lookups) if fuse.fetch_ahead else None   # blocks fetched at lookups
         self.stage: StagedBlocks | None = None   # remote blocks staged for the kernel (start_passthrough)
-        self.stage_all = fuse.stage_remote   # stage every remote one-block file, not only KV ones
 
     def start_passthrough(self) -> None:
         """The kernel took FUSE passthrough (fuse/passthrough.py): hand it local replicas'
-        block files, and stage remote blocks: every file's with fuse.stage_remote, else
-        those of KV files (so every passthrough mount has the staging memory filesystem;
-        it holds nothing until a block is staged)."""
+        block files, and stage remote blocks when fuse.stage_remote is on."""
         self.local.enabled = True
         self.core.executor.submit(self.local.warm)
-        self.stage = staging.start(self.core, self.lookups)
+        if self.core.cfg.fuse.stage_remote:
+            self.stage = staging.start(self.core, self.lookups)
 
     @property
     def one_block(self) -> bool:
@@ -68,8 +66,8 @@ class MountOpens:
 
     def after_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None:
         self.local.after_lookup(attr, blocks)
-        if self.stage is not None and self.stage.ahead and self.staged(attr):   # (fetch_ahead: the kernel
-            self.stage.after_lookup(attr, blocks)                               # reads what is staged)
+        if self.stage is not None and self.stage.ahead:   # (fetch_ahead: the kernel reads what is staged)
+            self.stage.after_lookup(attr, blocks)
         elif self.ahead is not None:
             self.ahead.after_lookup(attr, blocks)
 
@@ -81,15 +79,10 @@ class MountOpens:
             self.ahead.hand_over(reader)
         self.lookups.opened()   # the reads begin: the other fetches ahead need not wait out a pause
         local = self.local.block_of(reply.attr, reply.blocks, flags)
-        if local is not None or not prefetch or self.stage is None or not self.staged(reply.attr):
+        if local is not None or not prefetch or self.stage is None:
             return local, None
         block = self.stage.block_of(reply.attr, reply.blocks, flags)
         return None, self.stage.acquire(ino, block) if block is not None else None
-
-    def staged(self, attr: pb.Attr) -> bool:
-        """Is a remote one-block file of these attributes staged at its open (a KV file's
-        always; any other's with fuse.stage_remote)?"""
-        return self.stage_all or attr.kv
 
     def staged_file(self, staged: Staged) -> int | None:
         """A descriptor of the staged copy (fetched now if it is not yet); None if that fails."""
