@@ -991,10 +991,15 @@ class VFS:
             if req is not None:
                 try:
                     yield from ask(Master.Commit, req)
+                except CurvineError as e:   # kept for the next flush, unless nothing was lost
+                    w.close_sent(ok=w.lost_nothing(e, req.blocks))
+                    if not w.closed:
+                        raise
                 except BaseException:   # a failure, or the drive closed (cancelled): kept for the next
                     w.close_sent(ok=False)
                     raise
-                w.close_sent(ok=True)
+                else:
+                    w.close_sent(ok=True)
             else:
                 # Not close(): a failed commit (master restarting) must keep the data for the
                 # next flush or the release, not drop it; close(2) reports the error meanwhile.

@@ -31,6 +31,7 @@ import mmap
 import threading
 import time
 from concurrent.futures import Future
+from typing import Sequence
 
 from curvine_py.client import metrics
 from curvine_py.client.blockids import BlockIds
@@ -408,10 +409,7 @@ class FileWriter:
         try:
             attr = self.core.meta.call(Master.Commit, self._commit_request(infos, release)).attr
         except CurvineError as e:
-            if release and e.errno == errno.ESTALE and not infos and not self.changed:
-                # The lease ended (another client's truncation, docs/posix.md "Several
-                # writers") after everything this writer wrote was committed: the close
-                # loses nothing, so it does not fail.
+            if release and self.lost_nothing(e, infos):
                 self._committed(release)
                 return None
             self.uncommitted = infos   # a later flush or close commits them (e.g. the master is back)
@@ -473,8 +471,8 @@ class FileWriter:
             return None
         try:
             if (self.closed or self._error is not None or self.dirty or self.uncommitted
-                    or not all(f.done() for f in self.shipped) or not self.changed):
-                return None   # (nothing changed: flush's close, which forgives a lease ended meanwhile)
+                    or not all(f.done() for f in self.shipped)):
+                return None
             self.uncommitted = self._wait_all()   # every block is done: this does not wait
             if self._error is not None:
                 return None   # close() reports it
@@ -539,6 +537,12 @@ class FileWriter:
         if self.lease is Lease.HARDENING and not self._hardened.wait(HARDEN_WAIT_S):
             raise CurvineError(errno.ETIMEDOUT, f"the first block ids of inode {self.ino} did not come")
         self._check()
+
+    def lost_nothing(self, e: CurvineError, infos: Sequence[pb.BlockInfo]) -> bool:
+        """Is e, the failure of a closing commit carrying infos, one that loses nothing?  The
+        lease ended (another client's truncation, docs/posix.md "Several writers") after
+        everything this writer wrote was committed: then the close does not fail."""
+        return e.errno == errno.ESTALE and not infos and not self.changed
 
     def close_sent(self, ok: bool) -> None:
         """The Commit from close_request_nowait succeeded (the writer is done), or failed
