@@ -23,7 +23,7 @@ from curvine_py.sdk import Client
 from tests.conftest import client_config, wait_until
 from tests.posix.conftest import Mount
 
-MOUNT_FLAGS = ("--fuse-attr-timeout-s", "30", "--fuse-entry-timeout-s", "30")   # kernel invalidation: the default
+MOUNT_FLAGS = ("--fuse-attr-timeout-s", "30", "--fuse-entry-timeout-s", "30", "--fuse-kernel-invalidation", "true")
 WITHIN_S = 1.0
 
 
