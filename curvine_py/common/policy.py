@@ -48,18 +48,12 @@ def normalize(name: str, value: bytes) -> bytes:
         text = bytes(value).decode("ascii").strip().rstrip("\0").strip()
     except UnicodeDecodeError:
         raise err(errno.EINVAL, f"{name}: value must be ASCII text") from None
-    if name == PIN:
+    if name in (PIN, KV):   # on/off flags
         if text.lower() in ("1", "true", "yes", "on"):
             return b"1"
         if text.lower() in ("0", "false", "no", "off"):
             return b"0"
-        raise err(errno.EINVAL, f"bad {PIN} value {text!r}: use 1 or 0")
-    if name == KV:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return b"1"
-        if text.lower() in ("0", "false", "no", "off"):
-            return b"0"
-        raise err(errno.EINVAL, f"bad {KV} value {text!r}: use 1 or 0")
+        raise err(errno.EINVAL, f"bad {name} value {text!r}: use 1 or 0")
     if name == TTL:
         return str(parse_ttl(text)).encode()
     if name == TIER:
