@@ -77,27 +77,36 @@ class LeaseKeeper:
                 self._leases[lease_id] = n
 
     def _run(self) -> None:
-        renewed = time.monotonic()
+        due = time.monotonic() + self.period_s   # the next renewal of the writers' leases
+        pause = self.period_s
         while True:
-            self._wake.wait(min(self.period_s, self.alive_s))
+            self._wake.wait(pause)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self._keeps_trash():
+            # (asked once a round: it looks at every open file under the VFS's lock, so the
+            # rounds come at the lock lease's pace only while something is kept)
+            keeps = self._keeps_trash()
+            if keeps:
                 self._alive()
-            if time.monotonic() - renewed < self.period_s:
-                continue
-            renewed = time.monotonic()
-            with self._lock:
-                leases = list(self._leases)
-            if not leases:
-                continue
-            try:
-                expired = self.meta.renew(leases)
-                if expired:
-                    log.warning("write leases expired: %s", expired)
-            except Exception as e:  # the master may be restarting; the next round retries
-                log.warning("lease renewal failed: %s", e)
+            if time.monotonic() >= due:
+                due = time.monotonic() + self.period_s
+                self._renew()
+            pause = max(0.0, due - time.monotonic())
+            if keeps:
+                pause = min(pause, self.alive_s)
+
+    def _renew(self) -> None:
+        with self._lock:
+            leases = list(self._leases)
+        if not leases:
+            return
+        try:
+            expired = self.meta.renew(leases)
+            if expired:
+                log.warning("write leases expired: %s", expired)
+        except Exception as e:  # the master may be restarting; the next round retries
+            log.warning("lease renewal failed: %s", e)
 
     def _alive(self) -> None:
         try:
