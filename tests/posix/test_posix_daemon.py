@@ -28,6 +28,20 @@ PY = sys.executable
 UMOUNT = "import sys; from curvine_py.fuse.main import umount; sys.exit(umount(sys.argv[1]))"
 
 
+def stat_in_thread(path: Path) -> tuple[threading.Thread, list[BaseException | None]]:
+    """A thread (not started) that stats path, a new name no cache can answer (the daemon
+    asks the master), and the list its outcome lands in: None, or the OSError."""
+    outcome: list[BaseException | None] = []
+
+    def stat_it() -> None:
+        try:
+            os.stat(path)
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(e)
+    return threading.Thread(target=stat_it, daemon=True), outcome
+
+
 class Daemons:
     """Mounts started by a test; all unmounted (and their daemons killed) at teardown."""
 
@@ -294,15 +308,7 @@ def test_a_mount_whose_cluster_died_still_unmounts_at_once_on_sigterm(daemons: D
     mnt = daemons.mountpoint()
     p = daemons.foreground(mnt, "--client-retry-s", "15")
     fd = os.open(mnt / "died-new", os.O_CREAT | os.O_WRONLY, 0o644)
-    lookup: list[BaseException | None] = []
-
-    def stat_a_new_name() -> None:   # no cache can answer it: the daemon asks the master
-        try:
-            os.stat(mnt / "not-there")
-            lookup.append(None)
-        except OSError as e:
-            lookup.append(e)
-    asker = threading.Thread(target=stat_a_new_name, daemon=True)
+    asker, lookup = stat_in_thread(mnt / "not-there")
     try:
         daemons.cluster.kill_master(signal.SIGSTOP)      # unreachable: calls time out
         try:
@@ -345,15 +351,7 @@ def test_a_kernel_invalidation_waiting_on_a_cut_off_lookup_never_holds_the_stop(
     (mnt / "held").write_bytes(b"x")       # names and attributes in the root the session holds
     os.stat(mnt / "held")
     assert wait_until(lambda: " open with " in log.read_text(), 10), "no cache session opened"
-    lookup: list[BaseException | None] = []
-
-    def stat_a_new_name() -> None:   # no cache can answer it: the daemon asks the master
-        try:
-            os.stat(mnt / "not-there")
-            lookup.append(None)
-        except OSError as e:
-            lookup.append(e)
-    asker = threading.Thread(target=stat_a_new_name, daemon=True)
+    asker, lookup = stat_in_thread(mnt / "not-there")
     stuck = False
     daemons.cluster.kill_master(signal.SIGSTOP)
     try:
