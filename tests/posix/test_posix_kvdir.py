@@ -22,6 +22,7 @@ from curvine_py.common.config import host_identity
 from curvine_py.common.policy import KV, KV_BLOCK_SIZE
 from curvine_py.sdk import Client
 from tests.conftest import CV, FAST_MASTER_FLAGS, client_config
+from tests.posix.test_posix_passthrough import write_kv   # (as LMCache's fs connector writes a chunk)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,15 +101,6 @@ def test_cli_marks_shows_and_clears(kv_cluster: LocalCluster) -> None:
     with Client(master=kv_cluster.master_address, config=client_config(kv_cluster)) as c:
         with pytest.raises(Exception, match="bad user.curvine.kv"):
             c.setxattr("/kvc", KV, b"maybe")
-
-
-def write_kv(p: Path, data: bytes) -> None:
-    """As LMCache's fs connector: a .tmp file, header then payload, renamed into place."""
-    tmp = p.with_suffix(".tmp")
-    with open(tmp, "wb", buffering=0) as f:
-        f.write(data[:28])
-        f.write(data[28:])
-    os.rename(tmp, p)
 
 
 def passthrough_opens(metrics: str) -> float:
