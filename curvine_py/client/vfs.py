@@ -567,10 +567,10 @@ class VFS:
         try:
             trash = yield from self._trash()
             kept = trash_names.kept_name(name, self.meta.client_id)   # (names this client: common/trash.py)
-            self.core.leases.watch_trash(self._keeps_trash)   # (this client says it lives while it keeps one)
             self.meta.saw_dirs((yield from ask(Master.Rename,
                                                self.meta.rename_request(parent, name, trash, kept, 0, ROOT))))
             st.hidden = (trash, kept, ROOT)
+            self.core.leases.watch_trash(self._keeps_trash)   # (this client says it lives while it keeps one)
         except CurvineError as e:
             log.warning("could not move %s to the trash directory: %s", name, e)
 
