@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -145,11 +146,36 @@ def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
 # ---------------------------------------------------------------- ports
 
 
-def free_ports(n: int, host: str = LOCAL_IP) -> list[int]:
-    """n distinct ports the kernel considers free right now (bound to port 0, then closed)."""
-    socks = []
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections (ip_local_port_range)."""
     try:
-        for _ in range(n):
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(n: int, host: str = LOCAL_IP) -> list[int]:
+    """n distinct ports the kernel considers free right now, taken outside the ephemeral
+    range where it can: a port chosen by binding port 0 comes from that range, and any
+    outgoing connection (a master's Raft link to a peer not yet started) may take it as
+    its own local port before the server meant to listen there binds it."""
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in range(10000, 65536) if not lo <= p <= hi]
+    random.shuffle(candidates)
+    socks: list[socket.socket] = []
+    try:
+        for port in candidates:
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:   # no room outside the range: the kernel's choice
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)

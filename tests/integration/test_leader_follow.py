@@ -417,16 +417,30 @@ def wait_leader(group: list[RaftMaster], timeout: float = 30) -> RaftMaster:
     raise AssertionError("no master became a ready leader")
 
 
+def wait_listening(group: list[RaftMaster], logs: Path, timeout: float = 30) -> None:
+    """Every master of the group answers MasterStatus; a test that kills the leader needs
+    the other two alive, so one that died at its start fails here, with its log."""
+    deadline = time.monotonic() + timeout
+    for i, m in enumerate(group):
+        while status(m.address) is None:
+            assert m.proc.poll() is None and time.monotonic() < deadline, \
+                f"master {i} ({m.address}) not up, exit {m.proc.poll()}:\n{(logs / f'm{i}.log').read_text()[-3000:]}"
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def raft_group(tmp_path: Path) -> typing.Iterator[list[RaftMaster]]:
     group = start_group(tmp_path)
     try:
+        wait_listening(group, tmp_path)
         yield group
     finally:
-        for m in group:
+        for i, m in enumerate(group):
             if m.proc.poll() is None:
                 m.proc.kill()
             m.proc.wait()
+            tail = (tmp_path / f"m{i}.log").read_text()[-2000:]
+            print(f"---- master {i} {m.address} exit {m.proc.returncode}\n{tail}")
 
 
 @needs_raft

@@ -258,18 +258,28 @@ def test_a_lock_holder_reads_what_the_previous_holder_wrote(net_cluster_factory:
 INTERRUPTED_WAIT = (
     "import fcntl, os, signal, struct, sys, time\n"
     "def late(*_): raise TimeoutError\n"
-    "fd = os.open(sys.argv[1], os.O_RDONLY); t = time.monotonic()\n"
-    "signal.signal(signal.SIGALRM, late); signal.alarm(1)\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY); print('ready', flush=True); sys.stdin.readline()\n"
+    "t = time.monotonic(); signal.signal(signal.SIGALRM, late); signal.alarm(1)\n"
     "try: fcntl.fcntl(fd, fcntl.F_SETLKW, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, int(sys.argv[2]), 1, 0))\n"
     "except TimeoutError: print(round(time.monotonic() - t, 2))\n")
 
 
-def interrupted_wait(path: Path, start: int) -> float | None:
-    """Seconds until SIGALRM ended a blocking lock of byte start; None: the lock came first."""
-    out = subprocess.run([sys.executable, "-c", INTERRUPTED_WAIT, str(path), str(start)], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout) if out.stdout.strip() else None
+def interrupted_wait(path: Path, start: int, first: typing.Callable[[], object] = lambda: None) -> float | None:
+    """Seconds until SIGALRM ended a blocking lock of byte start; None: the lock came first.
+    The waiter opens the file and starts Python before first() runs, so that its second
+    of patience starts at the lock call (a cold interpreter takes over a second on a
+    loaded machine, longer than a new leader's grace once it has been elected)."""
+    p = subprocess.Popen([sys.executable, "-c", INTERRUPTED_WAIT, str(path), str(start)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.stderr
+        first()
+        out, err = p.communicate("\n", timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, err
+    return float(out) if out.strip() else None
 
 
 def test_a_blocked_wait_ends_with_eintr_and_a_cycle_with_edeadlk(net_cluster_factory: Factory, tmp_path: Path) -> None:
@@ -332,11 +342,9 @@ def test_locks_survive_a_leader_failover(net_cluster_factory: Factory, tmp_path:
     try:
         h.until_ready()
         leader = c.leader_index()
-        c.kill_master(leader)
         t0 = time.monotonic()
         # a free byte: the wait is for a leader, then for its grace; a signal still ends it
-        os.stat(m2 / "f")
-        took = interrupted_wait(m2 / "f", 50)
+        took = interrupted_wait(m2 / "f", 50, first=lambda: c.kill_master(leader))
         assert took is not None and took < 2.5, took
         # the new leader knows no locks; m1 gives them back while it grants none (one lease)
         assert refused(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
