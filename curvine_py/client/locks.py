@@ -11,6 +11,14 @@ A blocking wait (F_SETLKW, flock without LOCK_NB) is a loop of bounded calls (``
 a master call never stays open while another owner holds the lock, each try tells the
 master this owner waits (EDEADLK detection), and between tries the kernel's interrupt
 (a signal to the waiting process) ends the wait with EINTR.
+
+SQLite's WAL index (``<db>-shm``) is memory every connection maps: two hosts cannot share
+it, so its byte-range locks belong to one mount at a time (``gate``): a mount holds a
+write lock of its own (owner GATE_OWNER, the file's last byte) while any of its processes
+holds a lock on a ``-shm`` file, and another mount's lock calls on that file meet it as a
+conflict.  SQLite's open of the index (os_unix.c, unixLockSharedMemory: F_GETLK on the
+DMS byte, then F_SETLK) then answers SQLITE_BUSY on the second host, which its busy
+timeout retries until the first host's connections are gone (docs/posix.md, SQLite).
 """
 from __future__ import annotations
 
@@ -18,17 +26,26 @@ import errno
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Generator, Iterator
 
 from curvine_py.common import lockranges
 from curvine_py.common.errors import err
 from curvine_py.common.lockranges import Range
 from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master
 
 log = logging.getLogger(__name__)
 FIRST_POLL_S = 0.01     # a blocked waiter asks again after this, then twice as long each time...
 POLL_MAX_S = 0.5        # ...up to this: a released lock is taken within half a second
 Key = tuple[bool, int, int]   # (flock?, ino, lock owner)
+SHARED_INDEX_SUFFIX = "-shm"   # SQLite's WAL index: its locks are one mount's at a time (gate)
+GATE_OWNER = 0                 # the mount's own owner of the gate (the kernel's owners are pointers, never 0)
+GATE_BYTE = lockranges.TO_EOF  # the gate's one byte: past anything SQLite locks (bytes 120-128)
+
+
+def is_shared_index(name: str) -> bool:
+    """A name whose file's locks one mount holds at a time (SQLite's ``<db>-shm``)."""
+    return name.endswith(SHARED_INDEX_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,8 @@ class MountLocks:
         key = (a.flock, a.ino, a.owner)
         with self._mu:
             self._unlocking[key] = lockranges.put(self._pending(key), Range(lockranges.UNLCK, a.start, a.end))
-            return any(self._pending(k) for k in self._held.keys() | self._unlocking.keys() if k[1] == a.ino)
+            return any(self._pending(k) for k in self._held.keys() | self._unlocking.keys()
+                       if k[1] == a.ino and not _is_gate(k))
 
     def _pending(self, key: Key) -> tuple[Range, ...]:
         """key's locks with its unlock under way applied (under _mu)."""
@@ -95,6 +113,17 @@ class MountLocks:
         """a's unlock got no answer: the record stands as the master last said."""
         with self._mu:
             self._unlocking.pop((a.flock, a.ino, a.owner), None)
+
+    def gated(self, ino: int) -> bool:
+        """This mount holds ino's gate (its processes' locks on it shut other mounts out)."""
+        with self._mu:
+            return (False, ino, GATE_OWNER) in self._held
+
+    def others_on(self, ino: int) -> bool:
+        """A lock of this mount's processes on ino (the gate aside), held or being taken back."""
+        with self._mu:
+            return any(self._pending(k) for k in self._held.keys() | self._unlocking.keys()
+                       if k[1] == ino and not _is_gate(k))
 
     def owners_on(self, ino: int) -> list[tuple[int, bool]]:
         """(owner, flock?) of every lock this mount holds on ino."""
@@ -118,6 +147,23 @@ class MountLocks:
             asks = [LockAsk(ino, owner, flock, r.type, r.start, r.end, r.pid)
                     for (flock, ino, owner), ranges in self._held.items() for r in ranges]
         return pb.LockRenew(caller=caller, reclaim=[a.request(caller) for a in asks])
+
+
+def _is_gate(key: Key) -> bool:
+    return not key[0] and key[2] == GATE_OWNER
+
+
+def gate(locks: MountLocks, caller: pb.Caller, ino: int, type: int,
+         test: bool = False) -> Generator[Any, Any, bool]:
+    """A VFS operation (client/vfs.py ``Op``): take (WRLCK), give up (UNLCK) or, with
+    test, look at ino's gate; True when done (or free).  The gate is an ordinary lock of
+    the master's table (renewed with the mount's lease, reclaimed by a new leader, dropped
+    when the mount's lease runs out), so a mount that dies holding it frees it."""
+    a = LockAsk(ino, GATE_OWNER, False, type, GATE_BYTE, GATE_BYTE)
+    reply = yield Master.Lock, a.request(caller, test=test)
+    if reply.granted and not test:
+        locks.granted(a, reply.lease_ms)
+    return bool(reply.granted)
 
 
 def polls() -> Iterator[float]:
