@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Protocol, TypeVar
 from curvine_py.client import metrics
 from curvine_py.client.blockio import UfsFailure
 from curvine_py.client.core import ClientCore
-from curvine_py.common.buffers import IDLE_S
+from curvine_py.common.buffers import ALIGN, IDLE_S
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.retry import Delays, Retry
 from curvine_py.common.security import WRITE, token_expired
@@ -36,6 +36,10 @@ SCATTERED = 2   # small far reads in a row after which a file counts as read at 
 # block's checksums use (128 KiB, 1 MiB), so a short-circuit part verifies whole chunks.
 WHOLE_PART = 4 << 20
 HEADER_READ = 4096   # a first read at offset 0 up to this size is a header: its range alone (_read_slot)
+# A block first cached by a read inside it (its reader went on by ranges while the pool was
+# dry, FileReader._acquire) is fetched from this far before that read, not from its start:
+# the kernel's read-ahead requests come up to ~1 MiB out of order; the bytes before are read.
+BASE_SLACK = 1 << 20
 T = TypeVar("T")
 
 
@@ -234,11 +238,14 @@ def _note_use(entry: CachedBlock) -> None:
 
 
 def start_fetch(core: ClientCore, ino: int, block: pb.BlockInfo, raw: mmap.mmap,
-                renewed: Renewals | None = None) -> CachedBlock:
-    """A fetch of the whole block into the pooled buffer raw, on the core's executor."""
+                renewed: Renewals | None = None, base: int = 0) -> CachedBlock:
+    """A fetch of the block from base (0: all of it) to its end into the pooled buffer
+    raw, at the same offsets, on the core's executor."""
     view = memoryview(raw)
     entry = CachedBlock(raw, view)
-    entry.future = core.executor.submit(fetch_block, core, ino, block, 0, view[:block.length], entry, renewed)
+    entry.base = base = min(base, block.length)
+    entry.future = core.executor.submit(fetch_block, core, ino, block, base, view[base:block.length], entry,
+                                        renewed)
     entry.future.add_done_callback(entry.fetched)
     return entry
 
@@ -272,12 +279,14 @@ class LentView:
 class CachedBlock:
     """A whole block fetched into a pooled buffer; `users` pins it while it is copied from.
 
-    `got` counts the bytes from the block's start already in the buffer while the fetch
-    runs, so a read of the block's head is answered before its tail has arrived: a KV
-    chunk's first 4 KiB no longer waits for the whole first block (docs/performance.md).
+    `got` counts the bytes from `base` already in the buffer while the fetch runs, so a
+    read of the block's head is answered before its tail has arrived: a KV chunk's first
+    4 KiB no longer waits for the whole first block (docs/performance.md).  Bytes before
+    `base` are not fetched (a reader that was already past them, FileReader._acquire).
     """
 
-    __slots__ = ("raw", "view", "future", "users", "got", "needs", "wanted", "arrived", "retired", "ahead")
+    __slots__ = ("raw", "view", "future", "users", "base", "got", "needs", "wanted", "arrived", "retired",
+                 "ahead")
 
     def __init__(self, raw: mmap.mmap, view: memoryview) -> None:
         self.raw, self.view = raw, view
@@ -285,22 +294,24 @@ class CachedBlock:
         self.users = 0
         self.retired = False         # its buffer went back to the pool
         self.ahead = False           # fetched ahead of any read of it, and no read has used it yet
-        self.got = 0
+        self.base = 0                # where in the block the fetch starts
+        self.got = 0                 # bytes from base in the buffer so far
         self.needs: list[int] = []   # what each waiting reader needs `got` to reach
         self.wanted = 0              # the least of them (0: nobody waits)
         self.arrived = threading.Condition()
 
     def available(self) -> int:
-        """Bytes from the block's start usable now; -1 once the fetch has failed."""
+        """The end (from the block's start) of the bytes usable now; -1 once the fetch has
+        failed.  Bytes before `base` are not usable whatever this says."""
         if not self.future.done():
-            return self.got
-        return -1 if self.future.exception() is not None else self.future.result()
+            return self.base + self.got
+        return -1 if self.future.exception() is not None else self.base + self.future.result()
 
     def advance(self, got: int) -> None:
         """The fetch's progress (called from its thread after each receive).  Waiters are
         woken only once a need of theirs is met, not at every receive."""
         self.got = max(self.got, got)
-        if self.wanted and self.got >= self.wanted:
+        if self.wanted and self.base + self.got >= self.wanted:
             with self.arrived:
                 self.arrived.notify_all()
 
@@ -309,18 +320,19 @@ class CachedBlock:
             self.arrived.notify_all()
 
     def wait_for(self, need: int) -> int:
-        """Block until `need` bytes from the start have arrived or the fetch is over; returns
-        the bytes usable (the block's length once fetched); raises the fetch's error."""
+        """Block until the bytes up to `need` (from the block's start) have arrived or the
+        fetch is over; returns where the usable bytes end (the block's length once
+        fetched); raises the fetch's error."""
         with self.arrived:
             self.needs.append(need)
             self.wanted = min(self.needs)
             try:
-                while self.got < need and not self.future.done():
+                while self.base + self.got < need and not self.future.done():
                     self.arrived.wait(1.0)
             finally:
                 self.needs.remove(need)
                 self.wanted = min(self.needs, default=0)
-        return self.future.result() if self.future.done() else self.got
+        return self.base + (self.future.result() if self.future.done() else self.got)
 
 
 class FileReader:
@@ -474,7 +486,7 @@ class FileReader:
             return None
         try:
             entry = self._cache.get(idx)
-            if entry is None or within + size > entry.available():
+            if entry is None or within < entry.base or within + size > entry.available():
                 return None
             entry.users += 1   # _retire leaves the buffer alone until the caller unpins
             _note_use(entry)
@@ -503,7 +515,11 @@ class FileReader:
             buf = bytearray(size)
             self._fill(block, within, memoryview(buf))
             return LentView.copied(buf)
-        entry = self._acquire(idx, offset)
+        entry = self._acquire(idx, offset, within)
+        if entry is None:   # no buffer at hand (or the read is before its cached part): this range alone
+            buf = bytearray(size)
+            self._fill(block, within, memoryview(buf))
+            return LentView.copied(buf)
         try:
             entry.wait_for(within + size)
         except BaseException:
@@ -537,7 +553,10 @@ class FileReader:
         if not cached and self._random(idx, offset, len(out)):
             self._fill(block, within, out)   # a small random read: its range alone
             return
-        entry = self._acquire(idx, offset)
+        entry = self._acquire(idx, offset, within)
+        if entry is None:   # no buffer at hand (or the read is before its cached part): this range alone
+            self._fill(block, within, out)
+            return
         try:
             n = entry.wait_for(within + len(out))
             have = max(0, min(len(out), n - within))
@@ -588,10 +607,15 @@ class FileReader:
                     if nxt in self.blocks and nxt not in self._cache and not self._start_fetch_nowait(nxt):
                         return
 
-    def _acquire(self, idx: int, offset: int) -> CachedBlock:
-        """The cache entry of block idx, pinned, its fetch started if need be.  A buffer
-        for it may have to be waited for: never with the lock held (the mount's loop takes
-        it, and so does the pool's reclaim of this reader's idle blocks)."""
+    def _acquire(self, idx: int, offset: int, within: int) -> CachedBlock | None:
+        """The cache entry of block idx for a read at `within` in it, pinned, its fetch
+        started if need be (from BASE_SLACK before within: the reader is past the bytes
+        before); None when the entry cached does not hold within, or when no buffer is
+        at hand even after taking one back from an idle holder: the caller then fetches
+        its range alone.  Never waits for a buffer: a read waiting for one
+        held a mount request slot that the holders' next requests needed (issue 43;
+        BufferPool.acquire_or_reclaim), and the pool is never asked with the lock held
+        (the mount's loop takes it, and so does the pool's reclaim of this reader)."""
         self._note(offset, idx)
         raw = None
         while True:
@@ -599,8 +623,12 @@ class FileReader:
                 entry = self._cache.get(idx)
                 if entry is not None:
                     self._cache.move_to_end(idx)
+                    if within < entry.base:
+                        if raw is not None:
+                            self.pool.release(raw)
+                        return None
                 elif raw is not None:
-                    entry = self._start_fetch(idx, raw)
+                    entry = self._start_fetch(idx, raw, max(0, within - BASE_SLACK) // ALIGN * ALIGN)
                     raw = None
                 if entry is not None:
                     entry.users += 1
@@ -608,11 +636,19 @@ class FileReader:
                     if raw is not None:   # another thread started it meanwhile
                         self.pool.release(raw)
                     return entry
-            raw = self.pool.acquire()
+            raw = self.pool.acquire_or_reclaim(self)
+            if raw is None:
+                return None
 
     def _unpin(self, entry: CachedBlock) -> None:
+        """A read is done with entry.  Its end counts as a use: a read that waited seconds
+        for its block's bytes (many readers sharing the network) started long ago, and
+        dated by its start the reader looked paused the moment it was served; the pool
+        then took its block back between two requests and the next fetched it whole
+        again (issue 43: 16 MiB blocks fetched 26 times each by 32 readers)."""
         with self._lock:
             entry.users -= 1
+            self._used = time.monotonic()
             retire = entry.users == 0 and entry not in self._cache.values()
         if retire:
             self._retire(entry)
@@ -632,9 +668,9 @@ class FileReader:
             metrics.READAHEAD_BLOCKS.inc()
         return True
 
-    def _start_fetch(self, idx: int, raw: mmap.mmap) -> CachedBlock:
-        """Fetch block idx into raw, a pooled buffer (called with the lock held)."""
-        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw, self)
+    def _start_fetch(self, idx: int, raw: mmap.mmap, base: int = 0) -> CachedBlock:
+        """Fetch block idx from base into raw, a pooled buffer (called with the lock held)."""
+        entry = start_fetch(self.core, self.attr.ino, self.blocks[idx], raw, self, base)
         self._cache[idx] = entry
         # Room for the read-ahead window beyond the kernel's own read-ahead in flight: a
         # buffered mount has up to 12 requests of 1 MiB (3 blocks) pending at once; with

@@ -119,6 +119,18 @@ class BufferPool:
             self._count += 1
         return mmap.mmap(-1, self.size)
 
+    def acquire_or_reclaim(self, requester: object | None = None) -> mmap.mmap | None:
+        """A free or new buffer, else one taken back from an idle holder other than
+        requester; None rather than any wait.  For a read that can be served without a
+        buffer (its range alone, client/reader.py): waiting blocked the mount's request
+        slots (the kernel sends a connection at most 12 reads at once), the readers that
+        held buffers could not reach them with their next request, looked idle, and had
+        their blocks taken back and fetched again whole (issue 43)."""
+        buf = self.acquire_nowait()
+        if buf is None and self._reclaim(requester):
+            buf = self.acquire_nowait()
+        return buf
+
     def try_acquire(self) -> mmap.mmap | None:
         """A free (already touched) buffer, or None: never waits, never allocates (the
         mount's event loop: touching fresh memory costs ~3 ms per 4 MiB here)."""
