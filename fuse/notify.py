@@ -34,11 +34,13 @@ from collections.abc import Callable
 
 from curvine_py.client.metacache import LISTING
 from curvine_py.common.types import ROOT_INO
+from curvine_py.fuse import metrics
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
 WAIT_S = 0.05        # how long a push's acknowledgement waits for the kernel to forget it
 STOP_WAIT_S = 1.0    # how long stop() waits for a notification in the kernel to return
+PUSHED, REFUSED, TOLD, LATE = (metrics.KERNEL_INVALIDATIONS.labels(k) for k in ("push", "refused", "told", "late"))
 
 
 class Note(typing.NamedTuple):
@@ -129,7 +131,9 @@ class KernelNotifier:
             with self._done:
                 if not self._done.wait_for(lambda: self._finished >= ticket, timeout=self._wait_s):
                     self.waited_out += 1
+                    LATE.inc()
         self.pushes += 1
+        PUSHED.inc()
         self.session_s += time.perf_counter() - start
 
     def refused(self, keys: list[pb.CacheKey]) -> None:
@@ -147,6 +151,7 @@ class KernelNotifier:
             ticket = self._submitted
         self._queue.put((ticket, notes))
         self.refusals += 1
+        REFUSED.inc()
 
     def notes(self, push: pb.Invalidation) -> list[Note]:
         """What push's keys mean to the kernel (listings: nothing, the kernel keeps no
@@ -192,6 +197,7 @@ class KernelNotifier:
             else:
                 self._entry(note.ino, note.name)
             self.told += 1
+            TOLD.inc()
         except OSError as e:
             if e.errno != errno.ENOENT:   # ENOENT: the kernel holds nothing of it
                 log.warning("kernel invalidation of %s failed: %s", note, e)

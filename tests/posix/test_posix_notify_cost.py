@@ -1,0 +1,120 @@
+"""What ``fuse.kernel_invalidation`` costs the kernel's caches (issue 39): a push for a
+file's attributes takes its attributes, never its pages, and LMCache's own chunk pattern
+does not keep the kernel asking the mount.
+
+A push becomes ``invalidate_inode(ino, attr_only=True)`` (fuse/notify.py): the kernel
+asks the mount for the attributes once more, but keeps the file's page cache, which it
+drops only when the new attributes show another size or mtime.  Passthrough is off here
+so that the file's reads go through the page cache and the mount (a read the page cache
+missed is counted in ``curvine_fuse_read_bytes``); the kernel timeouts are 30 s, so what
+reaches the daemon is what the invalidations made the kernel forget.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.posix.conftest import Mount
+
+MOUNT_FLAGS = ("--fuse-attr-timeout-s", "30", "--fuse-entry-timeout-s", "30", "--fuse-kernel-invalidation", "true",
+               "--fuse-passthrough", "false")
+MiB = 1 << 20
+CHUNKS = 8
+
+
+def metric(m: Mount, pattern: str) -> float:
+    """The sum of the mount's samples whose line matches pattern (name{labels} value)."""
+    address = os.getxattr(m.path, "user.curvine.metrics").decode()
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{pattern} (\S+)$", text, re.M))
+
+
+def read_bytes(m: Mount) -> float:
+    return metric(m, "curvine_fuse_read_bytes_total")
+
+
+def told(m: Mount) -> float:
+    """Notifications m's kernel took (fuse/notify.py)."""
+    return metric(m, r'curvine_fuse_kernel_invalidations_total\{kind="told"\}')
+
+
+def pushes(m: Mount) -> float:
+    return metric(m, r'curvine_fuse_kernel_invalidations_total\{kind="push"\}')
+
+
+def daemon_ops(m: Mount) -> float:
+    """Lookups and getattrs m's daemon answered (its kernel's misses)."""
+    return metric(m, r'curvine_fuse_op_duration_seconds_count\{op="(?:lookup|getattr)"\}')
+
+
+def sessions(m: Mount) -> float:
+    return metric(m, "curvine_client_metadata_cache_sessions")
+
+
+def write_chunk(p: Path, data: bytes) -> None:
+    """LMCache's fs connector: a .tmp file, its 28-byte header, the payload in one write, a rename."""
+    tmp = p.with_suffix(".tmp")
+    with open(tmp, "wb", buffering=0) as f:
+        f.write(data[:28])
+        f.write(data[28:])
+    os.rename(tmp, p)
+
+
+@pytest.fixture(scope="module")
+def dirs(mounted: Mount, second_mount: Mount) -> tuple[Path, Path]:
+    (mounted.path / "kinval-cost").mkdir()
+    wait_until("b's cache session", lambda: sessions(second_mount) >= 1, timeout=10)
+    return mounted.path / "kinval-cost", second_mount.path / "kinval-cost"
+
+
+def test_a_push_for_attributes_leaves_the_page_cache(dirs: tuple[Path, Path], second_mount: Mount) -> None:
+    a, b = dirs
+    data = os.urandom(2 * MiB)
+    write_chunk(a / "c.data", data)
+    assert (b / "c.data").read_bytes() == data            # b's page cache has it now
+    before = read_bytes(second_mount)
+    assert (b / "c.data").read_bytes() == data
+    assert read_bytes(second_mount) == before, "b's kernel did not keep the file's pages (no baseline)"
+
+    was_told = told(second_mount)
+    os.chmod(a / "c.data", 0o600)                         # a push to b for the file's attributes
+    deadline = time.monotonic() + 1.0
+    while stat.S_IMODE((b / "c.data").stat().st_mode) != 0o600:
+        assert time.monotonic() < deadline, "b's kernel kept the old mode: the push did not reach it"
+        time.sleep(0.001)
+    assert told(second_mount) > was_told
+
+    before = read_bytes(second_mount)
+    assert (b / "c.data").read_bytes() == data
+    assert read_bytes(second_mount) == before, "the push for the attributes dropped b's page cache of the file"
+
+
+def test_lmcache_chunks_written_and_looked_up_on_one_mount_stay_in_its_kernel(dirs: tuple[Path, Path],
+                                                                              mounted: Mount) -> None:
+    """The master pushes the writing mount about its own chunk once (its first block's
+    allocation makes the file's lease hard: `complete` changes); once each chunk was
+    statted, LMCache's later lookups of them are answered by the kernel alone."""
+    a, _ = dirs
+    data = os.urandom(3 * MiB)
+    pushed = pushes(mounted)
+    names = [a / f"m@1@0@{i:08x}@bf16.data" for i in range(CHUNKS)]
+    for p in names:
+        write_chunk(p, data)
+    for p in names:
+        assert p.stat().st_size == len(data)
+    assert pushes(mounted) - pushed <= CHUNKS, "more than one push per chunk to the mount that wrote it"
+    before = daemon_ops(mounted)
+    for _ in range(3):
+        for p in names:
+            assert p.stat().st_size == len(data)
+    assert daemon_ops(mounted) == before, "LMCache's repeated lookups reached the daemon"
+    for p in names:
+        with open(p, "rb", buffering=0) as f:
+            assert f.read(4096) + f.read() == data
