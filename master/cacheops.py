@@ -12,7 +12,7 @@ import stat
 from curvine_py.master.cachepolicy import Policies
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import Evict, RecordReads
-from curvine_py.master.store import Row, Store
+from curvine_py.master.store import Result, Store
 
 
 class CacheOps(Store):
@@ -23,7 +23,7 @@ class CacheOps(Store):
         return None
 
     @applies(RecordReads)
-    def op_record_reads(self, rec: RecordReads) -> Row:
+    def op_record_reads(self, rec: RecordReads) -> Result:
         """Remember when files were last opened for reading (LRU order across restarts)."""
         self.conn.executemany(
             "INSERT INTO reads(ino, last_read_ns) SELECT ?, ? WHERE EXISTS (SELECT 1 FROM inodes WHERE ino=?)"
@@ -32,7 +32,7 @@ class CacheOps(Store):
         return {}
 
     @applies(Evict)
-    def op_evict(self, rec: Evict) -> Row:
+    def op_evict(self, rec: Evict) -> Result:
         """Remove the victims (at the generation the evictor saw) with all their names;
         returns freed blocks."""
         policies = Policies(self.conn)
@@ -41,16 +41,19 @@ class CacheOps(Store):
         nbytes = 0
         now = rec.now_ns
         for ino, generation in ((v.ino, v.generation) for v in rec.victims):
-            row = self.q1("SELECT mode, size, generation, complete, lease_id FROM inodes WHERE ino=?", (ino,))
-            if (row is None or not stat.S_ISREG(row["mode"]) or row["generation"] != generation
-                    or not row["complete"] or row["lease_id"] or policies.pinned(ino)):
+            row = self.conn.execute("SELECT mode, size, generation, complete, lease_id FROM inodes WHERE ino=?",
+                                    (ino,)).fetchone()
+            if row is None:
+                continue
+            mode, size, gen, complete, lease_id = row
+            if not stat.S_ISREG(mode) or gen != generation or not complete or lease_id or policies.pinned(ino):
                 continue
             kept = self.ufs_free_blocks(ino)
             if kept is not None:   # a UFS file keeps its name: the next read fetches it again
                 if kept:
                     freed += kept
                     evicted.append(ino)
-                    nbytes += row["size"]
+                    nbytes += size
                 continue
             parents = [r[0] for r in self.conn.execute("SELECT parent FROM dirents WHERE ino=?", (ino,))]
             self.conn.execute("DELETE FROM dirents WHERE ino=?", (ino,))
@@ -58,5 +61,5 @@ class CacheOps(Store):
                 self.conn.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?", (now, now, p))
             freed += self._delete_inode(ino)
             evicted.append(ino)
-            nbytes += row["size"]
+            nbytes += size
         return {"freed": freed, "evicted": evicted, "bytes": nbytes}

@@ -40,7 +40,7 @@ from typing import Any
 
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import Commit, Evict, PruneEvents, Record, ReplicaChanges
-from curvine_py.master.store import Row, Store
+from curvine_py.master.store import Result, Store
 from curvine_py.pb import curvine_pb2 as pb
 
 CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
@@ -233,7 +233,7 @@ class EventOps(Store):
     """op_replica_changes, op_prune_events (a mixin of Namespace)."""
 
     @applies(ReplicaChanges)
-    def op_replica_changes(self, rec: ReplicaChanges) -> Row:
+    def op_replica_changes(self, rec: ReplicaChanges) -> Result:
         """Record each change the feed has not said yet, and its event for each of the
         file's names (a file gone meanwhile: nothing)."""
         ts_ms, n = rec.now_ns // 1_000_000, 0
@@ -250,7 +250,7 @@ class EventOps(Store):
         return {"events": n}
 
     @applies(PruneEvents)
-    def op_prune_events(self, rec: PruneEvents) -> Row:
+    def op_prune_events(self, rec: PruneEvents) -> Result:
         """Delete events older than rec.before_ms and beyond the newest rec.keep, at most
         PRUNE_MAX_ROWS of them (the next record takes the rest); the floor moves up."""
         floor, head = bounds(self.conn)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import replace
 from typing import Callable
 
 from curvine_py.common.errors import err
@@ -25,7 +26,7 @@ from curvine_py.master import posix
 from curvine_py.master.handlers import applies
 from curvine_py.master.posix import W
 from curvine_py.master.records import Allocate, Commit, Create, ExpireLeases, Mknod, OpenWrite, Renew
-from curvine_py.master.store import Row, Store, to_i64
+from curvine_py.master.store import InodeRow, Result, Store, to_i64
 
 EXPIRE_BATCH = 2000   # lapsed hard leases released per record (each may free blocks, delete an inode)
 
@@ -34,27 +35,27 @@ class FileOps(Store):
     """op_create, op_open_write, op_allocate, op_commit, op_renew, op_expire_leases."""
 
     default_block_size: int
-    op_mknod: Callable[[Mknod], Row]   # namespace.py's: a create makes its name first
+    op_mknod: Callable[[Mknod], Result]   # namespace.py's: a create makes its name first
 
     def ufs_dirty(self, ino: int, now: int) -> None:
         """Mark a UFS file's pool copy newer than its UFS copy (ufsops.py overrides)."""
 
-    def _truncate(self, row: Row, size: int) -> list[int]:
+    def _truncate(self, row: InodeRow, size: int) -> list[int]:
         """Drop block slots past size and shorten the boundary block; returns freed blocks."""
-        bs = row["block_size"] or self.default_block_size
+        bs = row.block_size or self.default_block_size
         keep = (size + bs - 1) // bs
         freed = [r[0] for r in self.conn.execute(
-            "SELECT block_id FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))]
-        self.conn.execute("DELETE FROM blocks WHERE ino=? AND idx>=?", (row["ino"], keep))
+            "SELECT block_id FROM blocks WHERE ino=? AND idx>=?", (row.ino, keep))]
+        self.conn.execute("DELETE FROM blocks WHERE ino=? AND idx>=?", (row.ino, keep))
         if size % bs:
             self.conn.execute("UPDATE blocks SET length=min(length, ?) WHERE ino=? AND idx=?",
-                              (size % bs, row["ino"], keep - 1))
+                              (size % bs, row.ino, keep - 1))
         return freed
 
     @staticmethod
-    def _hard_lease(row: Row) -> bool:
+    def _hard_lease(row: InodeRow) -> bool:
         """A writer holds the file (a soft lease -- one held with complete=1 -- binds nobody)."""
-        return bool(row["lease_id"]) and not row["complete"]
+        return bool(row.lease_id) and not row.complete
 
     def is_writer(self, ino: int, lease_id: int, client: str) -> bool:
         """Does client hold lease_id, a live write lease of ino?"""
@@ -95,47 +96,47 @@ class FileOps(Store):
         return freed
 
     @applies(Create)
-    def op_create(self, rec: Create) -> Row:
+    def op_create(self, rec: Create) -> Result:
         """mknod of a regular file (or open of an existing one) plus the write lease."""
         made = self.op_mknod(Mknod(**rec.envelope(), parent=rec.parent, name=rec.name,
                                    mode=stat.S_IFREG | (rec.mode & 0o7777), umask=rec.umask,
                                    exclusive=rec.exclusive, block_size=rec.block_size))
         row = made["attr"]
         if not made["created"]:
-            return self.op_open_write(OpenWrite(**rec.envelope(), ino=row["ino"], lease_ms=rec.lease_ms,
+            return self.op_open_write(OpenWrite(**rec.envelope(), ino=row.ino, lease_ms=rec.lease_ms,
                                                 flags=rec.flags))
         return {**self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, [], soft=True),
                 "dirs": made["dirs"]}
 
     @applies(OpenWrite)
-    def op_open_write(self, rec: OpenWrite) -> Row:
+    def op_open_write(self, rec: OpenWrite) -> Result:
         cred = rec.cred
         row = self.inode(rec.ino)
-        if stat.S_ISDIR(row["mode"]):
+        if stat.S_ISDIR(row.mode):
             raise err(errno.EISDIR)
-        if not stat.S_ISREG(row["mode"]):
+        if not stat.S_ISREG(row.mode):
             raise err(errno.EINVAL, "not a regular file")
         posix.require(row, cred, W)
         freed: list[int] = []
         if rec.flags & os.O_TRUNC:   # a new generation: other writers' uncommitted bytes never join it
             granted = self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, freed)
-            freed += self.new_generation(row["ino"], keep=granted["lease_id"])
-            if row["size"]:
+            freed += self.new_generation(row.ino, keep=granted["lease_id"])
+            if row.size:
                 freed += self._truncate(row, 0)
                 self.conn.execute("UPDATE inodes SET size=0, mtime_ns=?, ctime_ns=?, generation=generation+1,"
                                   " mode=? WHERE ino=?", (rec.now_ns, rec.now_ns,
-                                                          posix.clear_suid(row["mode"], cred), row["ino"]))
-                self.ufs_dirty(row["ino"], rec.now_ns)
-            return {**granted, "attr": self.inode(row["ino"]), "freed": freed}
+                                                          posix.clear_suid(row.mode, cred), row.ino))
+                self.ufs_dirty(row.ino, rec.now_ns)
+            return {**granted, "attr": self.inode(row.ino), "freed": freed}
         return self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, freed)
 
-    def _grant_lease(self, row: Row, client: str, now_ns: int, lease_ms: int, freed: list[int],
-                     soft: bool = False) -> Row:
+    def _grant_lease(self, row: InodeRow, client: str, now_ns: int, lease_ms: int, freed: list[int],
+                     soft: bool = False) -> Result:
         """A write lease of the client's own, beside any other clients' (its own live one
         is kept).  A soft lease, for the creator of a new file, leaves the file complete: it
         binds nobody until its first allocate or commit (_leased), so a file created and
         closed unwritten needs no commit -- the lease just lapses."""
-        now_ms, ino = now_ns // 1_000_000, row["ino"]
+        now_ms, ino = now_ns // 1_000_000, row.ino
         own = self.conn.execute("SELECT lease_id, hard FROM writers WHERE ino=? AND client=? AND expiry_ms > ?"
                                 " ORDER BY lease_id DESC LIMIT 1", (ino, client, now_ms)).fetchone()
         lease = own[0] if own is not None else self.counter("next_lease")
@@ -147,16 +148,16 @@ class FileOps(Store):
         return {"attr": self.inode(ino), "lease_id": lease, "lease_expiry_ms": expiry, "freed": freed,
                 "soft": not hard}
 
-    def _leased(self, rec: Allocate | Commit) -> Row:
+    def _leased(self, rec: Allocate | Commit) -> InodeRow:
         """The file under the caller's lease, which this use makes hard (the file incomplete).
         ESTALE when the lease is gone: lapsed, or ended by another client's truncation."""
         row = self.inode(rec.ino)
         hard = self.conn.execute("SELECT hard, client FROM writers WHERE lease_id=? AND ino=?",
                                  (rec.lease_id, rec.ino)).fetchone()
-        if hard is None and rec.lease_id and row["lease_id"] == rec.lease_id:   # granted before writers rows
+        if hard is None and rec.lease_id and row.lease_id == rec.lease_id:   # granted before writers rows
             self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
-                              (rec.lease_id, rec.ino, row["lease_client"], row["lease_expiry_ms"]))
-            hard = (0, row["lease_client"])
+                              (rec.lease_id, rec.ino, row.lease_client, row.lease_expiry_ms))
+            hard = (0, row.lease_client)
         if hard is None:
             raise err(errno.ESTALE, "write lease lost (expired, or the file was truncated by another writer "
                                     "meanwhile: its writes since its last commit are dropped); reopen the file")
@@ -169,7 +170,7 @@ class FileOps(Store):
         return row
 
     @applies(Allocate)
-    def op_allocate(self, rec: Allocate) -> Row:
+    def op_allocate(self, rec: Allocate) -> Result:
         row = self._leased(rec)
         count = rec.count
         if not 1 <= count <= 1024:
@@ -177,11 +178,11 @@ class FileOps(Store):
         first = self.counter("next_block", count)
         ids = list(range(first, first + count))
         self.conn.executemany("INSERT INTO pending_blocks(block_id, ino, lease_id) VALUES (?,?,?)",
-                              [(b, row["ino"], rec.lease_id) for b in ids])
-        return {"block_ids": ids, "block_size": row["block_size"], "replicas": row["replicas"]}
+                              [(b, row.ino, rec.lease_id) for b in ids])
+        return {"block_ids": ids, "block_size": row.block_size, "replicas": row.replicas}
 
     @applies(Commit)
-    def op_commit(self, rec: Commit) -> Row:
+    def op_commit(self, rec: Commit) -> Result:
         """Merge a writer's changes since its last commit; on release give up its lease.
 
         Per block slot, the last commit wins: each block replaces what its slot held, the
@@ -190,12 +191,12 @@ class FileOps(Store):
         a new generation, which ends every other writer's lease -- and its size is the
         writer's, exactly."""
         row = self._leased(rec)
-        ino, bs = row["ino"], row["block_size"] or self.default_block_size
+        ino, bs = row.ino, row.block_size or self.default_block_size
         freed: list[int] = []
         truncated = rec.truncate_to >= 0
         if truncated:
             freed += self._truncate(row, rec.truncate_to) + self.new_generation(ino, keep=rec.lease_id)
-        size = rec.size if truncated else self._merged_size(ino, bs, row["size"], rec)
+        size = rec.size if truncated else self._merged_size(ino, bs, row.size, rec)
         for b in rec.blocks:
             bid, idx = b.block_id, b.offset // bs
             if b.offset % bs or b.length > bs:
@@ -214,15 +215,15 @@ class FileOps(Store):
         freed += self._punch(ino, rec.holes)
         if truncated:   # (the writer's blocks end at its size; anything past it goes)
             freed += self._truncate(row, size)
-        if rec.blocks or rec.holes or size != row["size"] or rec.mtime_ns:
+        if rec.blocks or rec.holes or size != row.size or rec.mtime_ns:
             mtime = rec.mtime_ns or rec.now_ns
-            mode = posix.clear_suid(row["mode"], rec.cred) if rec.blocks or rec.holes else row["mode"]
+            mode = posix.clear_suid(row.mode, rec.cred) if rec.blocks or rec.holes else row.mode
             self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1, mode=?"
                               " WHERE ino=?", (size, mtime, rec.now_ns, mode, ino))
             self.ufs_dirty(ino, rec.now_ns)
         if rec.release:
             freed += self._release(ino, rec.lease_id)
-        return {"attr": self.inode(ino) if self._exists(ino) else {**row, "nlink": 0}, "freed": freed}
+        return {"attr": self.inode(ino) if self._exists(ino) else replace(row, nlink=0), "freed": freed}
 
     def _merged_size(self, ino: int, bs: int, old: int, rec: Commit) -> int:
         """The larger of the writer's size and the file's -- but when this commit replaces
@@ -261,12 +262,12 @@ class FileOps(Store):
         writer left goes."""
         self._summarize(ino)
         row = self.inode(ino)
-        if row["nlink"] == 0 and not row["lease_id"]:
+        if row.nlink == 0 and not row.lease_id:
             return self._delete_inode(ino)
         return []
 
     @applies(Renew)
-    def op_renew(self, rec: Renew) -> Row:
+    def op_renew(self, rec: Renew) -> Result:
         now_ms = rec.now_ns // 1_000_000
         expiry = now_ms + rec.lease_ms
         expired = []
@@ -281,7 +282,7 @@ class FileOps(Store):
         return {"expired": expired}
 
     @applies(ExpireLeases)
-    def op_expire_leases(self, rec: ExpireLeases) -> Row:
+    def op_expire_leases(self, rec: ExpireLeases) -> Result:
         """Release lapsed leases: soft ones all at once (nothing allocated under them),
         then up to EXPIRE_BATCH hard ones, then any granted by a master before writers rows."""
         now_ms = rec.now_ns // 1_000_000

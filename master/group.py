@@ -16,7 +16,7 @@ from curvine_py.common.config import MasterConfig
 from curvine_py.common.tls import Tls
 from curvine_py.master.journal import Journal
 from curvine_py.master.records import Record
-from curvine_py.master.store import Row
+from curvine_py.master.store import Result
 from curvine_py.pb import curvine_pb2 as pb
 
 
@@ -36,7 +36,7 @@ class Group(Protocol):
         """The leader's client address for a NotLeader ("" when none is known)."""
         ...
 
-    def submit(self, rec: Record) -> Row:
+    def submit(self, rec: Record) -> Result:
         """Make rec durable and applied; its result (the op's CurvineError raised)."""
         ...
 
@@ -63,7 +63,7 @@ class SoleMaster:
     def leader_address(self) -> str:
         return self.address
 
-    def submit(self, rec: Record) -> Row:
+    def submit(self, rec: Record) -> Result:
         return self.journal.submit(rec)
 
     def status(self) -> pb.MasterStatusReply:

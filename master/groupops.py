@@ -9,7 +9,7 @@ from __future__ import annotations
 from curvine_py.common.types import ROOT_INO
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import LeaderAnnounce, PruneOplog
-from curvine_py.master.store import Row, Store
+from curvine_py.master.store import Result, Store
 
 # Rows are appended in time order, so the expired ones are a prefix in seq order: find
 # the first row to keep by walking from the oldest (O(expired), not a scan of the log).
@@ -22,7 +22,7 @@ class GroupOps(Store):
     """op_leader_announce, op_prune_oplog."""
 
     @applies(LeaderAnnounce)
-    def op_leader_announce(self, rec: LeaderAnnounce) -> Row:
+    def op_leader_announce(self, rec: LeaderAnnounce) -> Result:
         """Where the leader of rec.term answers clients.  The group's first announcement also
         gives the root directory its times (every master created it with 0, see
         schema.init_db, so that their tables agree)."""
@@ -35,7 +35,7 @@ class GroupOps(Store):
         return {}
 
     @applies(PruneOplog)
-    def op_prune_oplog(self, rec: PruneOplog) -> Row:
+    def op_prune_oplog(self, rec: PruneOplog) -> Result:
         """Delete the oplog rows written before rec.before_ms (they are in the tables)."""
         return {"pruned": self.conn.execute(PRUNE, (rec.before_ms,)).rowcount}
 

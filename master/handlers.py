@@ -12,16 +12,16 @@ import functools
 from typing import Any, Callable, TypeVar
 
 from curvine_py.master.records import RECORDS, Record
-from curvine_py.master.store import Row
+from curvine_py.master.store import Result
 
 R = TypeVar("R", bound=Record)
-Handler = Callable[[Any, Any], Row]
+Handler = Callable[[Any, Any], Result]
 _MARK = "__applies__"
 
 
-def applies(record: type[R]) -> Callable[[Callable[[Any, R], Row]], Callable[[Any, R], Row]]:
+def applies(record: type[R]) -> Callable[[Callable[[Any, R], Result]], Callable[[Any, R], Result]]:
     """Mark an op method as the one that applies records of type record."""
-    def mark(fn: Callable[[Any, R], Row]) -> Callable[[Any, R], Row]:
+    def mark(fn: Callable[[Any, R], Result]) -> Callable[[Any, R], Result]:
         setattr(fn, _MARK, record)
         return fn
     return mark

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import operator
 import queue
 import sqlite3
 import threading
@@ -41,7 +42,7 @@ from curvine_py.master import metrics, schema
 from curvine_py.master.events import EventLog
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.records import Record, decode, json_default
-from curvine_py.master.store import ATTR_COLS, Row
+from curvine_py.master.store import INODE_FIELDS, InodeRow, Result
 
 log = logging.getLogger(__name__)
 Key = tuple[int, "str | None"]
@@ -72,7 +73,7 @@ class Journal:
     def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.conn: sqlite3.Connection = ns.conn
-        self._q: queue.SimpleQueue[tuple[Record, Future[Row]]] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Record, Future[Result]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stopped = False
         self.applied = 0
@@ -100,12 +101,12 @@ class Journal:
                 self._vacuum_conn.close()
                 self._vacuum_conn = None
 
-    def submit(self, rec: Record) -> Row:
+    def submit(self, rec: Record) -> Result:
         """Apply rec durably and return its result (raises the op's CurvineError).  A record
         not yet stamped (now_ns 0) gets the time of its submission."""
         if not rec.now_ns:
             rec = replace(rec, now_ns=time.time_ns())
-        fut: Future[Row] = Future()
+        fut: Future[Result] = Future()
         self._q.put((rec, fut))
         with self._lock:
             while not fut.done():   # another caller's batch may have applied ours already
@@ -119,8 +120,8 @@ class Journal:
                 self._apply_batch(batch)
         return fut.result()
 
-    def _take_batch(self) -> list[tuple[Record, Future[Row]]]:
-        batch: list[tuple[Record, Future[Row]]] = []
+    def _take_batch(self) -> list[tuple[Record, Future[Result]]]:
+        batch: list[tuple[Record, Future[Result]]] = []
         while len(batch) < MAX_BATCH:
             try:
                 batch.append(self._q.get_nowait())
@@ -139,8 +140,8 @@ class Journal:
                 schema.track_changes(self.conn)
                 self.on_change = on_change
 
-    def _apply_batch(self, batch: list[tuple[Record, Future[Row]]]) -> None:
-        outcomes: list[tuple[Future[Row], Any, list[Key], Record]] = []
+    def _apply_batch(self, batch: list[tuple[Record, Future[Result]]]) -> None:
+        outcomes: list[tuple[Future[Result], Any, list[Key], Record]] = []
         start = time.perf_counter()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
@@ -243,7 +244,7 @@ class Journal:
             self._remember(rid, rec.now_ns, result)
         return result
 
-    def _remember(self, rid: str, now_ns: int, result: Row) -> None:
+    def _remember(self, rid: str, now_ns: int, result: Result) -> None:
         """The retry cache's row of request rid: what its retry gets back."""
         args = (rid, now_ns // 1_000_000, encode_result(result))
         try:
@@ -293,22 +294,26 @@ class Journal:
         return self._vacuum_conn
 
 
-ATTR_KEYS = tuple(ATTR_COLS.split(", ")) + ("target",)
-_ATTR_SET = frozenset(ATTR_KEYS)
 PACKED_ATTR = "@a"
+_values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values, in INODE_FIELDS' order
+# What an older master's retry cache lacks: its rows had fewer columns (kv, allocated), or
+# were plain JSON objects (schema 1).
+_DEFAULTS: dict[str, Any] = {"complete": 1, "lease_client": "", "acl": None, "default_acl": None,
+                             "target": None}
+_FIXED = INODE_FIELDS.index("default_acl") + 1   # the leading columns every packed row has, in this order
 _encode = json.JSONEncoder(separators=(",", ":"), default=json_default).encode   # (json.dumps makes one a call)
 
 
 def encode_result(result: Any) -> str:
-    """A result as the retry cache keeps it: compact JSON where each inode's attributes (a
-    ``Store.inode`` row: most results carry one or two) are the list of their values in
-    ATTR_KEYS order, as ``{"@a": [...]}``: ~40% of the plain JSON (a create's 800 bytes)."""
+    """A result as the retry cache keeps it: compact JSON where each inode's attributes (an
+    InodeRow: most results carry one or two) are the list of their values in INODE_FIELDS
+    order, as ``{"@a": [...]}``: ~40% of the plain JSON (a create's 800 bytes)."""
     return _encode(_pack(result))
 
 
 def decode_result(text: str | None) -> Any:
-    """The result encode_result stored (plain JSON, as schema 1 stored it, decodes too);
-    a failed op's CurvineError."""
+    """The result encode_result stored (an InodeRow again where it held one; plain JSON, as
+    schema 1 stored it, decodes too); a failed op's CurvineError."""
     if text is None:
         return {}
     data = json.loads(text, object_hook=_unpack)
@@ -318,9 +323,9 @@ def decode_result(text: str | None) -> Any:
 
 
 def _pack(o: Any) -> Any:
+    if isinstance(o, InodeRow):
+        return {PACKED_ATTR: _values(o)}
     if isinstance(o, dict):
-        if len(o) == len(ATTR_KEYS) and o.keys() == _ATTR_SET:
-            return {PACKED_ATTR: [o[k] for k in ATTR_KEYS]}
         return {k: _pack(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [_pack(v) for v in o]
@@ -329,7 +334,18 @@ def _pack(o: Any) -> Any:
 
 def _unpack(d: dict[str, Any]) -> Any:
     if len(d) == 1 and PACKED_ATTR in d:
-        return dict(zip(ATTR_KEYS, d[PACKED_ATTR]))
+        return _packed_row(d[PACKED_ATTR])
     if len(d) == 1 and "__bytes" in d:   # json_default's bytes (an inode's ACL)
         return bytes.fromhex(d["__bytes"])
+    if "ino" in d and "nlink" in d and "ctime_ns" in d:   # schema 1's plain attributes
+        return InodeRow(*(d.get(k, _DEFAULTS.get(k, 0)) for k in INODE_FIELDS))
     return d
+
+
+def _packed_row(values: list[Any]) -> InodeRow:
+    """An InodeRow from its packed values; an older master's (fewer columns: the same
+    leading ones, target last) gets the defaults of those it lacked."""
+    if len(values) == len(INODE_FIELDS):
+        return InodeRow(*values)
+    lacked = [_DEFAULTS.get(k, 0) for k in INODE_FIELDS[_FIXED:-1]]
+    return InodeRow(*[*values[:_FIXED], *lacked, values[-1]])

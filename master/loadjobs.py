@@ -50,13 +50,13 @@ class LoadJobs:
     def start(self, cred: Cred, path: str, recursive: bool) -> pb.LoadJob:
         """Check the path now (a bad one fails the call), then load in the background."""
         row = self._ns().resolve(cred, path)
-        if stat.S_ISDIR(row["mode"]) and not recursive:
+        if stat.S_ISDIR(row.mode) and not recursive:
             raise err(errno.EISDIR, f"{path} is a directory (load it with -r)")
         job = pb.LoadJob(job_id=next(self._ids), path=path, state="running", started_ns=time.time_ns())
         with self._lock:
             self._jobs[job.job_id] = job
             self._trim()
-        threading.Thread(target=self._run, args=(job, cred, row["ino"]), name=f"load-{job.job_id}",
+        threading.Thread(target=self._run, args=(job, cred, row.ino), name=f"load-{job.job_id}",
                          daemon=True).start()
         return self.snapshot(job.job_id)
 
@@ -101,7 +101,7 @@ class LoadJobs:
         """Regular files at or below ino (UFS directories listed first when stale)."""
         ns = self._ns()
         row = ns.inode(ino)
-        if not stat.S_ISDIR(row["mode"]):
+        if not stat.S_ISDIR(row.mode):
             yield ino
             return
         todo = [ino]
@@ -112,20 +112,20 @@ class LoadJobs:
             while True:
                 rows = self._ns().readdir(cred, d, offset, 1000, False)
                 for r in rows:
-                    if stat.S_ISDIR(r["mode"]):
-                        todo.append(r["ino"])
-                    elif stat.S_ISREG(r["mode"]):
-                        yield r["ino"]
+                    if stat.S_ISDIR(r.mode):
+                        todo.append(r.ino)
+                    elif stat.S_ISREG(r.mode):
+                        yield r.ino
                 if len(rows) < 1000:
                     break
-                offset = rows[-1]["seq"]
+                offset = rows[-1].seq
 
     def _load_file(self, job: pb.LoadJob, ino: int) -> None:
         row, blocks, addrs = self.blocks_of(ino)
         missing = [b for b in blocks if b.ufs.load]
         with self._lock:
             job.files += 1
-            job.total_bytes += row["size"]
+            job.total_bytes += row.size
             job.loaded_bytes += sum(b.length for b in blocks if not b.ufs.load)
         self.note_read(ino)      # loaded = about to be used: recent in the LRU order
         by_target: dict[int, list[pb.BlockInfo]] = {}

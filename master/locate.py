@@ -138,10 +138,10 @@ class Locator:
                 paths: list[str], out: list[Found | int], fields: tuple[str, ...]) -> None:
         try:
             d = ns.resolve(cred, parent, True, self._fresh_dir)
-            if not stat.S_ISDIR(d["mode"]):
+            if not stat.S_ISDIR(d.mode):
                 raise err(errno.ENOTDIR)
             posix.require(d, cred, X)
-            self._fresh_dir(d["ino"])
+            self._fresh_dir(d.ino)
         except CurvineError as e:
             for i, _ in items:
                 out[i] = e.errno or errno.EIO
@@ -152,7 +152,7 @@ class Locator:
         cur.row_factory = None   # plain tuples: no Row, no dict per name
         for k in range(0, len(names), _CHUNK):
             part = names[k:k + _CHUNK]
-            for r in cur.execute(_NAMES[fields].format(",".join("?" * len(part))), (d["ino"], *part)):
+            for r in cur.execute(_NAMES[fields].format(",".join("?" * len(part))), (d.ino, *part)):
                 found[r[0]] = r[1:]
         for i, name in items:
             row = found.get(name)
@@ -168,7 +168,7 @@ class Locator:
             row = ns.resolve(cred, path, True, self._fresh_dir)
         except CurvineError as e:
             return e.errno or errno.EIO
-        return (*(row[f] for f in fields), row.get("complete", 1))
+        return (*(getattr(row, f) for f in fields), row.complete)
 
     # ------------------------------------------------------------------ where
     def holders(self, ns: Namespace, inos: Iterable[int]) -> dict[int, set[str]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 import stat
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from curvine_py.common.errors import err
@@ -32,7 +33,7 @@ from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.records import (
     Link, Mknod, Record, RegisterWorker, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink,
 )
-from curvine_py.master.store import ATTR_COLS, Row
+from curvine_py.master.store import INODE_FIELDS, InodeRow, Result, Row
 from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
@@ -43,10 +44,27 @@ MAX_PENDING_ASKED = 1024     # GetBlockLocations: pending block ids looked at pe
 _ACL_COLUMN = {acl.ACCESS: "acl", acl.DEFAULT: "default_acl"}   # where an inode keeps each ACL
 
 
-def _kept(keep: tuple[int, ...], victim: Row) -> bool:
+def _kept(keep: tuple[int, ...], victim: InodeRow) -> bool:
     """Would removing this name drop a file the caller has open (in keep)?  Then the
     caller hides it instead (UnlinkRequest.keep): only a regular file's last link counts."""
-    return bool(keep) and victim["ino"] in keep and stat.S_ISREG(victim["mode"]) and victim["nlink"] == 1
+    return bool(keep) and victim.ino in keep and stat.S_ISREG(victim.mode) and victim.nlink == 1
+
+
+@dataclass(slots=True, frozen=True)
+class DirEntry:
+    """One name of a listing (readdir): its inode and mode, and with plus its attributes."""
+    name: str
+    seq: int
+    ino: int
+    mode: int
+    attr: InodeRow | None
+
+
+# A listing's page: name, seq, then the inode's columns (plus) or its number and mode only.
+_READDIR_PLUS = ("SELECT d.name, d.seq, " + ", ".join(f"i.{c}" for c in INODE_FIELDS) +
+                 " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
+_READDIR = ("SELECT d.name, d.seq, d.ino, i.mode FROM dirents d JOIN inodes i ON i.ino = d.ino"
+            " WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
 
 
 class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
@@ -58,19 +76,19 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self.default_replicas = default_replicas
 
     # ------------------------------------------------------------------ apply
-    def apply(self, rec: Record) -> Row:
+    def apply(self, rec: Record) -> Result:
         """Apply one op record inside the caller's transaction; return its result."""
         cls: type = type(self)   # a plain type: mypy checks type(self) against Hashable as an instance
         return handlers(cls)[type(rec)](self, rec)
 
     # ------------------------------------------------------------------ reads
-    def lookup(self, cred: Cred, parent: int, name: str) -> Row:
+    def lookup(self, cred: Cred, parent: int, name: str) -> InodeRow:
         row, _ = self.lookup_in(cred, parent, name)
         if row is None:
             raise err(errno.ENOENT)
         return row
 
-    def lookup_in(self, cred: Cred, parent: int, name: str) -> tuple[Row | None, Row]:
+    def lookup_in(self, cred: Cred, parent: int, name: str) -> tuple[InodeRow | None, InodeRow]:
         """The named inode (None: no such name) and the directory, as it was checked."""
         d = self.dir_inode(parent)
         posix.require(d, cred, X)
@@ -82,7 +100,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return self.child(parent, name), d
 
     def resolve(self, cred: Cred, path: str, follow: bool = True,
-                before: Callable[[int], object] | None = None) -> Row:
+                before: Callable[[int], object] | None = None) -> InodeRow:
         """Walk an absolute path from the root, following symlinks (at most 40); before(dir)
         runs ahead of each lookup in dir (the master refreshes UFS listings there)."""
         if not path.startswith("/"):
@@ -95,54 +113,47 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         links = 0
         while todo:
             name = todo.pop()
-            if not stat.S_ISDIR(cur["mode"]):
+            if not stat.S_ISDIR(cur.mode):
                 raise err(errno.ENOTDIR)
             parent = cur
             if before is not None:
-                before(cur["ino"])
-            cur = self.lookup(cred, cur["ino"], name)
-            if stat.S_ISLNK(cur["mode"]) and (todo or follow):
+                before(cur.ino)
+            cur = self.lookup(cred, cur.ino, name)
+            if stat.S_ISLNK(cur.mode) and (todo or follow):
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise err(errno.ELOOP)
-                target = cur["target"] or ""
+                target = cur.target or ""
                 parts = [p for p in target.split("/") if p and p != "."]
                 todo.extend(reversed(parts))
                 cur = self.inode(ROOT_INO) if target.startswith("/") else parent
         return cur
 
-    def readdir(self, cred: Cred, ino: int, offset: int, limit: int, plus: bool) -> list[Row]:
+    def readdir(self, cred: Cred, ino: int, offset: int, limit: int, plus: bool) -> list[DirEntry]:
         d = self.dir_inode(ino)
         posix.require(d, cred, R)
         limit = max(1, min(limit or 1000, 10000))
         if plus:
-            rows = self.conn.execute(
-                f"SELECT d.name AS name, d.seq AS seq, {', '.join('i.' + c.strip() for c in ATTR_COLS.split(','))}"
-                " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>?"
-                " ORDER BY d.seq LIMIT ?", (ino, offset, limit))
-        else:
-            rows = self.conn.execute(
-                "SELECT d.name AS name, d.seq AS seq, d.ino AS ino, i.mode AS mode FROM dirents d"
-                " JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?",
-                (ino, offset, limit))
-        return [dict(r) for r in rows]
+            return [DirEntry(r[0], r[1], r[2], r[3], InodeRow(*r[2:]))
+                    for r in self.conn.execute(_READDIR_PLUS, (ino, offset, limit))]
+        return [DirEntry(r[0], r[1], r[2], r[3], None) for r in self.conn.execute(_READDIR, (ino, offset, limit))]
 
     def readlink(self, ino: int) -> str:
         row = self.inode(ino)
-        if not stat.S_ISLNK(row["mode"]):
+        if not stat.S_ISLNK(row.mode):
             raise err(errno.EINVAL, "not a symlink")
-        return row["target"] or ""
+        return row.target or ""
 
     def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
         row = self.inode(ino)
         self._xattr_access(row, cred, name, write=False)
         if name in acl.NAMES:
-            value = row[_ACL_COLUMN[name]]
+            value = getattr(row, _ACL_COLUMN[name])
             if not value:
                 raise err(errno.ENODATA)
             return bytes(value)
         if name == KV:
-            if not row["kv"]:
+            if not row.kv:
                 raise err(errno.ENODATA)
             return b"1"
         r = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
@@ -153,13 +164,13 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     def listxattr(self, cred: Cred, ino: int) -> list[str]:
         row = self.inode(ino)
         names = [r[0] for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
-        names += [name for name in acl.NAMES if row[_ACL_COLUMN[name]]]
-        names += [KV] if row["kv"] else []
+        names += [name for name in acl.NAMES if getattr(row, _ACL_COLUMN[name])]
+        names += [KV] if row.kv else []
         if not cred.root:
             names = [n for n in names if not n.startswith("trusted.")]
         return names
 
-    def file_blocks(self, ino: int) -> tuple[Row, list[Row]]:
+    def file_blocks(self, ino: int) -> tuple[InodeRow, list[Row]]:
         row = self.inode(ino)
         return row, self.blocks(ino)
 
@@ -182,7 +193,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return schema.count(self.conn, "count_dirs")
 
     # ------------------------------------------------------------------ helpers
-    def _xattr_access(self, row: Row, cred: Cred, name: str, write: bool) -> None:
+    def _xattr_access(self, row: InodeRow, cred: Cred, name: str, write: bool) -> None:
         if not name or len(name) > 255:
             raise err(errno.ERANGE if name else errno.EINVAL)
         ns = name.split(".", 1)[0]
@@ -190,21 +201,21 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             if not cred.root:
                 raise err(errno.EPERM)
         elif ns == "user":
-            if not (stat.S_ISREG(row["mode"]) or stat.S_ISDIR(row["mode"])):
+            if not (stat.S_ISREG(row.mode) or stat.S_ISDIR(row.mode)):
                 raise err(errno.EPERM)
             posix.require(row, cred, W if write else R)
         elif ns == "security":
             if write:
                 posix.require_owner(row, cred)
         elif name in acl.NAMES:
-            if stat.S_ISLNK(row["mode"]):
+            if stat.S_ISLNK(row.mode):
                 raise err(errno.EOPNOTSUPP, "symlinks have no ACLs")
             if write:
                 posix.require_owner(row, cred)
         else:   # system.* other than the ACLs: nothing here would enforce it, so it is not stored
             raise err(errno.EOPNOTSUPP, f"unsupported xattr {name!r}")
 
-    def _dirs(self, *inos: int) -> list[Row]:
+    def _dirs(self, *inos: int) -> list[InodeRow]:
         """The directories an op changed, as they now are (clients cache them)."""
         return [self.inode(i) for i in dict.fromkeys(inos)]
 
@@ -216,32 +227,32 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         seq = self.counter("next_seq")
         self.conn.execute("INSERT INTO dirents(parent, name, ino, seq) VALUES (?,?,?,?)", (parent, name, ino, seq))
 
-    def _writable_dir(self, cred: Cred, parent: int) -> Row:
+    def _writable_dir(self, cred: Cred, parent: int) -> InodeRow:
         d = self.dir_inode(parent)
-        if d["nlink"] == 0:
+        if d.nlink == 0:
             raise err(errno.ENOENT, "directory was removed")
         posix.require(d, cred, W | X)
         return d
 
-    def _drop_link(self, row: Row, now: int) -> list[int]:
+    def _drop_link(self, row: InodeRow, now: int) -> list[int]:
         """One name of row is gone: decrement nlink, delete the inode at zero. Returns freed blocks.
 
         A file under a hard write lease outlives its last name until the writer lets go;
         under a soft one (created, never written) it goes now: its writer has nothing to
         lose, and a later write of it fails with ESTALE, as on NFS."""
-        nlink = 0 if stat.S_ISDIR(row["mode"]) else row["nlink"] - 1
+        nlink = 0 if stat.S_ISDIR(row.mode) else row.nlink - 1
         if nlink > 0 or self._hard_lease(row):
-            self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row["ino"]))
+            self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row.ino))
             return []
-        return self._delete_inode(row["ino"])
+        return self._delete_inode(row.ino)
 
-    def _check_removable(self, cred: Cred, d: Row, victim: Row) -> None:
+    def _check_removable(self, cred: Cred, d: InodeRow, victim: InodeRow) -> None:
         if not posix.sticky_ok(d, victim, cred):
             raise err(errno.EPERM, "sticky directory")
 
     # ------------------------------------------------------------------ mutations
     @applies(Mknod)
-    def op_mknod(self, rec: Mknod) -> Row:
+    def op_mknod(self, rec: Mknod) -> Result:
         cred, now = rec.cred, rec.now_ns
         parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
@@ -250,9 +261,9 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if existing is not None:
             if rec.exclusive or not stat.S_ISREG(mode):
                 raise err(errno.EEXIST)
-            if stat.S_ISDIR(existing["mode"]):
+            if stat.S_ISDIR(existing.mode):
                 raise err(errno.EISDIR)   # open(O_CREAT) of a directory
-            if not stat.S_ISREG(existing["mode"]):
+            if not stat.S_ISREG(existing.mode):
                 raise err(errno.EEXIST)
             return {"attr": existing, "created": False}
         ftype = stat.S_IFMT(mode) or stat.S_IFREG
@@ -261,7 +272,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             raise err(errno.EINVAL, "bad file type")
         if ftype in (stat.S_IFCHR, stat.S_IFBLK) and not cred.root:
             raise err(errno.EPERM)
-        default = acl.stored(d["default_acl"]) if ftype != stat.S_IFLNK else None
+        default = acl.stored(d.default_acl) if ftype != stat.S_IFLNK else None
         if ftype == stat.S_IFLNK:
             perm = 0o777
         elif default is not None:   # POSIX.1e: the default ACL, not the umask, limits the mode
@@ -278,8 +289,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             if not target or len(target.encode("utf-8", "surrogateescape")) >= 4096:
                 raise err(errno.ENAMETOOLONG if target else errno.ENOENT)
         size = DIR_SIZE if ftype == stat.S_IFDIR else len(target.encode("utf-8", "surrogateescape")) if target else 0
-        block_size = rec.block_size or d["block_size"] or self.default_block_size
-        if d["kv"] and ftype == stat.S_IFREG and not rec.block_size:   # a KV chunk is one block
+        block_size = rec.block_size or d.block_size or self.default_block_size
+        if d.kv and ftype == stat.S_IFREG and not rec.block_size:   # a KV chunk is one block
             block_size = max(block_size, KV_BLOCK_SIZE)
         if rec.block_size and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
             raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
@@ -287,42 +298,42 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
             " block_size, replicas, target, acl, default_acl, kv) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
-             rec.rdev, block_size, d["replicas"] or self.default_replicas, target,
+             rec.rdev, block_size, d.replicas or self.default_replicas, target,
              access.to_bytes() if access is not None else None,
-             d["default_acl"] if ftype == stat.S_IFDIR else None,
-             d["kv"] if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0))
+             d.default_acl if ftype == stat.S_IFDIR else None,
+             d.kv if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0))
         self._add_entry(parent, name, ino)
         self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
         return {"attr": self.inode(ino), "created": True, "dirs": self._dirs(parent)}
 
     @applies(Link)
-    def op_link(self, rec: Link) -> Row:
+    def op_link(self, rec: Link) -> Result:
         cred, now = rec.cred, rec.now_ns
         posix.check_name(rec.new_name)
         row = self.inode(rec.ino)
-        if stat.S_ISDIR(row["mode"]):
+        if stat.S_ISDIR(row.mode):
             raise err(errno.EPERM, "hard links to directories are not allowed")
         self._writable_dir(cred, rec.new_parent)
         if self.child(rec.new_parent, rec.new_name) is not None:
             raise err(errno.EEXIST)
-        if row["nlink"] == 0:
+        if row.nlink == 0:
             raise err(errno.ENOENT)
-        self.ufs_linked(row["ino"], rec.new_parent)
-        self._add_entry(rec.new_parent, rec.new_name, row["ino"])
-        self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row["ino"]))
+        self.ufs_linked(row.ino, rec.new_parent)
+        self._add_entry(rec.new_parent, rec.new_name, row.ino)
+        self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row.ino))
         self._touch_dir(rec.new_parent, now)
-        return {"attr": self.inode(row["ino"]), "dirs": self._dirs(rec.new_parent)}
+        return {"attr": self.inode(row.ino), "dirs": self._dirs(rec.new_parent)}
 
     @applies(Unlink)
-    def op_unlink(self, rec: Unlink) -> Row:
+    def op_unlink(self, rec: Unlink) -> Result:
         cred, now = rec.cred, rec.now_ns
         posix.check_name(rec.name)
         d = self._writable_dir(cred, rec.parent)
         victim = self.child(rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
-        if stat.S_ISDIR(victim["mode"]):
+        if stat.S_ISDIR(victim.mode):
             raise err(errno.EISDIR)
         self._check_removable(cred, d, victim)
         if _kept(rec.keep, victim):
@@ -332,7 +343,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec.parent)}
 
     @applies(Rmdir)
-    def op_rmdir(self, rec: Rmdir) -> Row:
+    def op_rmdir(self, rec: Rmdir) -> Result:
         cred, now = rec.cred, rec.now_ns
         if rec.name == ".":
             raise err(errno.EINVAL)
@@ -343,14 +354,14 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         victim = self.child(rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
-        if not stat.S_ISDIR(victim["mode"]):
+        if not stat.S_ISDIR(victim.mode):
             raise err(errno.ENOTDIR)
-        if not self.is_empty_dir(victim["ino"]):
+        if not self.is_empty_dir(victim.ino):
             raise err(errno.ENOTEMPTY)
         self._check_removable(cred, d, victim)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
         self._touch_dir(rec.parent, now, -1)
-        return {"freed": self._delete_inode(victim["ino"]), "dirs": self._dirs(rec.parent)}
+        return {"freed": self._delete_inode(victim.ino), "dirs": self._dirs(rec.parent)}
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:
         """Is anc an ancestor of (or equal to) directory ino?"""
@@ -364,7 +375,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             seen += 1
 
     @applies(Rename)
-    def op_rename(self, rec: Rename) -> Row:
+    def op_rename(self, rec: Rename) -> Result:
         cred, now = rec.cred, rec.now_ns
         sp, sn, dp, dn, flags = rec.parent, rec.name, rec.new_parent, rec.new_name, rec.flags
         posix.check_name(sn)
@@ -381,11 +392,11 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             return self._exchange(cred, rec, src, dst, dd)
         if dst is not None and flags & RENAME_NOREPLACE:
             raise err(errno.EEXIST)
-        if dst is not None and dst["ino"] == src["ino"]:
+        if dst is not None and dst.ino == src.ino:
             return {"freed": [], "dirs": self._dirs(sp, dp)}
-        src_dir = stat.S_ISDIR(src["mode"])
+        src_dir = stat.S_ISDIR(src.mode)
         if src_dir:
-            if self._is_ancestor(src["ino"], dp):
+            if self._is_ancestor(src.ino, dp):
                 raise err(errno.EINVAL, "cannot move a directory into itself")
             if sp != dp:
                 posix.require(src, cred, W)
@@ -393,12 +404,12 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         freed: list[int] = []
         if dst is not None:
             self._check_removable(cred, dd, dst)
-            if src_dir and not stat.S_ISDIR(dst["mode"]):
+            if src_dir and not stat.S_ISDIR(dst.mode):
                 raise err(errno.ENOTDIR)
-            if not src_dir and stat.S_ISDIR(dst["mode"]):
+            if not src_dir and stat.S_ISDIR(dst.mode):
                 raise err(errno.EISDIR)
-            if stat.S_ISDIR(dst["mode"]):
-                if not self.is_empty_dir(dst["ino"]):
+            if stat.S_ISDIR(dst.mode):
+                if not self.is_empty_dir(dst.ino):
                     raise err(errno.ENOTEMPTY)
                 self._touch_dir(dp, now, -1)
             elif _kept(rec.keep, dst):
@@ -406,13 +417,13 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
             freed = self._drop_link(dst, now)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (sp, sn))
-        self._add_entry(dp, dn, src["ino"])
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src["ino"]))
+        self._add_entry(dp, dn, src.ino)
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src.ino))
         self._touch_dir(sp, now, -1 if src_dir and sp != dp else 0)
         self._touch_dir(dp, now, 1 if src_dir and sp != dp else 0)
         return {"freed": freed, "dirs": self._dirs(sp, dp)}
 
-    def _exchange(self, cred: Cred, rec: Rename, src: Row, dst: Row | None, dd: Row) -> Row:
+    def _exchange(self, cred: Cred, rec: Rename, src: InodeRow, dst: InodeRow | None, dd: InodeRow) -> Result:
         if dst is None:
             raise err(errno.ENOENT)
         self._check_removable(cred, dd, dst)
@@ -420,29 +431,29 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if self.ufs_dir(sp) is not None or self.ufs_dir(dp) is not None:
             raise err(errno.EXDEV, "RENAME_EXCHANGE under a UFS mount")
         for a, b in ((src, dp), (dst, sp)):
-            if stat.S_ISDIR(a["mode"]) and self._is_ancestor(a["ino"], b) and sp != dp:
+            if stat.S_ISDIR(a.mode) and self._is_ancestor(a.ino, b) and sp != dp:
                 raise err(errno.EINVAL, "cannot move a directory into itself")
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst["ino"], sp, rec.name))
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src["ino"], dp, rec.new_name))
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst.ino, sp, rec.name))
+        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src.ino, dp, rec.new_name))
         if sp != dp:
-            delta = int(stat.S_ISDIR(src["mode"])) - int(stat.S_ISDIR(dst["mode"]))
+            delta = int(stat.S_ISDIR(src.mode)) - int(stat.S_ISDIR(dst.mode))
             self._touch_dir(sp, now, -delta)
             self._touch_dir(dp, now, delta)
         else:
             self._touch_dir(sp, now)
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino IN (?, ?)", (now, src["ino"], dst["ino"]))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino IN (?, ?)", (now, src.ino, dst.ino))
         return {"freed": [], "dirs": self._dirs(sp, dp)}
 
     @applies(Setattr)
-    def op_setattr(self, rec: Setattr) -> Row:
+    def op_setattr(self, rec: Setattr) -> Result:
         cred, now, valid = rec.cred, rec.now_ns, rec.valid
         row = self.inode(rec.ino)
         sets: dict[str, Any] = {}
         freed: list[int] = []
-        mode = row["mode"]
+        mode = row.mode
         if valid & SETATTR_MODE:
-            if posix.only_clears_suid(row["mode"], rec.mode):
-                mode = (row["mode"] & ~0o7777) | (rec.mode & 0o7777)
+            if posix.only_clears_suid(row.mode, rec.mode):
+                mode = (row.mode & ~0o7777) | (rec.mode & 0o7777)
             else:
                 mode = posix.chmod_mode(row, cred, rec.mode)
         if valid & (SETATTR_UID | SETATTR_GID):
@@ -453,45 +464,45 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                 sets["uid"] = uid
             if gid is not None:
                 sets["gid"] = gid
-            if (uid is not None and uid != row["uid"]) or (gid is not None and gid != row["gid"]) or not cred.root:
+            if (uid is not None and uid != row.uid) or (gid is not None and gid != row.gid) or not cred.root:
                 mode = posix.clear_suid(mode)
         if valid & SETATTR_SIZE:
             freed = self._setsize(row, cred, rec)
-            self.ufs_dirty(row["ino"], now)
-            sets.update(size=rec.size, mtime_ns=now, generation=row["generation"] + 1)
-            if rec.size != row["size"] or not cred.root:
+            self.ufs_dirty(row.ino, now)
+            sets.update(size=rec.size, mtime_ns=now, generation=row.generation + 1)
+            if rec.size != row.size or not cred.root:
                 mode = posix.clear_suid(mode, cred)
         self._settimes(row, cred, rec, sets)
         sets["mode"] = mode
-        current = acl.stored(row["acl"])
+        current = acl.stored(row.acl)
         if current is not None and valid & SETATTR_MODE:   # chmod's group bits are the mask's
             sets["acl"] = current.chmod(mode).to_bytes()
         sets["ctime_ns"] = now
         cols = ", ".join(f"{k}=?" for k in sets)
-        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
-        return {"attr": self.inode(row["ino"]), "freed": freed}
+        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row.ino))
+        return {"attr": self.inode(row.ino), "freed": freed}
 
-    def _setsize(self, row: Row, cred: Cred, rec: Setattr) -> list[int]:
-        if stat.S_ISDIR(row["mode"]):
+    def _setsize(self, row: InodeRow, cred: Cred, rec: Setattr) -> list[int]:
+        if stat.S_ISDIR(row.mode):
             raise err(errno.EISDIR)
-        if not stat.S_ISREG(row["mode"]):
+        if not stat.S_ISREG(row.mode):
             raise err(errno.EINVAL)
         if rec.size < 0 or rec.size > 1 << 50:
             raise err(errno.EFBIG if rec.size > 0 else errno.EINVAL)
         posix.require(row, cred, W)
         # A truncation starts a new generation: other clients' writers lose their leases
         # (files.py new_generation), so none of their older writes joins the new content.
-        freed = self.new_generation(row["ino"], keep_client=rec.client_id) if rec.size < row["size"] else []
-        return freed + (self._truncate(row, rec.size) if rec.size < row["size"] else [])
+        freed = self.new_generation(row.ino, keep_client=rec.client_id) if rec.size < row.size else []
+        return freed + (self._truncate(row, rec.size) if rec.size < row.size else [])
 
-    def _settimes(self, row: Row, cred: Cred, rec: Setattr, sets: dict[str, Any]) -> None:
+    def _settimes(self, row: InodeRow, cred: Cred, rec: Setattr, sets: dict[str, Any]) -> None:
         valid, now = rec.valid, rec.now_ns
         explicit = valid & (SETATTR_ATIME | SETATTR_MTIME) and not valid & (SETATTR_ATIME_NOW | SETATTR_MTIME_NOW)
         if valid & (SETATTR_ATIME | SETATTR_MTIME | SETATTR_ATIME_NOW | SETATTR_MTIME_NOW):
-            if explicit and not (cred.root or cred.uid == row["uid"]):
+            if explicit and not (cred.root or cred.uid == row.uid):
                 raise err(errno.EPERM)
-            if not explicit and not (cred.root or cred.uid == row["uid"]
-                                     or posix.allowed(row["mode"], row["uid"], row["gid"], cred, W, row["acl"])):
+            if not explicit and not (cred.root or cred.uid == row.uid
+                                     or posix.allowed(row.mode, row.uid, row.gid, cred, W, row.acl)):
                 raise err(errno.EACCES)
         if valid & SETATTR_ATIME_NOW:
             sets["atime_ns"] = now
@@ -503,7 +514,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             sets["mtime_ns"] = rec.mtime_ns
 
     @applies(Setxattr)
-    def op_setxattr(self, rec: Setxattr) -> Row:
+    def op_setxattr(self, rec: Setxattr) -> Result:
         cred, name, value = rec.cred, rec.name, rec.value
         row = self.inode(rec.ino)
         self._xattr_access(row, cred, name, write=True)
@@ -515,33 +526,33 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             return self._set_kv(row, rec)
         if name in cachepolicy.POLICY_XATTRS:
             value = cachepolicy.normalize(name, value)
-        exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row["ino"], name)).fetchone()
+        exists = self.conn.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (row.ino, name)).fetchone()
         if rec.flags & XATTR_CREATE and exists:
             raise err(errno.EEXIST)
         if rec.flags & XATTR_REPLACE and not exists:
             raise err(errno.ENODATA)
-        self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)", (row["ino"], name, value))
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
+        self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)", (row.ino, name, value))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row.ino))
         return {}
 
-    def _set_kv(self, row: Row, rec: Setxattr) -> Row:
+    def _set_kv(self, row: InodeRow, rec: Setxattr) -> Result:
         """user.curvine.kv: kept in the inode (inodes.kv, Attr.kv) so that every lookup's
         reply tells a mount a file is a KV chunk; "0" clears it as removexattr does.  What
         is made under a directory later copies it (op_mknod); what is there stays as it is."""
         on = cachepolicy.normalize(KV, rec.value) == b"1"
-        if rec.flags & XATTR_CREATE and row["kv"]:
+        if rec.flags & XATTR_CREATE and row.kv:
             raise err(errno.EEXIST)
-        if rec.flags & XATTR_REPLACE and not row["kv"]:
+        if rec.flags & XATTR_REPLACE and not row.kv:
             raise err(errno.ENODATA)
-        self.conn.execute("UPDATE inodes SET kv=?, ctime_ns=? WHERE ino=?", (int(on), rec.now_ns, row["ino"]))
+        self.conn.execute("UPDATE inodes SET kv=?, ctime_ns=? WHERE ino=?", (int(on), rec.now_ns, row.ino))
         return {}
 
-    def _set_acl(self, row: Row, rec: Setxattr) -> Row:
+    def _set_acl(self, row: InodeRow, rec: Setxattr) -> Result:
         """setfacl: a valid ACL (else EINVAL) becomes the inode's.  An access ACL sets the
         mode's bits (owner, mask or owning group, other) and is kept only when it says more
         than they do; a default ACL only on a directory (EACCES elsewhere, as Linux).  An
         empty ACL removes it.  A caller outside the owning group (not root) drops setgid."""
-        column, exists = _ACL_COLUMN[rec.name], bool(row[_ACL_COLUMN[rec.name]])
+        column, exists = _ACL_COLUMN[rec.name], bool(getattr(row, _ACL_COLUMN[rec.name]))
         if rec.flags & XATTR_CREATE and exists:
             raise err(errno.EEXIST)
         if rec.flags & XATTR_REPLACE and not exists:
@@ -549,26 +560,26 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         parsed = acl.parse(bytes(rec.value))
         sets: dict[str, Any] = {"ctime_ns": rec.now_ns}
         if rec.name == acl.DEFAULT:
-            if not stat.S_ISDIR(row["mode"]):
+            if not stat.S_ISDIR(row.mode):
                 if parsed is not None:
                     raise err(errno.EACCES, "a default ACL is for directories only")
                 return {}
             sets[column] = parsed.to_bytes() if parsed is not None else None
         elif parsed is not None:
-            mode = (row["mode"] & ~0o777) | parsed.mode_bits()
-            if not rec.cred.root and not rec.cred.in_group(row["gid"]):
+            mode = (row.mode & ~0o777) | parsed.mode_bits()
+            if not rec.cred.root and not rec.cred.in_group(row.gid):
                 mode &= ~stat.S_ISGID
             sets.update(mode=mode, acl=None if parsed.minimal else parsed.to_bytes())
         else:
             sets[column] = None
         cols = ", ".join(f"{k}=?" for k in sets)
-        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row["ino"]))
+        self.conn.execute(f"UPDATE inodes SET {cols} WHERE ino=?", (*sets.values(), row.ino))
         return {}
 
     @applies(Removexattr)
-    def op_removexattr(self, rec: Removexattr) -> Row:
+    def op_removexattr(self, rec: Removexattr) -> Result:
         row = self.inode(rec.ino)
-        if rec.name == CAPABILITY_XATTR and not rec.cred.root and rec.cred.uid != row["uid"]:
+        if rec.name == CAPABILITY_XATTR and not rec.cred.root and rec.cred.uid != row.uid:
             # The kernel drops a file's capability at a write by someone without
             # CAP_FSETID (killpriv), asking the mount as that writer; it refuses the
             # removexattr call itself to anyone without CAP_SETFCAP before it gets here.
@@ -577,23 +588,23 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         else:
             self._xattr_access(row, rec.cred, rec.name, write=True)
         if rec.name in acl.NAMES:
-            if not row[_ACL_COLUMN[rec.name]]:
+            if not getattr(row, _ACL_COLUMN[rec.name]):
                 raise err(errno.ENODATA)
             self.conn.execute(f"UPDATE inodes SET {_ACL_COLUMN[rec.name]}=NULL, ctime_ns=? WHERE ino=?",
-                              (rec.now_ns, row["ino"]))
+                              (rec.now_ns, row.ino))
             return {}
         if rec.name == KV:
-            if not row["kv"]:
+            if not row.kv:
                 raise err(errno.ENODATA)
-            self.conn.execute("UPDATE inodes SET kv=0, ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
+            self.conn.execute("UPDATE inodes SET kv=0, ctime_ns=? WHERE ino=?", (rec.now_ns, row.ino))
             return {}
-        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row["ino"], rec.name)).rowcount == 0:
+        if self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (row.ino, rec.name)).rowcount == 0:
             raise err(errno.ENODATA)
-        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row["ino"]))
+        self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (rec.now_ns, row.ino))
         return {}
 
     @applies(RegisterWorker)
-    def op_register_worker(self, rec: RegisterWorker) -> Row:
+    def op_register_worker(self, rec: RegisterWorker) -> Result:
         r = self.conn.execute("SELECT worker_id FROM workers WHERE storage_id=?", (rec.storage_id,)).fetchone()
         if r is not None:
             self.conn.execute("UPDATE workers SET host=? WHERE storage_id=?", (rec.host, rec.storage_id))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from curvine_py.common.errors import err
 from curvine_py.common.types import NAME_MAX
 from curvine_py.master import acl as acls
+from curvine_py.master.store import InodeRow
 
 R, W, X = 4, 2, 1
 
@@ -50,22 +51,22 @@ def allowed(mode: int, uid: int, gid: int, cred: Cred, want: int, acl: bytes | N
     return perm & want == want
 
 
-def require(row: dict, cred: Cred, want: int) -> None:
-    if not allowed(row["mode"], row["uid"], row["gid"], cred, want, row.get("acl")):
+def require(row: InodeRow, cred: Cred, want: int) -> None:
+    if not allowed(row.mode, row.uid, row.gid, cred, want, row.acl):
         raise err(errno.EACCES)
 
 
-def require_owner(row: dict, cred: Cred) -> None:
+def require_owner(row: InodeRow, cred: Cred) -> None:
     """chmod, utimes with explicit times, xattrs of trusted.*: owner or root only."""
-    if not cred.root and cred.uid != row["uid"]:
+    if not cred.root and cred.uid != row.uid:
         raise err(errno.EPERM)
 
 
-def sticky_ok(dir_row: dict, victim: dict, cred: Cred) -> bool:
+def sticky_ok(dir_row: InodeRow, victim: InodeRow, cred: Cred) -> bool:
     """In a sticky directory only the file's owner, the directory's owner or root may remove it."""
-    if not dir_row["mode"] & stat.S_ISVTX or cred.root:
+    if not dir_row.mode & stat.S_ISVTX or cred.root:
         return True
-    return cred.uid in (victim["uid"], dir_row["uid"])
+    return cred.uid in (victim.uid, dir_row.uid)
 
 
 def check_name(name: str) -> None:
@@ -76,10 +77,10 @@ def check_name(name: str) -> None:
         raise err(errno.ENAMETOOLONG)
 
 
-def new_owner(parent: dict, cred: Cred, mode: int) -> tuple[int, int]:
+def new_owner(parent: InodeRow, cred: Cred, mode: int) -> tuple[int, int]:
     """(gid, mode) of a new inode: setgid directories pass on their group (and, to subdirectories, the bit)."""
-    if parent["mode"] & stat.S_ISGID:
-        gid = parent["gid"]
+    if parent.mode & stat.S_ISGID:
+        gid = parent.gid
         if stat.S_ISDIR(mode):
             mode |= stat.S_ISGID
         elif mode & stat.S_ISGID and not cred.root and not cred.in_group(gid):
@@ -89,23 +90,23 @@ def new_owner(parent: dict, cred: Cred, mode: int) -> tuple[int, int]:
     return gid, mode
 
 
-def chmod_mode(row: dict, cred: Cred, mode: int) -> int:
+def chmod_mode(row: InodeRow, cred: Cred, mode: int) -> int:
     """New permission bits for chmod; a non-root caller outside the group loses setgid."""
     require_owner(row, cred)
     mode &= 0o7777
-    if not cred.root and not cred.in_group(row["gid"]) and mode & stat.S_ISGID:
+    if not cred.root and not cred.in_group(row.gid) and mode & stat.S_ISGID:
         mode &= ~stat.S_ISGID
-    return (row["mode"] & ~0o7777) | mode
+    return (row.mode & ~0o7777) | mode
 
 
-def chown_check(row: dict, cred: Cred, uid: int | None, gid: int | None) -> None:
+def chown_check(row: InodeRow, cred: Cred, uid: int | None, gid: int | None) -> None:
     """Only root changes the owner; the owner may change the group to one of its own groups."""
     if cred.root:
         return
-    if uid is not None and uid != row["uid"]:
+    if uid is not None and uid != row.uid:
         raise err(errno.EPERM)
-    if gid is not None and gid != row["gid"]:
-        if cred.uid != row["uid"] or not cred.in_group(gid):
+    if gid is not None and gid != row.gid:
+        if cred.uid != row.uid or not cred.in_group(gid):
             raise err(errno.EPERM)
 
 

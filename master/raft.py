@@ -59,7 +59,7 @@ from curvine_py.master.group import client_address
 from curvine_py.master.journal import Journal
 from curvine_py.master.rafttls import transport_class
 from curvine_py.master.records import LeaderAnnounce, Record
-from curvine_py.master.store import Row
+from curvine_py.master.store import Result
 from curvine_py.pb import curvine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class RaftGroup:
         return ns
 
     # ------------------------------------------------------------------ records
-    def submit(self, rec: Record) -> Row:
+    def submit(self, rec: Record) -> Result:
         """Replicate rec and wait until it is committed and applied here; its result."""
         if not self.ready():
             raise NotLeader(self.leader_address())

@@ -22,8 +22,8 @@ and it must mean the same thing to a master of a later release.
   or given another meaning bumps the op's ``VERSION``, and ``_upgrade`` turns the older
   form into the current one.
 
-Results of applying a record are still plain dicts (``store.Row``); typing them is the
-next step.
+Results of applying a record are still plain dicts (``store.Result``), whose inodes are
+typed rows (``store.InodeRow``); typing the results themselves is the next step.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.locate import Locator
 from curvine_py.master.locks import LockCall, LockTable
 from curvine_py.master.namespace import Namespace
-from curvine_py.master.store import Row
+from curvine_py.master.store import InodeRow, Result, Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
     ROOT, Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
@@ -56,8 +56,6 @@ U64_MAX = (1 << 64) - 1
 PRUNE_EVERY_S = 10.0   # the housekeeping forgets retry-cache rows older than master.retry_cache_s this often
 #                        (or every master.retry_cache_s, when that is shorter)
 TRASH_SWEEP_S = 10.0   # the trash is looked at this often (or every half grace, if less)
-ATTR_FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
-               "block_size", "replicas", "generation")
 
 
 # a result's cache-session entries (MasterService.submit)
@@ -68,19 +66,17 @@ OWN_IN_REPLY = frozenset({"create", "mknod", "link", "unlink", "rmdir", "rename"
                           "open_write"})
 
 
-def own_change(result: Row) -> dict[str, Any]:
+def own_change(result: Result) -> dict[str, Any]:
     """A mutation reply's wait_seq and invalidated: what the caller's own session must
     forget (docs/wire.md "Cache sessions")."""
     return {"wait_seq": result.get(WAIT_SEQ, 0), "invalidated": cache_keys(result.get(OWN_KEYS, ()))}
 
 
-def to_attr(row: Row) -> pb.Attr:
-    a = pb.Attr(**{k: row[k] for k in ATTR_FIELDS})
-    a.allocated = row.get("allocated") or 0   # (a retry-cache row of an older master has none)
-    a.complete = bool(row.get("complete", 1))
-    a.acl = bool(row.get("acl"))
-    a.kv = bool(row.get("kv"))
-    return a
+def to_attr(row: InodeRow) -> pb.Attr:
+    return pb.Attr(ino=row.ino, mode=row.mode, uid=row.uid, gid=row.gid, size=row.size, nlink=row.nlink,
+                   atime_ns=row.atime_ns, mtime_ns=row.mtime_ns, ctime_ns=row.ctime_ns, rdev=row.rdev,
+                   block_size=row.block_size, replicas=row.replicas, generation=row.generation,
+                   allocated=row.allocated, complete=bool(row.complete), acl=bool(row.acl), kv=bool(row.kv))
 
 
 def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
@@ -221,7 +217,7 @@ class MasterService:
         """Every master answers, whatever its role (cv report's masters table)."""
         return self.group.status()
 
-    def submit(self, rec: Record, session: int = 0) -> Row:
+    def submit(self, rec: Record, session: int = 0) -> Result:
         """Apply rec; answered once the mounts that cached what it changed were told
         (master/sessions.py).  session: the caller's cache session, whose own push number
         and the change's epoch the result then carries (WAIT_SEQ, EPOCH)."""
@@ -240,7 +236,7 @@ class MasterService:
             self.sessions.wait_grace()   # a previous leader's mounts may still cache what it changed
         return result
 
-    def _looked_up(self, request: pb.LookupRequest, epoch: int, row: Row | None, d: Row,
+    def _looked_up(self, request: pb.LookupRequest, epoch: int, row: InodeRow | None, d: InodeRow,
                    under_ufs: bool) -> pb.AttrReply:
         """Lookup's reply (row None: the name is missing), with a lease when the caller's
         session may cache it (read at epoch): the name, the inode's attributes and the
@@ -251,12 +247,12 @@ class MasterService:
         search it, so the mount asks the master for each lookup in it it has not cached."""
         reply = pb.AttrReply(attr=to_attr(row) if row is not None else None)
         if request.caller.session and not under_ufs and request.name not in (".", ".."):
-            mode_key = not d.get("acl")
+            mode_key = not d.acl
             keys: list[Key] = [(request.parent, request.name)]
             if mode_key:
                 keys.append((request.parent, ""))
             if row is not None:
-                keys.append((row["ino"], None))
+                keys.append((row.ino, None))
             reply.lease_seq = self.sessions.grant(request.caller.session, keys, epoch)
             if reply.lease_seq and mode_key:
                 reply.parent.CopyFrom(to_attr(d))
@@ -272,7 +268,7 @@ class MasterService:
             if not ok:
                 self.sessions.deliver(*own)
 
-    def _mutation_lease(self, caller: pb.Caller, result: Row, name: tuple[int, str, int] | None = None,
+    def _mutation_lease(self, caller: pb.Caller, result: Result, name: tuple[int, str, int] | None = None,
                         more: list[Key] | None = None) -> tuple[int, list[Key]]:
         """What the caller's session may cache after its own mutation, as new as the
         mutation's epoch (nothing for a retried mutation's remembered result: it may be
@@ -358,7 +354,7 @@ class MasterService:
         replica is loaded by its placement targets (room-aware)."""
         ufs = pb.UfsRange(mount_id=f["mount_id"], key=f["ukey"], etag=f["etag"],
                           timeout_ms=int(self.cfg.ufs.timeout_s * 1000))
-        replicas = self.ns.inode(ino)["replicas"] or self.cfg.master.replicas
+        replicas = self.ns.inode(ino).replicas or self.cfg.master.replicas
         for info in infos:
             if f["state"] != PERSISTED and info.checksum:
                 continue
@@ -368,10 +364,10 @@ class MasterService:
                 info.ufs.load = True
                 info.workers.extend(self.capacity.place(info.block_id, replicas, info.length))
 
-    def file_blocks(self, ino: int) -> tuple[Row, list[pb.BlockInfo], list[pb.WorkerAddress]]:
+    def file_blocks(self, ino: int) -> tuple[InodeRow, list[pb.BlockInfo], list[pb.WorkerAddress]]:
         """A file's row and its blocks with read tokens (UFS loads and uploads)."""
         row, rows = self.ns.file_blocks(ino)
-        blocks, workers = self._blocks(rows, row["block_size"], READ, ino)
+        blocks, workers = self._blocks(rows, row.block_size, READ, ino)
         return row, blocks, workers
 
     def _block_info(self, b: Row, block_size: int, mode: str | None) -> pb.BlockInfo:
@@ -399,7 +395,7 @@ class MasterService:
     def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
         attr = result["attr"]
         mode = WRITE if result.get("lease_id") else READ
-        blocks, workers = self._blocks(self.ns.blocks(attr["ino"]), attr["block_size"], mode, attr["ino"])
+        blocks, workers = self._blocks(self.ns.blocks(attr.ino), attr.block_size, mode, attr.ino)
         return pb.OpenReply(attr=to_attr(attr), blocks=blocks, workers=workers,
                             lease_id=result.get("lease_id", 0), lease_expires_ms=result.get("lease_expiry_ms", 0),
                             dirs=dirs_of(result), soft_lease=bool(result.get("soft")), **own_change(result))
@@ -417,7 +413,7 @@ class MasterService:
             return reply
         a = reply.attr
         if request.one_block and a.complete and stat.S_ISREG(a.mode) and 0 < a.size <= a.block_size:
-            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R, row.get("acl")) else None
+            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred_of(request.caller), R, row.acl) else None
             reply.blocks.extend(self._block_info(b, a.block_size, mode) for b in self.ns.blocks(a.ino))
         return reply
 
@@ -441,8 +437,8 @@ class MasterService:
         if not request.offset:
             self.ufs.fresh_dir(request.ino)
         rows = self.ns.readdir(cred_of(request.caller), request.ino, request.offset, limit, request.plus)
-        entries = [pb.DirEntry(name=r["name"], ino=r["ino"], mode=r["mode"], offset=r["seq"],
-                               attr=to_attr(r) if request.plus else None) for r in rows]
+        entries = [pb.DirEntry(name=r.name, ino=r.ino, mode=r.mode, offset=r.seq,
+                               attr=to_attr(r.attr) if r.attr is not None else None) for r in rows]
         return pb.ReadDirReply(entries=entries, eof=len(rows) < min(limit, 10000))
 
     @handler
@@ -473,7 +469,7 @@ class MasterService:
                       mtime_ns=request.mtime_ns)
         result = self.submit(rec, request.caller.session)
         attr = result["attr"]
-        if request.valid & SETATTR_SIZE and not (attr["lease_id"] and not attr["complete"]):
+        if request.valid & SETATTR_SIZE and not (attr.lease_id and not attr.complete):
             self._persisted(request.ino)   # truncate(path), or of a file created unwritten: no close uploads it
         return pb.AttrReply(attr=to_attr(attr), **own_change(result))
 
@@ -487,14 +483,14 @@ class MasterService:
         result = self.submit(rec, request.caller.session)
         return self._made(request.caller, request.parent, request.name, result)
 
-    def _made(self, caller: pb.Caller, parent: int, name: str, result: Row) -> pb.AttrReply:
+    def _made(self, caller: pb.Caller, parent: int, name: str, result: Result) -> pb.AttrReply:
         """Mknod's and Link's reply: the new name may be cached at once by its maker, and
         a new directory's listing (empty: complete) and mode too (not when it has an
         access ACL, inherited: see _looked_up)."""
         attr = result["attr"]
-        ino = attr["ino"]
-        new_dir: list[Key] = [(ino, LISTING)] if stat.S_ISDIR(attr["mode"]) else []
-        if new_dir and not attr.get("acl"):
+        ino = attr.ino
+        new_dir: list[Key] = [(ino, LISTING)] if stat.S_ISDIR(attr.mode) else []
+        if new_dir and not attr.acl:
             new_dir.append((ino, ""))
         seq, granted = self._mutation_lease(caller, result, (parent, name, ino), new_dir)
         return pb.AttrReply(attr=to_attr(attr), dirs=dirs_of(result), **own_change(result),
@@ -507,11 +503,11 @@ class MasterService:
                      umask=request.umask, exclusive=request.exclusive, block_size=request.block_size,
                      flags=request.open_flags, lease_ms=self.lease_ms)
         result = self.submit(rec, request.caller.session)
-        if result.get("soft") and self._write_through(result["attr"]["ino"]):
-            self._persisted(result["attr"]["ino"])   # in the UFS at once: a close unwritten commits nothing
+        if result.get("soft") and self._write_through(result["attr"].ino):
+            self._persisted(result["attr"].ino)   # in the UFS at once: a close unwritten commits nothing
         reply = self._open_reply(result)
         seq, granted = self._mutation_lease(request.caller, result, (request.parent, request.name,
-                                                                     result["attr"]["ino"]))
+                                                                     result["attr"].ino))
         reply.lease_seq = seq
         reply.granted.extend(cache_keys(granted))
         return reply
@@ -530,7 +526,7 @@ class MasterService:
                                     keep=tuple(request.keep)), request.caller.session)
         return self._removed(request.caller, result)
 
-    def _removed(self, caller: pb.Caller, result: Row) -> pb.DirsReply:
+    def _removed(self, caller: pb.Caller, result: Result) -> pb.DirsReply:
         """Unlink's and Rmdir's reply: the complete listings the caller keeps."""
         seq, granted = self._mutation_lease(caller, result)
         return pb.DirsReply(dirs=dirs_of(result), kept=bool(result.get("kept")), **own_change(result),
@@ -540,7 +536,7 @@ class MasterService:
     def Rmdir(self, request: pb.UnlinkRequest) -> pb.DirsReply:
         child = self.ns.child(request.parent, request.name)
         if child is not None:
-            self.ufs.fresh_dir(child["ino"])   # names only the UFS has make it non-empty
+            self.ufs.fresh_dir(child.ino)   # names only the UFS has make it non-empty
         result = self.submit(Rmdir(**envelope(request.caller), parent=request.parent, name=request.name),
                              request.caller.session)
         self.ufs.rmdir(request.parent, request.name)
@@ -561,7 +557,7 @@ class MasterService:
             moved = self.ns.child(request.new_parent, request.new_name)
         if moved is not None and not reply.kept:   # (read after the commit: a later change's epoch denies it)
             seq, granted = self._mutation_lease(request.caller, result,
-                                                (request.new_parent, request.new_name, moved["ino"]))
+                                                (request.new_parent, request.new_name, moved.ino))
             if seq:
                 reply.lease_seq = seq
                 reply.attr.CopyFrom(to_attr(moved))
@@ -589,12 +585,12 @@ class MasterService:
                             lease_ms=self.lease_ms)
             return self._open_reply(self.submit(rec, request.caller.session))
         row = self.ns.inode(request.ino)
-        if stat.S_ISDIR(row["mode"]):
+        if stat.S_ISDIR(row.mode):
             raise err(errno.EISDIR)
         acc = request.flags & os.O_ACCMODE
         want = {os.O_RDONLY: R, os.O_WRONLY: W}.get(acc, R | W)
         posix.require(row, cred_of(request.caller), want)
-        self.evictor.note_read(row["ino"])
+        self.evictor.note_read(row.ino)
         return self._open_reply({"attr": row})
 
     @handler
@@ -667,7 +663,7 @@ class MasterService:
         writer = self.ns.is_writer(request.ino, request.lease_id, request.caller.client_id)
         if not writer:
             posix.require(row, cred_of(request.caller), R)
-        blocks, workers = self._blocks(rows, row["block_size"], READ, request.ino)
+        blocks, workers = self._blocks(rows, row.block_size, READ, request.ino)
         asked = list(request.pending) if writer else []
         pending = [pb.BlockInfo(block_id=bid, token=self.tokens.mint(bid, WRITE))
                    for bid in self.ns.pending_of(request.ino, request.lease_id, asked)]
@@ -811,17 +807,17 @@ class MasterService:
     def UfsStat(self, request: pb.PathRequest) -> pb.UfsStatReply:
         row = self.ns.resolve(cred_of(request.caller), request.path, request.follow_symlinks, self.ufs.fresh_dir)
         reply = pb.UfsStatReply(attr=to_attr(row))
-        f = self.ns.ufs_file(row["ino"])
+        f = self.ns.ufs_file(row.ino)
         if f is not None:
             m = self.ufs.get(f["mount_id"])
             state = f["state"]
-            if self.uploader.uploading(row["ino"]):
+            if self.uploader.uploading(row.ino):
                 state = "uploading"
             elif state == "pending":
                 state = "pending upload"
             elif state == "failed":
                 state = f"failed: {f['message']}"
-            cached = sum(b["length"] for b in self.ns.blocks(row["ino"]) if self.registry.replicas(b["block_id"]))
+            cached = sum(b["length"] for b in self.ns.blocks(row.ino) if self.registry.replicas(b["block_id"]))
             reply.ufs.CopyFrom(pb.UfsFile(mount_id=m.mount_id, uri=m.object_uri(f["ukey"]), state=state,
                                           cached_bytes=cached, etag=f["etag"]))
         return reply
@@ -838,9 +834,9 @@ class MasterService:
     def Free(self, request: pb.FreeRequest) -> pb.FreeReply:
         cred = cred_of(request.caller)
         row = self.ns.resolve(cred, request.path)
-        if stat.S_ISDIR(row["mode"]) and not request.recursive:
+        if stat.S_ISDIR(row.mode) and not request.recursive:
             raise err(errno.EISDIR, f"{request.path} is a directory (free it with -r)")
-        inos = [row["ino"]] if not stat.S_ISDIR(row["mode"]) else self.ns.files_below(row["ino"])
+        inos = [row.ino] if not stat.S_ISDIR(row.mode) else self.ns.files_below(row.ino)
         result = self.submit(UfsFree(inos=tuple(inos)))
         return pb.FreeReply(files=result["files"], bytes=result["bytes"], skipped=result["skipped"])
 
@@ -869,10 +865,10 @@ class MasterService:
         trash = self.ns.child(ROOT_INO, TRASH_NAME)
         if trash is None:
             return
-        names = [r[0] for r in self.ns.conn.execute("SELECT name FROM dirents WHERE parent=?", (trash["ino"],))]
+        names = [r[0] for r in self.ns.conn.execute("SELECT name FROM dirents WHERE parent=?", (trash.ino,))]
         for name in self.trash.stale(names):
             try:
-                self.submit(Unlink(cred=ROOT, request_id="", client_id="", now_ns=0, parent=trash["ino"], name=name))
+                self.submit(Unlink(cred=ROOT, request_id="", client_id="", now_ns=0, parent=trash.ino, name=name))
                 log.warning("trash: removed %s, kept by a client not heard for %.0f s (its mount died "
                             "with the file open)", name, self.trash.grace_s)
             except CurvineError as e:   # (removed meanwhile by its owner's last close)

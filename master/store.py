@@ -4,17 +4,56 @@ from __future__ import annotations
 import errno
 import sqlite3
 import stat
+from dataclasses import dataclass, fields
 from typing import Any
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import ROOT_INO
 
 Row = dict[str, Any]
-ATTR_COLS = ("ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev, block_size, "
-             "replicas, complete, generation, lease_id, lease_client, lease_expiry_ms, acl, default_acl, kv, allocated")
+"""A row of another table as a dict (the ufs_* tables' rows)."""
+Result = dict[str, Any]
+"""What applying an op record returns (its caller's answer, and the retry cache's)."""
+
+
+@dataclass(slots=True, frozen=True)
+class InodeRow:
+    """One ``inodes`` row as the master's handlers read it: a typed, immutable value (a
+    change goes through SQL, never through the row; ``dataclasses.replace`` makes a copy
+    with a field changed).  Built positionally from the SELECT's tuple (``InodeRow(*r)``,
+    INODE_COLS' order): no dict per row; the journal's retry cache stores it as the list
+    of its values (journal.encode_result)."""
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    nlink: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    rdev: int
+    block_size: int
+    replicas: int
+    complete: int
+    generation: int
+    lease_id: int
+    lease_client: str
+    lease_expiry_ms: int
+    acl: bytes | None
+    default_acl: bytes | None
+    kv: int
+    allocated: int
+    target: str | None
+
+
+INODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(InodeRow))
+"""The inodes columns an InodeRow holds, in its fields' order: every SELECT of one uses it."""
+INODE_COLS = ", ".join(INODE_FIELDS)
 # A name's inode in one statement (a lookup, and every mutation's checks of its names).
-CHILD = ("SELECT " + ", ".join(f"i.{c.strip()}" for c in ATTR_COLS.split(",")) + ", i.target"
+CHILD = ("SELECT " + ", ".join(f"i.{c}" for c in INODE_FIELDS) +
          " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name=?")
+INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino=?"
 # UPDATE ... RETURNING (SQLite 3.35+) takes a counter's values in one statement, not two.
 RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
@@ -38,18 +77,19 @@ class Store:
         r = self.conn.execute(sql, args).fetchone()
         return dict(r) if r is not None else None
 
-    def inode(self, ino: int) -> Row:
-        row = self.q1(f"SELECT {ATTR_COLS}, target FROM inodes WHERE ino=?", (ino,))
-        if row is None:
+    def inode(self, ino: int) -> InodeRow:
+        r = self.conn.execute(INODE, (ino,)).fetchone()
+        if r is None:
             raise err(errno.ENOENT, f"no inode {ino}")
-        return row
+        return InodeRow(*r)
 
-    def child(self, parent: int, name: str) -> Row | None:
-        return self.q1(CHILD, (parent, name))
+    def child(self, parent: int, name: str) -> InodeRow | None:
+        r = self.conn.execute(CHILD, (parent, name)).fetchone()
+        return InodeRow(*r) if r is not None else None
 
-    def dir_inode(self, ino: int) -> Row:
+    def dir_inode(self, ino: int) -> InodeRow:
         row = self.inode(ino)
-        if not stat.S_ISDIR(row["mode"]):
+        if not stat.S_ISDIR(row.mode):
             raise err(errno.ENOTDIR)
         return row
 

@@ -117,14 +117,14 @@ class UfsMounts:
         """The mount point's inode; missing directories on the way are made (mkdir -p)."""
         row = self._ns().inode(ROOT_INO)
         for name in [p for p in path.split("/") if p]:
-            child = self._ns().lookup(cred, row["ino"], name) if self._ns().child(row["ino"], name) else None
+            child = self._ns().lookup(cred, row.ino, name) if self._ns().child(row.ino, name) else None
             if child is None:
-                child = self.submit(Mknod(cred=cred, parent=row["ino"], name=name, mode=stat.S_IFDIR | 0o755,
+                child = self.submit(Mknod(cred=cred, parent=row.ino, name=name, mode=stat.S_IFDIR | 0o755,
                                           umask=0, exclusive=True))["attr"]
             row = child
-            if not stat.S_ISDIR(row["mode"]):
+            if not stat.S_ISDIR(row.mode):
                 raise err(errno.ENOTDIR, f"{path}: {name} is not a directory")
-        return row["ino"]
+        return row.ino
 
     def umount(self, path: str, force: bool) -> list[int]:
         result = self.submit(UfsUmount(path="/" + path.strip("/"), force=force))
@@ -255,7 +255,7 @@ class UfsMounts:
         """The mount and key of an existing file whose object is in the UFS (None otherwise)."""
         ns = self._ns()
         row = ns.child(parent, name)
-        f = ns.ufs_file(row["ino"]) if row is not None and stat.S_ISREG(row["mode"]) else None
+        f = ns.ufs_file(row.ino) if row is not None and stat.S_ISREG(row.mode) else None
         if f is None or not f["etag"]:
             return None
         return self.get(f["mount_id"]), f["ukey"]
@@ -286,9 +286,9 @@ class UfsMounts:
             raise
         store.delete(src[1])
         if row is not None:
-            f = self._ns().ufs_file(row["ino"])
+            f = self._ns().ufs_file(row.ino)
             if f is not None and f["state"] == PERSISTED:
-                cur = self._ns().inode(row["ino"])
-                self.submit(UfsState(ino=row["ino"], generation=cur["generation"], key=dst[1], etag=info.etag,
+                cur = self._ns().inode(row.ino)
+                self.submit(UfsState(ino=row.ino, generation=cur.generation, key=dst[1], etag=info.etag,
                                      mtime_ns=info.mtime_ns))
         return result

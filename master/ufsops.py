@@ -24,7 +24,7 @@ from curvine_py.common.policy import TTL
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
-from curvine_py.master.store import Row, Store
+from curvine_py.master.store import InodeRow, Result, Row, Store
 
 PERSISTED, PENDING, FAILED = "persisted", "pending", "failed"
 FILE_MODE, DIR_MODE = stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755
@@ -43,7 +43,7 @@ class UfsOps(Store):
     if typing.TYPE_CHECKING:   # namespace.py's and files.py's, mixed into Namespace with these ops
         def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None: ...
         def _add_entry(self, parent: int, name: str, ino: int) -> None: ...
-        def _drop_link(self, row: Row, now: int) -> list[int]: ...
+        def _drop_link(self, row: InodeRow, now: int) -> list[int]: ...
         def _exists(self, ino: int) -> bool: ...
 
     # ------------------------------------------------------------------ lookups
@@ -67,7 +67,7 @@ class UfsOps(Store):
 
     # ------------------------------------------------------------------ mount table
     @applies(UfsMount)
-    def op_ufs_mount(self, rec: UfsMount) -> Row:
+    def op_ufs_mount(self, rec: UfsMount) -> Result:
         """Make the (empty or new) directory rec.path the root of a UFS mount."""
         ino = rec.ino
         self.dir_inode(ino)
@@ -101,7 +101,7 @@ class UfsOps(Store):
         return False
 
     @applies(UfsUmount)
-    def op_ufs_umount(self, rec: UfsUmount) -> Row:
+    def op_ufs_umount(self, rec: UfsUmount) -> Result:
         """Drop a mount and everything cached under it; the UFS is never touched.  Files not
         yet uploaded are refused unless rec.force (they would be lost)."""
         m = self.q1("SELECT * FROM ufs_mounts WHERE path=?", (rec.path,))
@@ -122,7 +122,7 @@ class UfsOps(Store):
         freed: list[int] = []
         for name, child in self.conn.execute("SELECT name, ino FROM dirents WHERE parent=?", (ino,)).fetchall():
             row = self.inode(child)
-            if stat.S_ISDIR(row["mode"]):
+            if stat.S_ISDIR(row.mode):
                 freed += self._clear_dir(child, now)
                 self._touch_dir(ino, now, -1)
             self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (ino, name))
@@ -131,7 +131,7 @@ class UfsOps(Store):
 
     # ------------------------------------------------------------------ what the UFS said
     @applies(UfsSyncDir)
-    def op_ufs_sync_dir(self, rec: UfsSyncDir) -> Row:
+    def op_ufs_sync_dir(self, rec: UfsSyncDir) -> Result:
         """Reconcile directory rec.ino with its UFS listing rec.entries: new names appear,
         changed objects get fresh blocks, names whose object is gone go (files with unsent
         data stay)."""
@@ -150,40 +150,40 @@ class UfsOps(Store):
         self.conn.execute("UPDATE ufs_dirs SET listed_ns=? WHERE ino=?", (now, ino))
         return {"freed": freed}
 
-    def _sync_entry(self, d: Row, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
+    def _sync_entry(self, d: InodeRow, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
                     now: int) -> list[int]:
-        row = self.child(d["ino"], name)
+        row = self.child(d.ino, name)
         if row is None:
             self._adopt(d, u, name, is_dir, size, mtime_ns, etag, now)
             return []
-        if not is_dir and stat.S_ISREG(row["mode"]):
-            f = self.ufs_file(row["ino"])
-            if f is not None and f["state"] == PERSISTED and f["etag"] != etag and not row["lease_id"]:
+        if not is_dir and stat.S_ISREG(row.mode):
+            f = self.ufs_file(row.ino)
+            if f is not None and f["state"] == PERSISTED and f["etag"] != etag and not row.lease_id:
                 return self._replace_data(row, size, mtime_ns, etag, now)
             if f is not None:
-                self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row["ino"]))
+                self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row.ino))
         return []
 
-    def _adopt(self, d: Row, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
+    def _adopt(self, d: InodeRow, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
                now: int) -> int:
         """A name the UFS has and the pool did not: a file with uncached blocks, or a directory."""
         ino = self.counter("next_ino")
         mode = DIR_MODE if is_dir else FILE_MODE
-        bs = d["block_size"] or self.default_block_size
+        bs = d.block_size or self.default_block_size
         mtime = mtime_ns or now
         self.conn.execute(
             "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, block_size, replicas)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (ino, mode, d["uid"], d["gid"], DIR_SIZE if is_dir else size, 2 if is_dir else 1, mtime, mtime, now,
-             bs, d["replicas"] or self.default_replicas))
-        self._add_entry(d["ino"], name, ino)
+            (ino, mode, d.uid, d.gid, DIR_SIZE if is_dir else size, 2 if is_dir else 1, mtime, mtime, now,
+             bs, d.replicas or self.default_replicas))
+        self._add_entry(d.ino, name, ino)
         key = child_key(u["ukey"], name)
         if is_dir:
-            self._touch_dir(d["ino"], now, 1)
+            self._touch_dir(d.ino, now, 1)
             self.conn.execute("INSERT INTO ufs_dirs(ino, mount_id, ukey, listed_ns) VALUES (?,?,?,0)",
                               (ino, u["mount_id"], key))
         else:
-            self._touch_dir(d["ino"], now)
+            self._touch_dir(d.ino, now)
             self._cut_blocks(ino, size, bs)
             self.conn.execute(
                 "INSERT INTO ufs_files(ino, mount_id, ukey, state, etag, ufs_size, ufs_mtime_ns, checked_ns)"
@@ -200,29 +200,29 @@ class UfsOps(Store):
         self.conn.executemany("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,0)",
                               [(ino, i, first + i, min(bs, size - i * bs)) for i in range(count)])
 
-    def _replace_data(self, row: Row, size: int, mtime_ns: int, etag: str, now: int) -> list[int]:
+    def _replace_data(self, row: InodeRow, size: int, mtime_ns: int, etag: str, now: int) -> list[int]:
         """The object changed behind our back: drop the cached blocks, cut new ones."""
-        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM blocks WHERE ino=?", (row["ino"],))]
-        self.conn.execute("DELETE FROM blocks WHERE ino=?", (row["ino"],))
-        self._cut_blocks(row["ino"], size, row["block_size"] or self.default_block_size)
+        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM blocks WHERE ino=?", (row.ino,))]
+        self.conn.execute("DELETE FROM blocks WHERE ino=?", (row.ino,))
+        self._cut_blocks(row.ino, size, row.block_size or self.default_block_size)
         self.conn.execute("UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=?, generation=generation+1 WHERE ino=?",
-                          (size, mtime_ns or now, now, row["ino"]))
+                          (size, mtime_ns or now, now, row.ino))
         self.conn.execute("UPDATE ufs_files SET etag=?, ufs_size=?, ufs_mtime_ns=?, checked_ns=? WHERE ino=?",
-                          (etag, size, mtime_ns, now, row["ino"]))
+                          (etag, size, mtime_ns, now, row.ino))
         return freed
 
     def _vanished(self, parent: int, name: str, ino: int, now: int) -> list[int]:
         """A name the pool has and the UFS listing does not: gone behind our back, unless it
         holds data the UFS never got (pending uploads, a directory made here)."""
         row = self.inode(ino)
-        if stat.S_ISDIR(row["mode"]):
+        if stat.S_ISDIR(row.mode):
             if not self._all_persisted(ino):
                 return []
             freed = self._clear_dir(ino, now)
             self._touch_dir(parent, now, -1)
         else:
             f = self.ufs_file(ino)
-            if f is None or f["state"] != PERSISTED or row["lease_id"]:
+            if f is None or f["state"] != PERSISTED or row.lease_id:
                 return []
             self._touch_dir(parent, now)
             freed = []
@@ -233,7 +233,7 @@ class UfsOps(Store):
         """Does nothing below directory ino hold data or names the UFS lacks?"""
         for (child,) in self.conn.execute("SELECT ino FROM dirents WHERE parent=?", (ino,)).fetchall():
             row = self.inode(child)
-            if stat.S_ISDIR(row["mode"]):
+            if stat.S_ISDIR(row.mode):
                 if not self._all_persisted(child):
                     return False
             else:
@@ -243,29 +243,29 @@ class UfsOps(Store):
         return True
 
     @applies(UfsRefresh)
-    def op_ufs_refresh(self, rec: UfsRefresh) -> Row:
+    def op_ufs_refresh(self, rec: UfsRefresh) -> Result:
         """An open found the file's object changed (rec.gone: deleted) after its TTL."""
         row = self.inode(rec.ino)
         f = self.ufs_file(rec.ino)
-        if f is None or f["state"] != PERSISTED or row["lease_id"]:
+        if f is None or f["state"] != PERSISTED or row.lease_id:
             return {"freed": []}
         now = rec.now_ns
         if rec.gone:
             freed: list[int] = []
             for parent, name in self.conn.execute("SELECT parent, name FROM dirents WHERE ino=?",
-                                                  (row["ino"],)).fetchall():
+                                                  (row.ino,)).fetchall():
                 self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (parent, name))
                 self._touch_dir(parent, now)
-                freed += self._drop_link(self.inode(row["ino"]), now) if self._exists(row["ino"]) else []
+                freed += self._drop_link(self.inode(row.ino), now) if self._exists(row.ino) else []
             return {"freed": freed, "gone": True}
         if f["etag"] == rec.etag:
-            self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row["ino"]))
+            self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row.ino))
             return {"freed": []}
         return {"freed": self._replace_data(row, rec.size, rec.mtime_ns, rec.etag, now)}
 
     # ------------------------------------------------------------------ uploads
     @applies(UfsState)
-    def op_ufs_state(self, rec: UfsState) -> Row:
+    def op_ufs_state(self, rec: UfsState) -> Result:
         """An upload of generation rec.generation to rec.key ended (rec.etag set) or failed
         (rec.message).  A file changed, renamed or removed meanwhile stays pending (its new
         state is uploaded next) and "stale" tells the uploader so."""
@@ -273,12 +273,12 @@ class UfsOps(Store):
         if f is None or not self._exists(rec.ino):
             return {"stale": True}
         row = self.inode(rec.ino)
-        if row["generation"] != rec.generation or f["ukey"] != rec.key or row["lease_id"] and not row["complete"]:
+        if row.generation != rec.generation or f["ukey"] != rec.key or row.lease_id and not row.complete:
             return {"stale": True}
         if rec.etag is not None:
             self.conn.execute("UPDATE ufs_files SET state=?, etag=?, ufs_size=?, ufs_mtime_ns=?, checked_ns=?,"
                               " message='', attempts=0 WHERE ino=?",
-                              (PERSISTED, rec.etag, row["size"], rec.mtime_ns, rec.now_ns, rec.ino))
+                              (PERSISTED, rec.etag, row.size, rec.mtime_ns, rec.now_ns, rec.ino))
         else:
             self.conn.execute("UPDATE ufs_files SET state=?, message=?, attempts=attempts+1 WHERE ino=?",
                               (FAILED if rec.final else PENDING, rec.message[:500], rec.ino))
@@ -304,7 +304,7 @@ class UfsOps(Store):
         else:
             raise err(errno.EOPNOTSUPP, "a UFS mount holds only regular files and directories")
 
-    def ufs_renamed(self, src: Row, sp: int, dp: int, dn: str) -> None:
+    def ufs_renamed(self, src: InodeRow, sp: int, dp: int, dn: str) -> None:
         """Check a rename against the UFS mounts and move the file's key.  Within one mount
         a file moves; a directory (every object under it would move: S3 has no rename) and
         anything crossing a mount's edge is EXDEV, which mv answers by copying."""
@@ -313,19 +313,19 @@ class UfsOps(Store):
             return
         if su is None or du is None or su["mount_id"] != du["mount_id"]:
             raise err(errno.EXDEV, "rename across a UFS mount's edge")
-        if stat.S_ISDIR(src["mode"]):
+        if stat.S_ISDIR(src.mode):
             raise err(errno.EXDEV, "directories under a UFS mount are not renamed (copy them)")
-        self.conn.execute("UPDATE ufs_files SET ukey=? WHERE ino=?", (child_key(du["ukey"], dn), src["ino"]))
-        self._inherit_object(src["ino"], self.child(dp, dn))
+        self.conn.execute("UPDATE ufs_files SET ukey=? WHERE ino=?", (child_key(du["ukey"], dn), src.ino))
+        self._inherit_object(src.ino, self.child(dp, dn))
 
-    def _inherit_object(self, ino: int, replaced: Row | None) -> None:
+    def _inherit_object(self, ino: int, replaced: InodeRow | None) -> None:
         """A file not in the UFS yet (pending, no etag) moved onto one that is: the replaced
         file's object stays at the key until this file's upload replaces it, so this file
         now owns it (its etag): an unlink before that upload deletes it, where it would
         otherwise stay in the UFS and the name come back at the next listing."""
-        if replaced is None or replaced["ino"] == ino or not stat.S_ISREG(replaced["mode"]):
+        if replaced is None or replaced.ino == ino or not stat.S_ISREG(replaced.mode):
             return
-        old, f = self.ufs_file(replaced["ino"]), self.ufs_file(ino)
+        old, f = self.ufs_file(replaced.ino), self.ufs_file(ino)
         if old is None or not old["etag"] or f is None or f["etag"]:
             return
         self.conn.execute("UPDATE ufs_files SET etag=?, ufs_size=?, ufs_mtime_ns=? WHERE ino=?",
@@ -355,7 +355,7 @@ class UfsOps(Store):
         return [r[1] for r in rows]
 
     @applies(UfsFree)
-    def op_ufs_free(self, rec: UfsFree) -> Row:
+    def op_ufs_free(self, rec: UfsFree) -> Result:
         """cv fs free: drop the cached blocks of rec.inos (persisted UFS files only)."""
         freed: list[int] = []
         files = skipped = nbytes = 0
@@ -364,7 +364,7 @@ class UfsOps(Store):
             if f is None or f["state"] != PERSISTED:
                 skipped += 1          # its only copy is in the pool: freeing it would lose it
                 continue
-            nbytes += self.inode(ino)["size"]
+            nbytes += self.inode(ino).size
             freed += self.ufs_free_blocks(ino) or []
             files += 1
         return {"freed": freed, "files": files, "skipped": skipped, "bytes": nbytes}

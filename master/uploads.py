@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Callable
 
 import grpc
 
@@ -30,6 +30,7 @@ from curvine_py.common.errors import CurvineError, err, from_rpc_error
 from curvine_py.master import metrics
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.records import Submit, UfsState
+from curvine_py.master.store import InodeRow
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PENDING, PERSISTED
 from curvine_py.master.workerrpc import WorkerClients
@@ -40,7 +41,7 @@ SCAN_S = 0.5
 MIN_RATE = 20 << 20       # bytes/s an upload is allowed at least, for its deadline
 
 # (row, blocks with READ tokens, their workers' addresses) of a file
-BlocksOf = Callable[[int], tuple[dict[str, Any], list[pb.BlockInfo], list[pb.WorkerAddress]]]
+BlocksOf = Callable[[int], tuple[InodeRow, list[pb.BlockInfo], list[pb.WorkerAddress]]]
 
 
 class Uploader:
@@ -117,13 +118,13 @@ class Uploader:
         if f is None or f["state"] == PERSISTED or (f["state"] != PENDING and not final):
             return   # uploaded already (a retried close), or failed for good
         row, blocks, addrs = self.blocks_of(ino)
-        key, generation = f["ukey"], row["generation"]
+        key, generation = f["ukey"], row.generation
         m = self.mounts.get(f["mount_id"])
         try:
             if any(b.ufs.load for b in blocks):   # slots not rewritten and not cached: the old object's
                 self._load(blocks, addrs)
                 row, blocks, addrs = self.blocks_of(ino)
-            reply = self._send(m.mount_id, key, row["size"], blocks, addrs)
+            reply = self._send(m.mount_id, key, row.size, blocks, addrs)
         except CurvineError as e:
             self.failures += 1
             metrics.UFS_UPLOADS.labels("failed").inc()
@@ -202,8 +203,8 @@ class Uploader:
             if f["dirty_ns"] + delay_ns > now_ns or self._next_try.get(ino, 0.0) > now or self.uploading(ino) \
                     or ino in self._queued:
                 continue
-            row = ns.q1("SELECT lease_id, complete FROM inodes WHERE ino=?", (ino,))
-            if row is None or (row["lease_id"] and not row["complete"]):
+            row = ns.conn.execute("SELECT lease_id, complete FROM inodes WHERE ino=?", (ino,)).fetchone()
+            if row is None or (row[0] and not row[1]):
                 continue   # being written: its close queues it again
             self._queued.add(ino)
             self._pool.submit(self._background, ino, f["attempts"])

@@ -104,10 +104,10 @@ class Watchers:
         cred = posix.Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
         svc = self.service
         row = svc.ns.resolve(cred, path, True, svc.ufs.fresh_dir)
-        if not stat.S_ISDIR(row["mode"]):
+        if not stat.S_ISDIR(row.mode):
             raise err(errno.ENOTDIR, f"watch: {path} is not a directory")
         posix.require(row, cred, R | X)
-        return int(row["ino"])
+        return int(row.ino)
 
     def _admit(self, context: grpc.ServicerContext, path: str) -> _Stream:
         stream = _Stream(context, path)

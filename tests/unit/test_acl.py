@@ -17,6 +17,7 @@ from curvine_py.master import acl, posix, schema
 from curvine_py.master.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.records import Mknod, Removexattr, Setattr, Setxattr
+from curvine_py.master.store import InodeRow
 from tests.unit.test_namespace import NS
 
 OWNER = Cred(1000, 1000, frozenset())
@@ -143,24 +144,24 @@ def set_acl(ns: NS, ino: int, data: bytes, name: str = acl.ACCESS, cred: Cred = 
     ns.do(Setxattr, cred, ino=ino, name=name, value=data)
 
 
-def mkfile(ns: NS, mode: int = 0o600, parent: int = ROOT_INO, name: str = "f") -> dict:
+def mkfile(ns: NS, mode: int = 0o600, parent: int = ROOT_INO, name: str = "f") -> InodeRow:
     return ns.do(Mknod, OWNER, parent=parent, name=name, mode=stat.S_IFREG | mode, umask=0o022)["attr"]
 
 
 def test_an_access_acl_is_enforced_and_sets_the_mode(ns: NS) -> None:
     ns.mkdir(ROOT_INO, "d", 0o777)
-    d = ns.lookup(ROOT_INO, "d")["ino"]
+    d = ns.lookup(ROOT_INO, "d").ino
     f = mkfile(ns, parent=d)
     with pytest.raises(CurvineError) as e:
-        posix.require(ns.ns.inode(f["ino"]), NAMED, R)
+        posix.require(ns.ns.inode(f.ino), NAMED, R)
     assert e.value.errno == errno.EACCES
-    set_acl(ns, f["ino"], full())
-    row = ns.ns.inode(f["ino"])
-    assert stat.S_IMODE(row["mode"]) == 0o660 and row["acl"] == full()
+    set_acl(ns, f.ino, full())
+    row = ns.ns.inode(f.ino)
+    assert stat.S_IMODE(row.mode) == 0o660 and row.acl == full()
     posix.require(row, NAMED, R | W)
     posix.require(row, MEMBER, W)
-    assert ns.ns.getxattr(STRANGER, f["ino"], acl.ACCESS) == full()
-    assert acl.ACCESS in ns.ns.listxattr(STRANGER, f["ino"])
+    assert ns.ns.getxattr(STRANGER, f.ino, acl.ACCESS) == full()
+    assert acl.ACCESS in ns.ns.listxattr(STRANGER, f.ino)
     with pytest.raises(CurvineError) as e:
         posix.require(row, STRANGER, R)
     assert e.value.errno == errno.EACCES
@@ -171,57 +172,57 @@ def test_setting_an_acl_is_for_the_owner_and_must_be_valid(ns: NS) -> None:
     for cred, data, code in ((NAMED, full(), errno.EPERM), (OWNER, full()[:-2], errno.EINVAL),
                              (OWNER, value((USER_OBJ, 6, U), (OTHER, 0, U)), errno.EINVAL)):
         with pytest.raises(CurvineError) as e:
-            set_acl(ns, f["ino"], data, cred=cred)
+            set_acl(ns, f.ino, data, cred=cred)
         assert e.value.errno == code
-    assert ns.ns.inode(f["ino"])["acl"] is None
+    assert ns.ns.inode(f.ino).acl is None
     with pytest.raises(CurvineError) as e:
-        set_acl(ns, f["ino"], full(), name=acl.DEFAULT)
+        set_acl(ns, f.ino, full(), name=acl.DEFAULT)
     assert e.value.errno == errno.EACCES, "a default ACL on a file"
     with pytest.raises(CurvineError) as e:
-        ns.do(Setxattr, OWNER, ino=f["ino"], name="system.nfs4_acl", value=b"x")
+        ns.do(Setxattr, OWNER, ino=f.ino, name="system.nfs4_acl", value=b"x")
     assert e.value.errno == errno.EOPNOTSUPP, "an ACL kind nothing would enforce is refused"
 
 
 def test_a_minimal_acl_is_only_the_mode(ns: NS) -> None:
     f = mkfile(ns)
-    set_acl(ns, f["ino"], value((USER_OBJ, 7, U), (GROUP_OBJ, 5, U), (OTHER, 1, U)))
-    row = ns.ns.inode(f["ino"])
-    assert row["acl"] is None and stat.S_IMODE(row["mode"]) == 0o751
-    assert acl.ACCESS not in ns.ns.listxattr(OWNER, f["ino"])
+    set_acl(ns, f.ino, value((USER_OBJ, 7, U), (GROUP_OBJ, 5, U), (OTHER, 1, U)))
+    row = ns.ns.inode(f.ino)
+    assert row.acl is None and stat.S_IMODE(row.mode) == 0o751
+    assert acl.ACCESS not in ns.ns.listxattr(OWNER, f.ino)
 
 
 def test_chmod_updates_the_mask(ns: NS) -> None:
     f = mkfile(ns)
-    set_acl(ns, f["ino"], full())
-    ns.do(Setattr, OWNER, ino=f["ino"], valid=SETATTR_MODE, mode=0o640)
-    row = ns.ns.inode(f["ino"])
-    assert acl.parse(row["acl"]).perm(MASK) == 4   # type: ignore[union-attr]
+    set_acl(ns, f.ino, full())
+    ns.do(Setattr, OWNER, ino=f.ino, valid=SETATTR_MODE, mode=0o640)
+    row = ns.ns.inode(f.ino)
+    assert acl.parse(row.acl).perm(MASK) == 4   # type: ignore[union-attr]
     posix.require(row, NAMED, R)
     with pytest.raises(CurvineError):
         posix.require(row, NAMED, W)
-    ns.do(Removexattr, OWNER, ino=f["ino"], name=acl.ACCESS)
+    ns.do(Removexattr, OWNER, ino=f.ino, name=acl.ACCESS)
     with pytest.raises(CurvineError):
-        posix.require(ns.ns.inode(f["ino"]), NAMED, R)
+        posix.require(ns.ns.inode(f.ino), NAMED, R)
 
 
 def test_default_acl_inherited_by_files_and_directories(ns: NS) -> None:
-    d = ns.do(Mknod, OWNER, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, umask=0)["attr"]["ino"]
+    d = ns.do(Mknod, OWNER, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, umask=0)["attr"].ino
     set_acl(ns, d, full(user=7, named=7, mask=7, other=5), name=acl.DEFAULT)
     f = mkfile(ns, 0o666, parent=d)   # umask 022 is not applied: the default ACL decides
-    assert stat.S_IMODE(f["mode"]) == 0o664
-    inherited = acl.parse(f["acl"])
-    assert inherited is not None and f["default_acl"] is None
+    assert stat.S_IMODE(f.mode) == 0o664
+    inherited = acl.parse(f.acl)
+    assert inherited is not None and f.default_acl is None
     assert (inherited.perm(USER), inherited.perm(MASK), inherited.perm(OTHER)) == (7, 6, 4), "the mask is cut"
     posix.require(f, NAMED, R | W)
     with pytest.raises(CurvineError):
         posix.require(f, NAMED, X)
     sub = ns.do(Mknod, OWNER, parent=d, name="sub", mode=stat.S_IFDIR | 0o750, umask=0o077)["attr"]
-    assert stat.S_IMODE(sub["mode"]) == 0o750
-    assert sub["default_acl"] == full(user=7, named=7, mask=7, other=5)
-    assert acl.parse(sub["acl"]).perm(MASK) == 5   # type: ignore[union-attr]
+    assert stat.S_IMODE(sub.mode) == 0o750
+    assert sub.default_acl == full(user=7, named=7, mask=7, other=5)
+    assert acl.parse(sub.acl).perm(MASK) == 5   # type: ignore[union-attr]
     posix.require(sub, NAMED, R | X)
-    deeper = mkfile(ns, 0o600, parent=sub["ino"], name="g")
-    assert acl.parse(deeper["acl"]).perm(MASK) == 0   # type: ignore[union-attr]
+    deeper = mkfile(ns, 0o600, parent=sub.ino, name="g")
+    assert acl.parse(deeper.acl).perm(MASK) == 0   # type: ignore[union-attr]
     with pytest.raises(CurvineError):
         posix.require(deeper, NAMED, R)
 
@@ -247,9 +248,9 @@ def test_old_store_acl_xattrs_move_into_the_columns(tmp_path: Path) -> None:
 
 def test_a_retried_create_answers_the_inherited_acl_as_bytes(ns: NS) -> None:
     """The retry cache keeps results as JSON (bytes as hex): a retry's row is the same."""
-    d = ns.do(Mknod, OWNER, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, umask=0)["attr"]["ino"]
+    d = ns.do(Mknod, OWNER, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, umask=0)["attr"].ino
     set_acl(ns, d, full(), name=acl.DEFAULT)
     first = ns.do(Mknod, OWNER, parent=d, name="f", mode=stat.S_IFREG | 0o644, umask=0, request_id="r1")
     again = ns.do(Mknod, OWNER, parent=d, name="f", mode=stat.S_IFREG | 0o644, umask=0, request_id="r1")
-    assert again["attr"]["acl"] == first["attr"]["acl"] and isinstance(again["attr"]["acl"], bytes)
+    assert again["attr"].acl == first["attr"].acl and isinstance(again["attr"].acl, bytes)
     posix.require(again["attr"], NAMED, R)

@@ -27,7 +27,7 @@ def ns(tmp_path: Path) -> Iterator[NS]:
 
 def _file(ns: NS, parent: int, name: str, size: int = 10) -> int:
     r = ns.create(parent, name)
-    ino = r["attr"]["ino"]
+    ino = r["attr"].ino
     alloc = ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)
     bid = alloc["block_ids"][0]
     ns.do(Commit, ino=ino, lease_id=r["lease_id"], size=size, release=True,
@@ -78,9 +78,9 @@ def test_evict_removes_every_name_and_rechecks(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "d")
     f = _file(ns, d, "f")
     ns.do(Link, ino=f, new_parent=ROOT_INO, new_name="f2")
-    gen = ns.ns.inode(f)["generation"]
+    gen = ns.ns.inode(f).generation
     stale = ns.do(Evict, victims=[Victim(f, gen - 1)])          # rewritten since the decision: kept
-    assert stale["evicted"] == [] and ns.lookup(d, "f")["ino"] == f
+    assert stale["evicted"] == [] and ns.lookup(d, "f").ino == f
     r = ns.do(Evict, victims=[Victim(f, gen)])
     assert r["evicted"] == [f] and r["bytes"] == 10 and len(r["freed"]) == 1
     assert errno_of(lambda: ns.lookup(d, "f")) == errno.ENOENT
@@ -90,8 +90,8 @@ def test_evict_removes_every_name_and_rechecks(ns: NS) -> None:
 def test_evict_spares_pinned_and_open_files(ns: NS) -> None:
     p = _file(ns, ROOT_INO, "p")
     ns.do(Setxattr, ino=p, name=PIN, value=b"1")
-    w = ns.create(ROOT_INO, "w")["attr"]["ino"]        # open for writing (lease held)
-    r = ns.do(Evict, victims=[Victim(p, ns.ns.inode(p)["generation"]), Victim(w, ns.ns.inode(w)["generation"])])
+    w = ns.create(ROOT_INO, "w")["attr"].ino        # open for writing (lease held)
+    r = ns.do(Evict, victims=[Victim(p, ns.ns.inode(p).generation), Victim(w, ns.ns.inode(w).generation)])
     assert r["evicted"] == []
     ns.do(RecordReads, reads=[LastRead(p, 123), LastRead(999999, 5)])
     assert [tuple(r) for r in ns.ns.conn.execute("SELECT ino, last_read_ns FROM reads")] == [(p, 123)]

@@ -34,7 +34,7 @@ def summed(ns: NS, ino: int) -> int:
 def three_blocks(ns: NS, name: str) -> tuple[int, int, list[int]]:
     """A file of blocks BS, BS, 100 (committed, lease kept): ino, lease, block ids."""
     r = ns.create(ROOT_INO, name)
-    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ino, lease = r["attr"].ino, r["lease_id"]
     ids = ns.do(Allocate, ino=ino, lease_id=lease, count=3)["block_ids"]
     ns.do(Commit, ino=ino, lease_id=lease, size=2 * BS + 100,
           blocks=[CommitBlock(ids[0], 0, BS, 1), CommitBlock(ids[1], BS, BS, 2), CommitBlock(ids[2], 2 * BS, 100, 3)])
@@ -43,19 +43,19 @@ def three_blocks(ns: NS, name: str) -> tuple[int, int, list[int]]:
 
 def test_holes_empty_their_slots_and_free_the_blocks(ns: NS) -> None:
     ino, lease, ids = three_blocks(ns, "f")
-    assert ns.ns.inode(ino)["allocated"] == 2 * BS + 100
+    assert ns.ns.inode(ino).allocated == 2 * BS + 100
     out = ns.do(Commit, ino=ino, lease_id=lease, size=2 * BS + 100, holes=(1, 7))   # 7: a hole already
     assert out["freed"] == [ids[1]]
     assert [b["idx"] for b in ns.ns.blocks(ino)] == [0, 2]
     assert to_attr(out["attr"]).allocated == BS + 100 == summed(ns, ino)
-    assert out["attr"]["size"] == 2 * BS + 100                    # the size stays
+    assert out["attr"].size == 2 * BS + 100                    # the size stays
     # a block and a hole for one slot: the block is installed, then the slot emptied
     more = ns.do(Allocate, ino=ino, lease_id=lease, count=1)["block_ids"]
     out = ns.do(Commit, ino=ino, lease_id=lease, size=2 * BS + 100, blocks=[CommitBlock(more[0], 0, BS, 4)],
                 holes=(0,), release=True)
     assert sorted(out["freed"]) == sorted([ids[0], more[0]])
-    assert ns.ns.inode(ino)["allocated"] == 100 == summed(ns, ino)
-    assert ns.lookup(ROOT_INO, "f")["allocated"] == 100          # a lookup's row carries it too
+    assert ns.ns.inode(ino).allocated == 100 == summed(ns, ino)
+    assert ns.lookup(ROOT_INO, "f").allocated == 100          # a lookup's row carries it too
 
 
 def test_allocated_follows_truncation_rewrite_and_unlink(ns: NS) -> None:
@@ -63,14 +63,14 @@ def test_allocated_follows_truncation_rewrite_and_unlink(ns: NS) -> None:
     again = ns.do(Allocate, ino=ino, lease_id=lease, count=1)["block_ids"]
     ns.do(Commit, ino=ino, lease_id=lease, size=2 * BS + 100, blocks=[CommitBlock(again[0], 2 * BS, 50, 5)],
           release=True)                                          # a slot's block replaced by a shorter one
-    assert ns.ns.inode(ino)["allocated"] == 2 * BS + 50 == summed(ns, ino)
+    assert ns.ns.inode(ino).allocated == 2 * BS + 50 == summed(ns, ino)
     ns.do(Setattr, ino=ino, valid=SETATTR_SIZE, size=BS + 10)     # cut inside block 1
-    assert ns.ns.inode(ino)["allocated"] == BS + 10 == summed(ns, ino)
+    assert ns.ns.inode(ino).allocated == BS + 10 == summed(ns, ino)
     ns.do(Setattr, ino=ino, valid=SETATTR_SIZE, size=1 << 31)     # a truncate up holds nothing more
-    assert ns.ns.inode(ino)["allocated"] == BS + 10
+    assert ns.ns.inode(ino).allocated == BS + 10
     w = ns.do(OpenWrite, ino=ino, lease_ms=60000, flags=0)
     ns.do(Commit, ino=ino, lease_id=w["lease_id"], size=1 << 31, holes=(0, 1), release=True)
-    assert ns.ns.inode(ino)["allocated"] == 0
+    assert ns.ns.inode(ino).allocated == 0
     ns.do(Unlink, parent=ROOT_INO, name="g")
     assert ns.ns.conn.execute("SELECT count(*) FROM blocks WHERE ino=?", (ino,)).fetchone()[0] == 0
 

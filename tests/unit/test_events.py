@@ -39,7 +39,7 @@ def head(ns: NS) -> int:
 def written(ns: NS, parent: int, name: str) -> int:
     """A file made as a writer makes it: Create (leased), then the close's Commit."""
     made = ns.create(parent, name)
-    ino = made["attr"]["ino"]
+    ino = made["attr"].ino
     ns.do(Commit, ino=ino, lease_id=made["lease_id"], size=0, release=True)
     return int(ino)
 
@@ -48,7 +48,7 @@ def test_a_file_is_announced_at_its_close_not_at_its_create(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "d")
     made = ns.create(d, "x.tmp")
     assert seen(ns) == []                                   # a writer holds it: nothing yet
-    ns.do(Commit, ino=made["attr"]["ino"], lease_id=made["lease_id"], size=0, release=True)
+    ns.do(Commit, ino=made["attr"].ino, lease_id=made["lease_id"], size=0, release=True)
     assert seen(ns) == [("created", d, "x.tmp", "")]
     ns.do(Mknod, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)
     ns.do(Rmdir, parent=d, name="sub")
@@ -79,7 +79,7 @@ def test_links_unlinks_and_evictions(ns: NS) -> None:
     ns.do(Unlink, parent=d, name="f")
     assert seen(ns, at) == [("created", d, "g", ""), ("removed", d, "f", "")]
     at = head(ns)
-    gen = ns.ns.inode(ino)["generation"]
+    gen = ns.ns.inode(ino).generation
     ns.do(Evict, victims=[Victim(ino, gen)])
     assert seen(ns, at) == [("evicted", d, "g", "")]
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -13,13 +15,14 @@ import pytest
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, SETATTR_MODE, SETATTR_SIZE, SETATTR_UID
 from curvine_py.master import schema
-from curvine_py.master.journal import Journal
+from curvine_py.master.journal import Journal, decode_result, encode_result
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
     ROOT, Allocate, Commit, CommitBlock, Create, ExpireLeases, Link, Mknod, OpenWrite, Record, Rename, Rmdir,
     PruneOplog, Setattr, Unlink,
 )
+from curvine_py.master.store import INODE_FIELDS, InodeRow
 
 ALICE = Cred(1000, 1000, frozenset())
 BOB = Cred(1001, 1001, frozenset())
@@ -41,13 +44,13 @@ class NS:
         return self.journal.submit(record(cred=cred, **{"client_id": "c1", **kw}))
 
     def mkdir(self, parent: int, name: str, mode: int = 0o755, cred: Cred = ROOT) -> int:
-        return self.do(Mknod, cred, parent=parent, name=name, mode=stat.S_IFDIR | mode)["attr"]["ino"]
+        return self.do(Mknod, cred, parent=parent, name=name, mode=stat.S_IFDIR | mode)["attr"].ino
 
     def create(self, parent: int, name: str, mode: int = 0o644, cred: Cred = ROOT, **kw: Any) -> dict:
         return self.do(Create, cred, parent=parent, name=name, mode=mode, exclusive=kw.pop("exclusive", False),
                        lease_ms=60000, flags=kw.pop("flags", 0), **kw)
 
-    def lookup(self, parent: int, name: str, cred: Cred = ROOT) -> dict:
+    def lookup(self, parent: int, name: str, cred: Cred = ROOT) -> InodeRow:
         return self.ns.lookup(cred, parent, name)
 
 
@@ -66,10 +69,10 @@ def errno_of(fn: Any) -> int:
 
 def test_mkdir_lookup_and_nlink(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "a")
-    assert ns.lookup(ROOT_INO, "a")["ino"] == d
-    assert ns.ns.inode(ROOT_INO)["nlink"] == 3
+    assert ns.lookup(ROOT_INO, "a").ino == d
+    assert ns.ns.inode(ROOT_INO).nlink == 3
     ns.mkdir(d, "b")
-    assert ns.ns.inode(d)["nlink"] == 3
+    assert ns.ns.inode(d).nlink == 3
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "a")) == errno.EEXIST
     assert errno_of(lambda: ns.lookup(ROOT_INO, "zz")) == errno.ENOENT
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "x" * 256)) == errno.ENAMETOOLONG
@@ -79,55 +82,55 @@ def test_mkdir_lookup_and_nlink(ns: NS) -> None:
 
 def test_rename_rules(ns: NS) -> None:
     a, b = ns.mkdir(ROOT_INO, "a"), ns.mkdir(ROOT_INO, "b")
-    f = ns.create(a, "f")["attr"]["ino"]
-    ns.do(Commit, ino=f, lease_id=ns.ns.inode(f)["lease_id"], size=0, blocks=[], release=True)
+    f = ns.create(a, "f")["attr"].ino
+    ns.do(Commit, ino=f, lease_id=ns.ns.inode(f).lease_id, size=0, blocks=[], release=True)
     ns.do(Rename, parent=a, name="f", new_parent=b, new_name="g")
-    assert ns.lookup(b, "g")["ino"] == f
+    assert ns.lookup(b, "g").ino == f
     assert errno_of(lambda: ns.do(Rename, parent=ROOT_INO, name="a", new_parent=a, new_name="x")) == errno.EINVAL
     assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=ROOT_INO, new_name="a")) == errno.EISDIR
     assert errno_of(lambda: ns.do(Rename, parent=ROOT_INO, name="a", new_parent=b, new_name="g")) == errno.ENOTDIR
     ns.mkdir(a, "sub")
     ns.do(Rename, parent=a, name="sub", new_parent=b, new_name="sub")
-    assert ns.ns.inode(a)["nlink"] == 2 and ns.ns.inode(b)["nlink"] == 3
+    assert ns.ns.inode(a).nlink == 2 and ns.ns.inode(b).nlink == 3
     assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=b, new_name="sub",
                                   flags=RENAME_NOREPLACE)) == errno.EEXIST
     ns.create(b, "h")
     assert errno_of(lambda: ns.do(Rename, parent=b, name="g", new_parent=b, new_name="h",
                                   flags=RENAME_NOREPLACE)) == errno.EEXIST
-    g, h = ns.lookup(b, "g")["ino"], ns.lookup(b, "h")["ino"]
+    g, h = ns.lookup(b, "g").ino, ns.lookup(b, "h").ino
     ns.do(Rename, parent=b, name="g", new_parent=b, new_name="h", flags=RENAME_EXCHANGE)
-    assert ns.lookup(b, "g")["ino"] == h and ns.lookup(b, "h")["ino"] == g
+    assert ns.lookup(b, "g").ino == h and ns.lookup(b, "h").ino == g
 
 
 def test_rename_over_file_frees_its_blocks(ns: NS) -> None:
     r = ns.create(ROOT_INO, "t.tmp")
-    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ino, lease = r["attr"].ino, r["lease_id"]
     ids = ns.do(Allocate, ino=ino, lease_id=lease, count=2)["block_ids"]
     ns.do(Commit, ino=ino, lease_id=lease, size=5 << 20, release=True,
           blocks=[CommitBlock(ids[0], 0, 4 << 20, 1),
                   CommitBlock(ids[1], 4 << 20, 1 << 20, 2)])
     r2 = ns.create(ROOT_INO, "u.tmp")
-    ns.do(Commit, ino=r2["attr"]["ino"], lease_id=r2["lease_id"], size=0, blocks=[], release=True)
+    ns.do(Commit, ino=r2["attr"].ino, lease_id=r2["lease_id"], size=0, blocks=[], release=True)
     out = ns.do(Rename, parent=ROOT_INO, name="u.tmp", new_parent=ROOT_INO, new_name="t.tmp")
     assert sorted(out["freed"]) == sorted(ids)
 
 
 def test_hard_links_and_unlink(ns: NS) -> None:
     r = ns.create(ROOT_INO, "f")
-    ino = r["attr"]["ino"]
+    ino = r["attr"].ino
     ns.do(Commit, ino=ino, lease_id=r["lease_id"], size=0, blocks=[], release=True)
     ns.do(Link, ino=ino, new_parent=ROOT_INO, new_name="f2")
-    assert ns.ns.inode(ino)["nlink"] == 2
+    assert ns.ns.inode(ino).nlink == 2
     ns.do(Unlink, parent=ROOT_INO, name="f")
-    assert ns.ns.inode(ino)["nlink"] == 1
+    assert ns.ns.inode(ino).nlink == 1
     ns.do(Unlink, parent=ROOT_INO, name="f2")
     assert errno_of(lambda: ns.ns.inode(ino)) == errno.ENOENT
 
 
 def _closed_file(ns: NS, name: str) -> int:
     r = ns.create(ROOT_INO, name)
-    ns.do(Commit, ino=r["attr"]["ino"], lease_id=r["lease_id"], size=0, blocks=[], release=True)
-    return int(r["attr"]["ino"])
+    ns.do(Commit, ino=r["attr"].ino, lease_id=r["lease_id"], size=0, blocks=[], release=True)
+    return int(r["attr"].ino)
 
 
 def test_unlink_and_rename_keep_the_callers_open_files(ns: NS) -> None:
@@ -136,18 +139,18 @@ def test_unlink_and_rename_keep_the_callers_open_files(ns: NS) -> None:
     anything else is removed as usual."""
     f, g, other = _closed_file(ns, "f"), _closed_file(ns, "g"), _closed_file(ns, "other")
     out = ns.do(Unlink, parent=ROOT_INO, name="f", keep=[other, f])
-    assert out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == f
+    assert out.get("kept") and ns.lookup(ROOT_INO, "f").ino == f
     out = ns.do(Rename, parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[f])
     assert out.get("kept")
-    assert ns.lookup(ROOT_INO, "f")["ino"] == f and ns.lookup(ROOT_INO, "g")["ino"] == g
+    assert ns.lookup(ROOT_INO, "f").ino == f and ns.lookup(ROOT_INO, "g").ino == g
     # a kept name is not a held one: without it in `keep` (the file closed) it goes
     out = ns.do(Rename, parent=ROOT_INO, name="g", new_parent=ROOT_INO, new_name="f", keep=[other])
-    assert not out.get("kept") and ns.lookup(ROOT_INO, "f")["ino"] == g
+    assert not out.get("kept") and ns.lookup(ROOT_INO, "f").ino == g
     assert errno_of(lambda: ns.ns.inode(f)) == errno.ENOENT
     # one link of two: removing it drops no file, so nothing is kept
     ns.do(Link, ino=g, new_parent=ROOT_INO, new_name="g2")
     out = ns.do(Unlink, parent=ROOT_INO, name="g2", keep=[g])
-    assert not out.get("kept") and ns.ns.inode(g)["nlink"] == 1
+    assert not out.get("kept") and ns.ns.inode(g).nlink == 1
     # errors come first, as without keep
     assert errno_of(lambda: ns.do(Unlink, ALICE, parent=ROOT_INO, name="f", keep=[g])) == errno.EACCES
     assert errno_of(lambda: ns.do(Unlink, parent=ROOT_INO, name="nothing", keep=[g])) == errno.ENOENT
@@ -156,15 +159,15 @@ def test_unlink_and_rename_keep_the_callers_open_files(ns: NS) -> None:
 def test_permissions_and_sticky_bit(ns: NS) -> None:
     tmp = ns.mkdir(ROOT_INO, "tmp", 0o1777)
     mine = ns.create(tmp, "alice-file", cred=ALICE)
-    assert mine["attr"]["uid"] == 1000 and mine["attr"]["gid"] == 1000
-    ns.do(Commit, cred=ALICE, ino=mine["attr"]["ino"], lease_id=mine["lease_id"], size=0, blocks=[],
+    assert mine["attr"].uid == 1000 and mine["attr"].gid == 1000
+    ns.do(Commit, cred=ALICE, ino=mine["attr"].ino, lease_id=mine["lease_id"], size=0, blocks=[],
           release=True)
     assert errno_of(lambda: ns.do(Unlink, BOB, parent=tmp, name="alice-file")) == errno.EPERM
     assert errno_of(lambda: ns.mkdir(ROOT_INO, "nope", cred=ALICE)) == errno.EACCES
     private = ns.mkdir(ROOT_INO, "private", 0o700)
     assert errno_of(lambda: ns.lookup(private, "x", cred=ALICE)) == errno.EACCES
     assert errno_of(lambda: ns.do(Setattr, ALICE, ino=private, valid=SETATTR_MODE, mode=0o777)) == errno.EPERM
-    assert errno_of(lambda: ns.do(Setattr, ALICE, ino=mine["attr"]["ino"], valid=SETATTR_UID,
+    assert errno_of(lambda: ns.do(Setattr, ALICE, ino=mine["attr"].ino, valid=SETATTR_UID,
                                   uid=0)) == errno.EPERM
     ns.do(Unlink, ALICE, parent=tmp, name="alice-file")
 
@@ -173,25 +176,25 @@ def test_setgid_directory_inheritance(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "shared", 0o2777)
     ns.do(Setattr, ino=d, valid=4, gid=50)
     sub = ns.do(Mknod, ALICE, parent=d, name="sub", mode=stat.S_IFDIR | 0o755)["attr"]
-    assert sub["gid"] == 50 and sub["mode"] & stat.S_ISGID
+    assert sub.gid == 50 and sub.mode & stat.S_ISGID
     f = ns.create(d, "f", cred=ALICE)["attr"]
-    assert f["gid"] == 50
+    assert f.gid == 50
 
 
 def test_suid_cleared_on_write_by_non_root(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "w", 0o777)
     r = ns.create(d, "prog", 0o6755, cred=ALICE)
-    ino = r["attr"]["ino"]
-    assert r["attr"]["mode"] & stat.S_ISUID
+    ino = r["attr"].ino
+    assert r["attr"].mode & stat.S_ISUID
     ids = ns.do(Allocate, ALICE, ino=ino, lease_id=r["lease_id"], count=1)["block_ids"]
     attr = ns.do(Commit, ALICE, ino=ino, lease_id=r["lease_id"], size=10, release=True,
                  blocks=[CommitBlock(ids[0], 0, 10, 0)])["attr"]
-    assert not attr["mode"] & stat.S_ISUID and not attr["mode"] & stat.S_ISGID
+    assert not attr.mode & stat.S_ISUID and not attr.mode & stat.S_ISGID
 
 
 def test_truncate_drops_blocks(ns: NS) -> None:
     r = ns.create(ROOT_INO, "big")
-    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ino, lease = r["attr"].ino, r["lease_id"]
     ids = ns.do(Allocate, ino=ino, lease_id=lease, count=3)["block_ids"]
     blocks = [CommitBlock(b, i * (4 << 20), 4 << 20, 0) for i, b in enumerate(ids)]
     ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, blocks=blocks, release=True)
@@ -204,17 +207,17 @@ def test_several_clients_hold_leases_of_one_file_and_each_expires(ns: NS) -> Non
     """No EBUSY: another client's open for writing gets a lease of its own beside the
     first; each lapses on its own, and the file is complete once none is left."""
     r = ns.create(ROOT_INO, "leased")
-    ino = r["attr"]["ino"]
+    ino = r["attr"].ino
     ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)   # the writer's first write
     other = ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)
     assert other["lease_id"] not in (0, r["lease_id"])
-    assert ns.ns.inode(ino)["complete"] == 0
+    assert ns.ns.inode(ino).complete == 0
     ns.do(ExpireLeases, now_ns=(other["lease_expiry_ms"] + 1) * 1_000_000)   # other's only
-    assert ns.ns.inode(ino)["lease_id"] == r["lease_id"]
+    assert ns.ns.inode(ino).lease_id == r["lease_id"]
     assert errno_of(lambda: ns.do(Allocate, client_id="other", ino=ino, lease_id=other["lease_id"],
                                   count=1)) == errno.ESTALE
     ns.do(ExpireLeases, now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
-    assert ns.ns.inode(ino)["lease_id"] == 0 and ns.ns.inode(ino)["complete"] == 1
+    assert ns.ns.inode(ino).lease_id == 0 and ns.ns.inode(ino).complete == 1
 
 
 def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
@@ -222,11 +225,11 @@ def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
     with nothing written needs no commit (the lease lapses); the first allocate makes it
     a lease like any other."""
     r = ns.create(ROOT_INO, "soft", exclusive=True)
-    ino = r["attr"]["ino"]
-    assert r["soft"] and r["lease_id"] and ns.ns.inode(ino)["complete"] == 1
+    ino = r["attr"].ino
+    assert r["soft"] and r["lease_id"] and ns.ns.inode(ino).complete == 1
     other = ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)   # no EBUSY
     assert other["lease_id"] != r["lease_id"] and not other["soft"]
-    assert ns.ns.inode(ino)["complete"] == 0
+    assert ns.ns.inode(ino).complete == 0
     assert ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=1)["block_ids"]   # both write
     truncating = ns.do(OpenWrite, client_id="third", ino=ino, flags=os.O_TRUNC, lease_ms=1000)
     for lease, client in ((r["lease_id"], "c1"), (other["lease_id"], "other")):   # a new generation
@@ -234,9 +237,9 @@ def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
     assert ns.do(Allocate, client_id="third", ino=ino, lease_id=truncating["lease_id"], count=1)["block_ids"]
 
     r = ns.create(ROOT_INO, "hardened")
-    ino = r["attr"]["ino"]
+    ino = r["attr"].ino
     ns.do(Allocate, ino=ino, lease_id=r["lease_id"], count=2)
-    assert ns.ns.inode(ino)["complete"] == 0
+    assert ns.ns.inode(ino).complete == 0
     assert ns.do(OpenWrite, client_id="other", ino=ino, flags=0, lease_ms=1000)["lease_id"]
 
     existing = ns.create(ROOT_INO, "hardened", client_id="c1")   # open of an existing file: hard at once
@@ -245,13 +248,13 @@ def test_a_new_files_lease_is_soft_until_its_first_allocate(ns: NS) -> None:
 
 def test_a_soft_lease_lapses_and_an_unlink_takes_the_file_at_once(ns: NS) -> None:
     r = ns.create(ROOT_INO, "kept")
-    kept = r["attr"]["ino"]
-    gone = ns.create(ROOT_INO, "gone")["attr"]["ino"]
+    kept = r["attr"].ino
+    gone = ns.create(ROOT_INO, "gone")["attr"].ino
     ns.do(Unlink, parent=ROOT_INO, name="gone")
     assert errno_of(lambda: ns.ns.inode(gone)) == errno.ENOENT   # no writer holds anything
     ns.do(ExpireLeases, now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
     row = ns.ns.inode(kept)
-    assert row["lease_id"] == 0 and row["complete"] == 1 and row["size"] == 0
+    assert row.lease_id == 0 and row.complete == 1 and row.size == 0
 
 
 def test_lapsed_leases_are_released_soft_ones_at_once_hard_ones_in_batches(ns: NS,
@@ -260,21 +263,21 @@ def test_lapsed_leases_are_released_soft_ones_at_once_hard_ones_in_batches(ns: N
     monkeypatch.setattr(files, "EXPIRE_BATCH", 3)
     soft = [ns.create(ROOT_INO, f"s{i}") for i in range(5)]
     hard = [ns.create(ROOT_INO, f"h{i}") for i in range(5)]
-    pending = {r["attr"]["ino"]: ns.do(Allocate, ino=r["attr"]["ino"], lease_id=r["lease_id"], count=1)["block_ids"]
+    pending = {r["attr"].ino: ns.do(Allocate, ino=r["attr"].ino, lease_id=r["lease_id"], count=1)["block_ids"]
                for r in hard}
     later = (max(r["lease_expiry_ms"] for r in soft + hard) + 1) * 1_000_000
     out = ns.do(ExpireLeases, now_ns=later)
-    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in soft)
-    assert sum(1 for r in hard if ns.ns.inode(r["attr"]["ino"])["lease_id"]) == 2
+    assert all(ns.ns.inode(r["attr"].ino).lease_id == 0 for r in soft)
+    assert sum(1 for r in hard if ns.ns.inode(r["attr"].ino).lease_id) == 2
     freed = out["freed"] + ns.do(ExpireLeases, now_ns=later)["freed"]
-    assert all(ns.ns.inode(r["attr"]["ino"])["lease_id"] == 0 for r in hard)
+    assert all(ns.ns.inode(r["attr"].ino).lease_id == 0 for r in hard)
     assert sorted(freed) == sorted(b for ids in pending.values() for b in ids)   # never-committed ids go
-    assert all(ns.ns.inode(r["attr"]["ino"])["complete"] == 1 for r in soft + hard)
+    assert all(ns.ns.inode(r["attr"].ino).complete == 1 for r in soft + hard)
 
 
 def test_commit_refuses_foreign_blocks_and_stale_lease(ns: NS) -> None:
     r = ns.create(ROOT_INO, "f")
-    ino = r["attr"]["ino"]
+    ino = r["attr"].ino
     assert errno_of(lambda: ns.do(Commit, ino=ino, lease_id=r["lease_id"] + 99, size=0, blocks=[],
                                   release=True)) == errno.ESTALE
     bad = [CommitBlock(999999, 0, 1, 0)]
@@ -313,11 +316,26 @@ def test_prune_drops_only_expired_oplog_rows(ns: NS) -> None:
 def test_retry_cache_applies_a_mutation_once(ns: NS) -> None:
     first = ns.do(Mknod, request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
     again = ns.do(Mknod, request_id="req-1", parent=ROOT_INO, name="once", mode=stat.S_IFDIR | 0o755)
-    assert again["attr"]["ino"] == first["attr"]["ino"]
+    assert again["attr"].ino == first["attr"].ino
     e1 = errno_of(lambda: ns.do(Unlink, request_id="req-3", parent=ROOT_INO, name="missing"))
     ns.create(ROOT_INO, "missing")
     e2 = errno_of(lambda: ns.do(Unlink, request_id="req-3", parent=ROOT_INO, name="missing"))
     assert e1 == e2 == errno.ENOENT  # the retry gets the first answer, not a second application
+
+
+def test_a_retried_result_holds_the_same_typed_rows(ns: NS) -> None:
+    """The retry cache keeps an InodeRow as the list of its values: a retry gets equal
+    InodeRows back (its directories' too).  An older master's rows (fewer columns, or
+    schema 1's plain JSON objects) decode to InodeRows with defaults for what they lack."""
+    first = ns.do(Mknod, request_id="req-typed", parent=ROOT_INO, name="typed", mode=stat.S_IFDIR | 0o755)
+    again = ns.do(Mknod, request_id="req-typed", parent=ROOT_INO, name="typed", mode=stat.S_IFDIR | 0o755)
+    assert isinstance(again["attr"], InodeRow) and again == first
+    row = replace(first["attr"], kv=1, allocated=7, target="t")
+    older = [getattr(row, f) for f in INODE_FIELDS if f not in ("kv", "allocated")]
+    assert decode_result(json.dumps({"attr": {"@a": older}})) == {"attr": replace(row, kv=0, allocated=0)}
+    plain = {f: getattr(row, f) for f in INODE_FIELDS if f != "allocated"}
+    assert decode_result(json.dumps({"attr": plain})) == {"attr": replace(row, allocated=0)}
+    assert decode_result(encode_result({"dirs": [row]})) == {"dirs": [row]}
 
 
 def test_readdir_offsets_are_stable(ns: NS) -> None:
@@ -328,8 +346,8 @@ def test_readdir_offsets_are_stable(ns: NS) -> None:
     first = ns.ns.readdir(root, d, 0, 4, False)
     ns.do(Unlink, parent=d, name="f0")
     ns.create(d, "new")
-    rest = ns.ns.readdir(root, d, first[-1]["seq"], 100, False)
-    names = [r["name"] for r in first + rest]
+    rest = ns.ns.readdir(root, d, first[-1].seq, 100, False)
+    names = [r.name for r in first + rest]
     assert names[:4] == ["f0", "f1", "f2", "f3"]
     assert set(names[4:]) == {f"f{i}" for i in range(4, 10)} | {"new"}
 
@@ -340,8 +358,8 @@ def test_symlinks_resolve(ns: NS) -> None:
     ns.do(Mknod, parent=ROOT_INO, name="link", mode=stat.S_IFLNK | 0o777, target="real")
     ns.do(Mknod, parent=ROOT_INO, name="loop", mode=stat.S_IFLNK | 0o777, target="/loop")
     root = Cred(0, 0, frozenset())
-    assert ns.ns.resolve(root, "/link/file")["ino"] == ns.lookup(d, "file")["ino"]
-    assert stat.S_ISLNK(ns.ns.resolve(root, "/link", follow=False)["mode"])
+    assert ns.ns.resolve(root, "/link/file").ino == ns.lookup(d, "file").ino
+    assert stat.S_ISLNK(ns.ns.resolve(root, "/link", follow=False).mode)
     assert errno_of(lambda: ns.ns.resolve(root, "/loop")) == errno.ELOOP
 
 
@@ -351,8 +369,8 @@ def test_state_survives_reopen(tmp_path: Path) -> None:
     a.journal.stop()
     a.ns.conn.close()
     b = NS(tmp_path)
-    assert b.lookup(ROOT_INO, "persist")["ino"] > ROOT_INO
-    assert b.mkdir(ROOT_INO, "next") > b.lookup(ROOT_INO, "persist")["ino"]
+    assert b.lookup(ROOT_INO, "persist").ino > ROOT_INO
+    assert b.mkdir(ROOT_INO, "next") > b.lookup(ROOT_INO, "persist").ino
     b.journal.stop()
     assert os.path.exists(b.path)
 
@@ -367,7 +385,7 @@ def test_concurrent_callers_share_commits_and_each_get_their_own_result(ns: NS) 
     def one(i: int) -> None:
         name = "taken" if i % 10 == 0 else f"f{i}"
         try:
-            results[i] = ns.create(d, name, exclusive=True)["attr"]["ino"]
+            results[i] = ns.create(d, name, exclusive=True)["attr"].ino
         except CurvineError as e:
             results[i] = e.errno
 
@@ -380,7 +398,7 @@ def test_concurrent_callers_share_commits_and_each_get_their_own_result(ns: NS) 
     assert len(results) == 400
     assert all(results[i] == errno.EEXIST for i in range(0, 400, 10))
     inos = [v for i, v in results.items() if i % 10]
-    assert len(set(inos)) == 360 and all(ns.lookup(d, f"f{i}")["ino"] == results[i] for i in range(400) if i % 10)
+    assert len(set(inos)) == 360 and all(ns.lookup(d, f"f{i}").ino == results[i] for i in range(400) if i % 10)
     assert ns.journal.applied - before == 400
 
 
@@ -408,7 +426,7 @@ def test_the_counts_report_reads_stay_exact(ns: NS, tmp_path: Path) -> None:
 
     d = ns.mkdir(ROOT_INO, "d")
     r = ns.create(d, "f")
-    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ino, lease = r["attr"].ino, r["lease_id"]
     ids = ns.do(Allocate, ino=ino, lease_id=lease, count=3)["block_ids"]
     ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, release=False,
           blocks=[CommitBlock(b, i * (4 << 20), 4 << 20, 0) for i, b in enumerate(ids)])

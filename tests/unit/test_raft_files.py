@@ -38,7 +38,7 @@ def names(j: Journal) -> list[str]:
 
 def test_an_entry_is_applied_once_whatever_is_replayed(tmp_path: Path) -> None:
     j = store(tmp_path / "meta.db")
-    assert mkdir(j, 5, "a")["attr"]["ino"] > ROOT_INO
+    assert mkdir(j, 5, "a")["attr"].ino > ROOT_INO
     assert mkdir(j, 5, "a") is None           # PySyncObj replaying its journal after a restart
     assert mkdir(j, 4, "older") is None       # anything at or below the stored index
     assert mkdir(j, 6, "b") is not None

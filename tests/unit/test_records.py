@@ -155,11 +155,11 @@ def test_the_journal_stamps_the_time_of_an_unstamped_record(tmp_path: Path) -> N
     try:
         applied = record_applied(n)
         rec = Mknod(parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755)
-        ino = n.journal.submit(rec)["attr"]["ino"]
+        ino = n.journal.submit(rec)["attr"].ino
         assert rec.now_ns == 0                                           # records are values
         ((stamped, _),) = applied
         assert stamped.now_ns > 0 and replace(stamped, now_ns=0) == rec
-        assert n.ns.inode(ino)["mtime_ns"] == stamped.now_ns
+        assert n.ns.inode(ino).mtime_ns == stamped.now_ns
     finally:
         n.journal.stop()
 
@@ -198,7 +198,7 @@ def _workload(ns: NS) -> None:
     d = ns.mkdir(ROOT_INO, "d")
     ns.do(Mknod, parent=d, name="ln", mode=stat.S_IFLNK | 0o777, target="/d")
     r = ns.create(d, "x.tmp", request_id="c-1")
-    ino, lease = r["attr"]["ino"], r["lease_id"]
+    ino, lease = r["attr"].ino, r["lease_id"]
     ids = ns.do(Allocate, ino=ino, lease_id=lease, count=2)["block_ids"]
     ns.do(Commit, ino=ino, lease_id=lease, size=5 << 20, release=True,
           blocks=[CommitBlock(ids[0], 0, 4 << 20, 1 << 63), CommitBlock(ids[1], 4 << 20, 1 << 20, 2)])
@@ -212,18 +212,18 @@ def _workload(ns: NS) -> None:
     ns.do(Setattr, ino=ino, valid=SETATTR_MODE, mode=0o600)
     ns.do(RecordReads, reads=[LastRead(ino, 42)])
     w = ns.create(ROOT_INO, "w")
-    ns.do(OpenWrite, client_id="c2", ino=w["attr"]["ino"], lease_ms=1000)
-    ns.do(Renew, client_id="c2", lease_ids=[ns.ns.inode(w["attr"]["ino"])["lease_id"]], lease_ms=5000)
-    ns.do(Allocate, client_id="c2", ino=w["attr"]["ino"], lease_id=ns.ns.inode(w["attr"]["ino"])["lease_id"],
+    ns.do(OpenWrite, client_id="c2", ino=w["attr"].ino, lease_ms=1000)
+    ns.do(Renew, client_id="c2", lease_ids=[ns.ns.inode(w["attr"].ino).lease_id], lease_ms=5000)
+    ns.do(Allocate, client_id="c2", ino=w["attr"].ino, lease_id=ns.ns.inode(w["attr"].ino).lease_id,
           count=1)
-    ns.do(ExpireLeases, now_ns=(ns.ns.inode(w["attr"]["ino"])["lease_expiry_ms"] + 1) * 1_000_000)
+    ns.do(ExpireLeases, now_ns=(ns.ns.inode(w["attr"].ino).lease_expiry_ms + 1) * 1_000_000)
     ns.do(Unlink, parent=d, name="hard")
     ns.mkdir(d, "empty")
     ns.do(Rmdir, parent=d, name="empty")
     _fails(lambda: ns.do(Rmdir, parent=ROOT_INO, name="d", request_id="rm-1"))
     victim = ns.create(ROOT_INO, "victim")["attr"]
-    ns.do(Commit, ino=victim["ino"], lease_id=ns.ns.inode(victim["ino"])["lease_id"], size=0, release=True)
-    ns.do(Evict, victims=[Victim(victim["ino"], ns.ns.inode(victim["ino"])["generation"])])
+    ns.do(Commit, ino=victim.ino, lease_id=ns.ns.inode(victim.ino).lease_id, size=0, release=True)
+    ns.do(Evict, victims=[Victim(victim.ino, ns.ns.inode(victim.ino).generation)])
     ns.do(RegisterWorker, storage_id="s-1", host="h1")
     ns.do(LeaderAnnounce, term=2, raft_id="10.0.0.2:8994", address="10.0.0.2:8995", frame_port=8996)
     ns.do(PruneOplog, before_ms=1)   # nothing that old: the replay below keeps every row
@@ -239,14 +239,14 @@ def _ufs_workload(ns: NS) -> None:
     ns.do(UfsMount, path="/m", ino=m, uri="file:///nowhere", write_mode="back", metadata_ttl_ms=1000,
           ttl_ms=3_600_000, options=[("k", "v")])
     ns.do(UfsSyncDir, ino=m, entries=[SyncEntry("obj", False, 9 << 20, 11, "e1"), SyncEntry("sub", True, 0, 0, "")])
-    obj = ns.lookup(m, "obj")["ino"]
+    obj = ns.lookup(m, "obj").ino
     ns.do(UfsRefresh, ino=obj, size=1 << 20, mtime_ns=12, etag="e2")
     ns.do(UfsFree, inos=[obj])
     new = ns.create(m, "new")
-    ns.do(Commit, ino=new["attr"]["ino"], lease_id=new["lease_id"], size=0, release=True)
-    gen = ns.ns.inode(new["attr"]["ino"])["generation"]
-    ns.do(UfsState, ino=new["attr"]["ino"], generation=gen, key="new", message="timed out")
-    ns.do(UfsState, ino=new["attr"]["ino"], generation=gen, key="new", etag="e3", mtime_ns=13)
+    ns.do(Commit, ino=new["attr"].ino, lease_id=new["lease_id"], size=0, release=True)
+    gen = ns.ns.inode(new["attr"].ino).generation
+    ns.do(UfsState, ino=new["attr"].ino, generation=gen, key="new", message="timed out")
+    ns.do(UfsState, ino=new["attr"].ino, generation=gen, key="new", etag="e3", mtime_ns=13)
     ns.do(UfsRefresh, ino=obj, gone=True)
     ns.do(UfsUmount, path="/m", force=True)
 
