@@ -33,7 +33,7 @@ from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.records import (
     Link, Mknod, Record, RegisterWorker, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink,
 )
-from curvine_py.master.store import INODE_FIELDS, InodeRow, Result, Row
+from curvine_py.master.store import INODE_FIELDS, BlockRow, InodeRow, Result
 from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
@@ -170,7 +170,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             names = [n for n in names if not n.startswith("trusted.")]
         return names
 
-    def file_blocks(self, ino: int) -> tuple[InodeRow, list[Row]]:
+    def file_blocks(self, ino: int) -> tuple[InodeRow, list[BlockRow]]:
         row = self.inode(ino)
         return row, self.blocks(ino)
 

@@ -34,7 +34,7 @@ from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.locate import Locator
 from curvine_py.master.locks import LockCall, LockTable
 from curvine_py.master.namespace import Namespace
-from curvine_py.master.store import InodeRow, Result, Row
+from curvine_py.master.store import BlockRow, InodeRow, Result, Row
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
     ROOT, Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
@@ -338,7 +338,7 @@ class MasterService:
         self.trash.heard(request.caller.client_id)   # (a renewal is also a keeper of trash saying it lives)
         return pb.LockRenewReply(held=held, lease_ms=int(self.locks.lease_s * 1000))
 
-    def _blocks(self, rows: Iterable[Row], block_size: int, mode: str = READ,
+    def _blocks(self, rows: Iterable[BlockRow], block_size: int, mode: str = READ,
                 ino: int = 0) -> tuple[list[pb.BlockInfo], list[pb.WorkerAddress]]:
         """Block infos of file ino's rows, with where each lies in the UFS if it is a UFS file."""
         infos = [self._block_info(b, block_size, mode) for b in rows]
@@ -370,12 +370,12 @@ class MasterService:
         blocks, workers = self._blocks(rows, row.block_size, READ, ino)
         return row, blocks, workers
 
-    def _block_info(self, b: Row, block_size: int, mode: str | None) -> pb.BlockInfo:
+    def _block_info(self, b: BlockRow, block_size: int, mode: str | None) -> pb.BlockInfo:
         """One block as clients see it, with a token for mode (None: none, for a caller
         that only reads its own host's block file)."""
-        return pb.BlockInfo(block_id=b["block_id"], offset=b["idx"] * block_size, length=b["length"],
-                            checksum=b["checksum"], workers=self.registry.replicas(b["block_id"]),
-                            token=self.tokens.mint(b["block_id"], mode) if mode else "")
+        return pb.BlockInfo(block_id=b.block_id, offset=b.idx * block_size, length=b.length,
+                            checksum=b.checksum, workers=self.registry.replicas(b.block_id),
+                            token=self.tokens.mint(b.block_id, mode) if mode else "")
 
     def _addresses(self, wids: Iterable[int]) -> list[pb.WorkerAddress]:
         out = []
@@ -817,7 +817,7 @@ class MasterService:
                 state = "pending upload"
             elif state == "failed":
                 state = f"failed: {f['message']}"
-            cached = sum(b["length"] for b in self.ns.blocks(row.ino) if self.registry.replicas(b["block_id"]))
+            cached = sum(b.length for b in self.ns.blocks(row.ino) if self.registry.replicas(b.block_id))
             reply.ufs.CopyFrom(pb.UfsFile(mount_id=m.mount_id, uri=m.object_uri(f["ukey"]), state=state,
                                           cached_bytes=cached, etag=f["etag"]))
         return reply

@@ -47,6 +47,16 @@ class InodeRow:
     target: str | None
 
 
+@dataclass(slots=True, frozen=True)
+class BlockRow:
+    """One ``blocks`` row of a file: its slot (idx), the block in it, the bytes it holds,
+    and their xxh3 checksum as the unsigned value clients see (stored signed: to_i64)."""
+    idx: int
+    block_id: int
+    length: int
+    checksum: int
+
+
 INODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(InodeRow))
 """The inodes columns an InodeRow holds, in its fields' order: every SELECT of one uses it."""
 INODE_COLS = ", ".join(INODE_FIELDS)
@@ -99,12 +109,10 @@ class Store:
         r = self.conn.execute("SELECT parent FROM dirents WHERE ino=? LIMIT 1", (ino,)).fetchone()
         return r[0] if r else ROOT_INO
 
-    def blocks(self, ino: int) -> list[Row]:
-        rows = [dict(r) for r in self.conn.execute(
+    def blocks(self, ino: int) -> list[BlockRow]:
+        """The file's blocks in slot order."""
+        return [BlockRow(idx, bid, length, to_u64(checksum)) for idx, bid, length, checksum in self.conn.execute(
             "SELECT idx, block_id, length, checksum FROM blocks WHERE ino=? ORDER BY idx", (ino,))]
-        for r in rows:
-            r["checksum"] = to_u64(r["checksum"])
-        return rows
 
     def counter(self, key: str, n: int = 1) -> int:
         """Take n values of a counter; returns the first."""

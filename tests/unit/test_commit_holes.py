@@ -28,7 +28,7 @@ def ns(tmp_path: Path) -> Iterator[NS]:
 
 def summed(ns: NS, ino: int) -> int:
     """What allocated must be: the file's block lengths, summed from the blocks table."""
-    return sum(b["length"] for b in ns.ns.blocks(ino))
+    return sum(b.length for b in ns.ns.blocks(ino))
 
 
 def three_blocks(ns: NS, name: str) -> tuple[int, int, list[int]]:
@@ -46,7 +46,7 @@ def test_holes_empty_their_slots_and_free_the_blocks(ns: NS) -> None:
     assert ns.ns.inode(ino).allocated == 2 * BS + 100
     out = ns.do(Commit, ino=ino, lease_id=lease, size=2 * BS + 100, holes=(1, 7))   # 7: a hole already
     assert out["freed"] == [ids[1]]
-    assert [b["idx"] for b in ns.ns.blocks(ino)] == [0, 2]
+    assert [b.idx for b in ns.ns.blocks(ino)] == [0, 2]
     assert to_attr(out["attr"]).allocated == BS + 100 == summed(ns, ino)
     assert out["attr"].size == 2 * BS + 100                    # the size stays
     # a block and a hole for one slot: the block is installed, then the slot emptied

@@ -38,7 +38,7 @@ def commit(ns: NS, ino: int, client: str, lease: int, size: int, slots: dict[int
 
 
 def slot_ids(ns: NS, ino: int) -> dict[int, int]:
-    return {r["idx"]: r["block_id"] for r in ns.ns.blocks(ino)}
+    return {r.idx: r.block_id for r in ns.ns.blocks(ino)}
 
 
 def test_two_writers_of_different_blocks_both_survive_and_the_size_only_grows(ns: NS) -> None:
@@ -85,7 +85,7 @@ def test_a_commit_carrying_a_truncation_cuts_first_and_ends_the_others(ns: NS) -
     # b cut the file to 1 MiB, then wrote the third block again: slot 1 is a hole now
     commit(ns, ino, "b", b, 3 * BS, {2: BS}, truncate_to=MB)
     assert set(slot_ids(ns, ino)) == {0, 2} and ns.ns.inode(ino).size == 3 * BS
-    assert next(r["length"] for r in ns.ns.blocks(ino) if r["idx"] == 0) == MB
+    assert next(r.length for r in ns.ns.blocks(ino) if r.idx == 0) == MB
     assert errno_of(lambda: commit(ns, ino, "a", a, 3 * BS, {})) == errno.ESTALE
     commit(ns, ino, "b", b, MB // 2, {}, truncate_to=MB // 2)   # a truncation alone shrinks exactly
     assert ns.ns.inode(ino).size == MB // 2 and set(slot_ids(ns, ino)) == {0}

@@ -200,7 +200,7 @@ def test_truncate_drops_blocks(ns: NS) -> None:
     ns.do(Commit, ino=ino, lease_id=lease, size=12 << 20, blocks=blocks, release=True)
     out = ns.do(Setattr, ino=ino, valid=SETATTR_SIZE, size=5 << 20)
     assert out["freed"] == [ids[2]]
-    assert [b["length"] for b in ns.ns.blocks(ino)] == [4 << 20, 1 << 20]
+    assert [b.length for b in ns.ns.blocks(ino)] == [4 << 20, 1 << 20]
 
 
 def test_several_clients_hold_leases_of_one_file_and_each_expires(ns: NS) -> None:
