@@ -35,7 +35,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Final, Mapping
 
 from curvine_py.common.errors import CurvineError, Unavailable
 from curvine_py.master import metrics, schema
@@ -46,7 +46,7 @@ from curvine_py.master.store import INODE_FIELDS, InodeRow, Result
 
 log = logging.getLogger(__name__)
 Key = tuple[int, "str | None"]
-CHANGES_KEY = "_changes"   # a result's entry for on_change's answer (never stored in the oplog)
+CHANGES_KEY: Final = "_changes"   # a result's entry for on_change's answer (never stored in the oplog)
 MAX_BATCH = 256
 # The `request_id != ''` term lets SQLite use the partial index oplog_req: with
 # `request_id=?` alone it cannot prove the bound value is not '' and scans the whole
@@ -244,7 +244,7 @@ class Journal:
             self._remember(rid, rec.now_ns, result)
         return result
 
-    def _remember(self, rid: str, now_ns: int, result: Result) -> None:
+    def _remember(self, rid: str, now_ns: int, result: Mapping[str, object]) -> None:
         """The retry cache's row of request rid: what its retry gets back."""
         args = (rid, now_ns // 1_000_000, encode_result(result))
         try:

@@ -305,7 +305,7 @@ class RaftGroup:
             raise Unavailable(f"{rec.op} not replicated (raft error {error})")
         if isinstance(result, CurvineError):
             raise result
-        return result if result is not None else {}
+        return result if result is not None else Result()
 
     # ------------------------------------------------------------------ status
     def status(self) -> pb.MasterStatusReply:

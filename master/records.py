@@ -22,8 +22,10 @@ and it must mean the same thing to a master of a later release.
   or given another meaning bumps the op's ``VERSION``, and ``_upgrade`` turns the older
   form into the current one.
 
-Results of applying a record are still plain dicts (``store.Result``), whose inodes are
-typed rows (``store.InodeRow``); typing the results themselves is the next step.
+Results of applying a record are dicts typed by key (``store.Result``, a TypedDict: each
+op family sets its keys), whose inodes are typed rows (``store.InodeRow``).  Not
+dataclasses: the retry cache keeps a result as compact JSON and a retry decodes it back
+as it was, with no type tag to choose a class by (journal.encode_result).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from typing import Annotated, Any, Callable, ClassVar, TypedDict, TypeVar
 
 from curvine_py.common.errors import CurvineError, err
 from curvine_py.master.posix import Cred
+from curvine_py.master.store import Result
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 UNSIGNED64 = "u64"
@@ -50,7 +53,7 @@ RECORDS: dict[str, type[Record]] = {}
 """Every record type by its op name (filled as the classes below are defined)."""
 
 
-Submit = Callable[["Record"], dict[str, Any]]
+Submit = Callable[["Record"], Result]
 """The journal's submit as its callers see it: a record in, its result out."""
 
 

@@ -16,7 +16,7 @@ import os
 import stat
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Final, Iterable
 
 from curvine_py.common.config import Config
 from curvine_py.common.errors import ConfigError, CurvineError, NotLeader, Unavailable, err, handler
@@ -59,7 +59,10 @@ TRASH_SWEEP_S = 10.0   # the trash is looked at this often (or every half grace,
 
 
 # a result's cache-session entries (MasterService.submit)
-WAIT_SEQ, EPOCH, LISTINGS, OWN_KEYS = "_wait_seq", "_epoch", "_listings", "_own_keys"
+WAIT_SEQ: Final = "_wait_seq"
+EPOCH: Final = "_epoch"
+LISTINGS: Final = "_listings"
+OWN_KEYS: Final = "_own_keys"
 # Records whose replies carry the caller's own invalidation (own_change): its mount's session
 # is not pushed it (no wake-up, no acknowledgement on the mutation's path).
 OWN_IN_REPLY = frozenset({"create", "mknod", "link", "unlink", "rmdir", "rename", "setattr", "commit",
@@ -79,7 +82,7 @@ def to_attr(row: InodeRow) -> pb.Attr:
                    allocated=row.allocated, complete=bool(row.complete), acl=bool(row.acl), kv=bool(row.kv))
 
 
-def dirs_of(result: dict[str, Any]) -> list[pb.Attr]:
+def dirs_of(result: Result) -> list[pb.Attr]:
     return [to_attr(d) for d in result.get("dirs", ())]
 
 
@@ -392,7 +395,7 @@ class MasterService:
         if time.monotonic() - self.started < self.cfg.master.worker_timeout_s and not self.registry.live_workers():
             raise Unavailable("the master is starting: no worker has registered yet")
 
-    def _open_reply(self, result: dict[str, Any]) -> pb.OpenReply:
+    def _open_reply(self, result: Result) -> pb.OpenReply:
         attr = result["attr"]
         mode = WRITE if result.get("lease_id") else READ
         blocks, workers = self._blocks(self.ns.blocks(attr.ino), attr.block_size, mode, attr.ino)

@@ -5,15 +5,16 @@ import errno
 import sqlite3
 import stat
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import ROOT_INO
 
+if TYPE_CHECKING:
+    from curvine_py.master.sessions import Barrier, Key
+
 Row = dict[str, Any]
 """A row of another table as a dict (the ufs_* tables' rows)."""
-Result = dict[str, Any]
-"""What applying an op record returns (its caller's answer, and the retry cache's)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +56,44 @@ class BlockRow:
     block_id: int
     length: int
     checksum: int
+
+
+class Result(TypedDict, total=False):
+    """What applying an op record returns: its caller's answer, and what a retry of its
+    request id gets back.  A dict typed by key (each op sets the keys of its family), not
+    a dataclass: the retry cache keeps it as JSON (journal.encode_result, an InodeRow as
+    its values) and a retry decodes it back as it was, whichever op it came from."""
+    # names and attributes (mknod, link, unlink, rmdir, rename, setattr, commit, create, open)
+    attr: InodeRow
+    created: bool
+    dirs: list[InodeRow]
+    kept: bool
+    freed: list[int]          # blocks to delete on the workers after the commit
+    # write leases and blocks (create, open_write, allocate, renew)
+    lease_id: int
+    lease_expiry_ms: int
+    soft: bool
+    block_ids: list[int]
+    block_size: int
+    replicas: int
+    expired: list[int]
+    # the cluster, the cache and the UFS (register_worker, evict, ufs_*, prune_*, events)
+    worker_id: int
+    evicted: list[int]
+    bytes: int
+    files: int
+    skipped: int
+    mount: Row
+    gone: bool
+    stale: bool
+    pruned: int
+    events: int
+    # the cache sessions' entries, added after the commit (journal, MasterService.submit)
+    _changes: Barrier
+    _wait_seq: int
+    _epoch: int
+    _listings: list[Key]
+    _own_keys: list[Key]
 
 
 INODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(InodeRow))

@@ -24,7 +24,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
@@ -33,7 +33,7 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import Mknod, Submit, SyncEntry, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
 from curvine_py.master.records import UfsMount as UfsMountRecord
-from curvine_py.master.store import Row
+from curvine_py.master.store import Result, Row
 from curvine_py.master.ufsops import PERSISTED, child_key
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py import ufs as providers
@@ -266,7 +266,7 @@ class UfsMounts:
             self.store(at[0].mount_id).delete(at[1])
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str, flags: int,
-               apply: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+               apply: Callable[[], Result]) -> Result:
         """Copy the object to its new key, apply the rename, then delete the old key.  A
         rename the namespace will refuse for its flags (no-replace onto an existing name,
         exchange) goes to the namespace first, so the copy never overwrites the object of a

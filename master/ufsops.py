@@ -91,7 +91,7 @@ class UfsOps(Store):
             # for a UFS file frees its cached blocks, counted from its last read or change
             self.conn.execute("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?,?,?)",
                               (ino, TTL, str(max(1, rec.ttl_ms // 1000)).encode()))
-        return {"mount": self.ufs_mount(mid)}
+        return {"mount": self.ufs_mount(mid) or {}}   # (inserted above)
 
     def _under_mount(self, ino: int) -> bool:
         while ino != ROOT_INO:
