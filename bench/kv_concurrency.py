@@ -8,8 +8,10 @@ workers on 1 and 2, the writer mount on host 1, fresh reader mounts on host 2 (a
 is local: short-circuit or FUSE passthrough) and on host 3 (no worker: the network), two
 reader processes in a row on host 3 (the second one used to hang).  Settings: the defaults
 (4 MiB blocks) and docs/config.md's KV settings (16 MiB blocks on the writer, direct-I/O
-reads), for 14 MiB and 32 MiB chunks.  The same runs go against a local directory of the
-same disk (the peer: what the disk and page cache give these threads).  Every byte is
+reads), and 16 MiB blocks read through default mounts (kvdir: a KV directory's chunks,
+`--settings defaults,kv,kvdir`), for 14 MiB and 32 MiB chunks.  The same runs go against
+a local directory of the same disk (the peer: what the disk and page cache give these
+threads).  Every byte is
 verified; a phase past --timeout is reported as a hang, and the run goes on.  Needs root.
 
     .venv/bin/python bench/kv_concurrency.py [--small] [--json] [--files 128] [--writers 32]
@@ -33,6 +35,9 @@ MiB = 1 << 20
 SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "defaults": ((), ()),
     "kv": (("--client-block-size", str(16 * MiB)), ("--fuse-direct-io-reads", "true")),
+    # a KV directory read through default mounts (`cv fs mkdir --kv`): one-block chunks,
+    # buffered reads of 128 KiB (issue 43: 96 readers on a host with no replica)
+    "kvdir": (("--client-block-size", str(16 * MiB)), ()),
 }
 READS = (("replica here", 2), ("no replica", 3), ("no replica, 2nd process", 3))
 Row = dict[str, typing.Any]
@@ -123,7 +128,7 @@ def main() -> int:
     p.add_argument("--writers", type=int, default=32, help="threads writing (32: LMCache's put pool)")
     p.add_argument("--readers", type=int, default=128, help="threads reading (128: every chunk at once)")
     p.add_argument("--sizes", default="14,32", help="chunk sizes in MiB (14: Qwen2.5-7B, 32: Llama-3.1-8B)")
-    p.add_argument("--settings", default="defaults,kv", help="curvine mount settings: defaults,kv")
+    p.add_argument("--settings", default="defaults,kv", help="curvine mount settings: defaults,kv,kvdir")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per phase before it counts as a hang")
     p.add_argument("--small", action="store_true", help="8 chunks of 2 MiB, 4 threads: a smoke run")
     p.add_argument("--json", action="store_true")
