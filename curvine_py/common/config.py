@@ -137,9 +137,9 @@ class FuseConfig:
     # names and attributes cached in the mount under the master's leases, kept true by its
     # pushes (client/metacache.py): lookups and stats the kernel's cache missed need no call
     metadata_cache: bool = True
-    # ...and what its pushes take leaves the kernel's caches too (fuse/notify.py); off by
-    # default: it slowed LMCache's reads through the mount (docs/config.md)
-    kernel_invalidation: bool = False
+    # ...and what its pushes take leaves the kernel's caches too (fuse/notify.py); its cost
+    # on LMCache's path through the mount is within the noise (docs/config.md, issue 39)
+    kernel_invalidation: bool = True
     direct_io: bool = False
     direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
