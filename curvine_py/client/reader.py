@@ -712,8 +712,8 @@ class FileReader:
 
     def _start_fetch_nowait(self, idx: int) -> bool:
         """Start fetching block idx ahead of its reads if a buffer is at hand and this
-        reader keeps fewer than its share of the pool (lock held)."""
-        if self._closed or len(self._cache) >= self.pool.share():
+        reader keeps fewer than its share of the pool, or the pool has plenty (lock held)."""
+        if self._closed or (len(self._cache) >= self.pool.share() and not self.pool.plenty()):
             return False
         raw = self.pool.acquire_nowait()
         if raw is None:

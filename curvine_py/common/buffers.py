@@ -140,6 +140,13 @@ class BufferPool:
             holders = len(self._cheap) + len(self._dear)
         return max(1, self.max_buffers // max(1, holders))
 
+    def plenty(self) -> bool:
+        """More than half the buffers are free or not yet made: speculative work need not
+        keep to share() (files held open but not being read are holders too, and would
+        leave a lone sequential reader without read-ahead)."""
+        with self._cond:
+            return len(self._free) + self.max_buffers - self._count > self.max_buffers // 2
+
     def try_acquire(self) -> mmap.mmap | None:
         """A free (already touched) buffer, or None: never waits, never allocates (the
         mount's event loop: touching fresh memory costs ~3 ms per 4 MiB here)."""

@@ -68,3 +68,12 @@ def test_a_waiting_acquire_still_gets_a_released_buffer() -> None:
     pool.release(buf)
     t.join(timeout=5)
     assert out == [buf]
+
+
+def test_plenty_while_more_than_half_the_buffers_are_unclaimed() -> None:
+    pool = BufferPool(4096, max_buffers=4)
+    assert pool.plenty()
+    taken = [pool.acquire() for _ in range(2)]
+    assert not pool.plenty()
+    pool.release(taken.pop())
+    assert pool.plenty()
