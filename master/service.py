@@ -34,7 +34,7 @@ from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.locate import Locator
 from curvine_py.master.locks import LockCall, LockTable
 from curvine_py.master.namespace import Namespace
-from curvine_py.master.store import BlockRow, InodeRow, Result, Row
+from curvine_py.master.store import BlockRow, InodeRow, Result, UfsFileRow
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
     ROOT, Allocate, Commit, CommitBlock, Create, Envelope, ExpireLeases, Link, Mknod, OpenWrite, PruneOplog, Record,
@@ -346,20 +346,20 @@ class MasterService:
         """Block infos of file ino's rows, with where each lies in the UFS if it is a UFS file."""
         infos = [self._block_info(b, block_size, mode) for b in rows]
         f = self.ns.ufs_file(ino) if ino else None
-        if f is not None and f["etag"]:
+        if f is not None and f.etag:
             self._add_ufs(ino, f, infos)
         return infos, self._addresses(w for info in infos for w in info.workers)
 
-    def _add_ufs(self, ino: int, f: Row, infos: list[pb.BlockInfo]) -> None:
+    def _add_ufs(self, ino: int, f: UfsFileRow, infos: list[pb.BlockInfo]) -> None:
         """Where each block lies in the UFS object.  Every block of a persisted file is in
         it; of a file changed since (pending), only the slots it has not rewritten (their
         checksum is 0: cut from the object, never written here).  A block with no live
         replica is loaded by its placement targets (room-aware)."""
-        ufs = pb.UfsRange(mount_id=f["mount_id"], key=f["ukey"], etag=f["etag"],
+        ufs = pb.UfsRange(mount_id=f.mount_id, key=f.ukey, etag=f.etag,
                           timeout_ms=int(self.cfg.ufs.timeout_s * 1000))
         replicas = self.ns.inode(ino).replicas or self.cfg.master.replicas
         for info in infos:
-            if f["state"] != PERSISTED and info.checksum:
+            if f.state != PERSISTED and info.checksum:
                 continue
             info.ufs.CopyFrom(ufs)
             info.ufs.offset = info.offset
@@ -637,16 +637,16 @@ class MasterService:
         """A UFS file's new bytes are complete: write-through uploads them now (the caller's
         close waits, and fails with the upload's error); write-back queues them."""
         f = self.ns.ufs_file(ino)
-        if f is None or f["state"] == PERSISTED:
+        if f is None or f.state == PERSISTED:
             return
-        if self.ufs.get(f["mount_id"]).write_mode == "through":
+        if self.ufs.get(f.mount_id).write_mode == "through":
             self.uploader.persist(ino, final=True)
         else:
             self.uploader.kick()
 
     def _write_through(self, ino: int) -> bool:
         f = self.ns.ufs_file(ino)
-        return f is not None and self.ufs.get(f["mount_id"]).write_mode == "through"
+        return f is not None and self.ufs.get(f.mount_id).write_mode == "through"
 
     @handler
     def RenewLeases(self, request: pb.LeaseRequest) -> pb.LeaseReply:
@@ -812,17 +812,17 @@ class MasterService:
         reply = pb.UfsStatReply(attr=to_attr(row))
         f = self.ns.ufs_file(row.ino)
         if f is not None:
-            m = self.ufs.get(f["mount_id"])
-            state = f["state"]
+            m = self.ufs.get(f.mount_id)
+            state = f.state
             if self.uploader.uploading(row.ino):
                 state = "uploading"
             elif state == "pending":
                 state = "pending upload"
             elif state == "failed":
-                state = f"failed: {f['message']}"
+                state = f"failed: {f.message}"
             cached = sum(b.length for b in self.ns.blocks(row.ino) if self.registry.replicas(b.block_id))
-            reply.ufs.CopyFrom(pb.UfsFile(mount_id=m.mount_id, uri=m.object_uri(f["ukey"]), state=state,
-                                          cached_bytes=cached, etag=f["etag"]))
+            reply.ufs.CopyFrom(pb.UfsFile(mount_id=m.mount_id, uri=m.object_uri(f.ukey), state=state,
+                                          cached_bytes=cached, etag=f.etag))
         return reply
 
     @handler

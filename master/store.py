@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from curvine_py.master.sessions import Barrier, Key
 
 Row = dict[str, Any]
-"""A row of another table as a dict (the ufs_* tables' rows)."""
+"""A row of another table as a dict (a ufs_mounts row: results carry it, ufsmounts.Mount reads it)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +96,34 @@ class Result(TypedDict, total=False):
     _own_keys: list[Key]
 
 
+@dataclass(slots=True, frozen=True)
+class UfsDirRow:
+    """One ``ufs_dirs`` row: a directory under a UFS mount, its key, when it was listed."""
+    ino: int
+    mount_id: int
+    ukey: str
+    listed_ns: int
+
+
+@dataclass(slots=True, frozen=True)
+class UfsFileRow:
+    """One ``ufs_files`` row: a file under a UFS mount, its key, the object's version last
+    seen, and its upload state (ufsops.PERSISTED, PENDING, FAILED)."""
+    ino: int
+    mount_id: int
+    ukey: str
+    state: str
+    etag: str
+    ufs_size: int
+    ufs_mtime_ns: int
+    checked_ns: int
+    dirty_ns: int
+    message: str
+    attempts: int
+
+
+UFS_DIR_COLS = ", ".join(f.name for f in fields(UfsDirRow))
+UFS_FILE_COLS = ", ".join(f.name for f in fields(UfsFileRow))
 INODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(InodeRow))
 """The inodes columns an InodeRow holds, in its fields' order: every SELECT of one uses it."""
 INODE_COLS = ", ".join(INODE_FIELDS)

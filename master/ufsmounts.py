@@ -169,10 +169,10 @@ class UfsMounts:
         u = ns.ufs_dir(ino)
         if u is None:
             return False
-        m = self.get(u["mount_id"])
-        if time.time_ns() - u["listed_ns"] < m.metadata_ttl_ms * 1_000_000 or self._backing_off(m):
+        m = self.get(u.mount_id)
+        if time.time_ns() - u.listed_ns < m.metadata_ttl_ms * 1_000_000 or self._backing_off(m):
             return True
-        self._once(ino, lambda: self._list(m, ino, u["ukey"]))
+        self._once(ino, lambda: self._list(m, ino, u.ukey))
         return True
 
     def _list(self, m: Mount, ino: int, key: str) -> None:
@@ -189,13 +189,13 @@ class UfsMounts:
         """At open: check the file's object if its last check is older than the TTL.  An
         object changed in the UFS gets fresh (uncached) blocks; one deleted there: ENOENT."""
         f = self._ns().ufs_file(ino)
-        if f is None or f["state"] != PERSISTED:
+        if f is None or f.state != PERSISTED:
             return
-        m = self.get(f["mount_id"])
-        if time.time_ns() - f["checked_ns"] < m.metadata_ttl_ms * 1_000_000 or self._backing_off(m):
+        m = self.get(f.mount_id)
+        if time.time_ns() - f.checked_ns < m.metadata_ttl_ms * 1_000_000 or self._backing_off(m):
             return
         try:
-            info = self.store(m.mount_id).stat(f["ukey"])
+            info = self.store(m.mount_id).stat(f.ukey)
         except UfsError as e:
             self._failed(m, e)
             return
@@ -205,7 +205,7 @@ class UfsMounts:
         else:
             rec = UfsRefresh(ino=ino, size=info.size, mtime_ns=info.mtime_ns, etag=info.etag)
         if self.submit(rec).get("gone"):
-            raise err(errno.ENOENT, f"{m.object_uri(f['ukey'])} was deleted from the UFS")
+            raise err(errno.ENOENT, f"{m.object_uri(f.ukey)} was deleted from the UFS")
 
     def _once(self, ino: int, fn: Callable[[], None]) -> None:
         """Run fn for ino unless a run is in flight; then wait for that one (bounded)."""
@@ -239,7 +239,7 @@ class UfsMounts:
         u = self._ns().ufs_dir(parent)
         if u is None:
             return None
-        return self.get(u["mount_id"]), child_key(u["ukey"], name)
+        return self.get(u.mount_id), child_key(u.ukey, name)
 
     def mkdir(self, parent: int, name: str) -> None:
         at = self.where(parent, name)
@@ -256,9 +256,9 @@ class UfsMounts:
         ns = self._ns()
         row = ns.child(parent, name)
         f = ns.ufs_file(row.ino) if row is not None and stat.S_ISREG(row.mode) else None
-        if f is None or not f["etag"]:
+        if f is None or not f.etag:
             return None
-        return self.get(f["mount_id"]), f["ukey"]
+        return self.get(f.mount_id), f.ukey
 
     def unlink(self, parent: int, name: str) -> None:
         at = self.in_ufs(parent, name)
@@ -287,7 +287,7 @@ class UfsMounts:
         store.delete(src[1])
         if row is not None:
             f = self._ns().ufs_file(row.ino)
-            if f is not None and f["state"] == PERSISTED:
+            if f is not None and f.state == PERSISTED:
                 cur = self._ns().inode(row.ino)
                 self.submit(UfsState(ino=row.ino, generation=cur.generation, key=dst[1], etag=info.etag,
                                      mtime_ns=info.mtime_ns))

@@ -24,7 +24,7 @@ from curvine_py.common.policy import TTL
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
-from curvine_py.master.store import InodeRow, Result, Row, Store
+from curvine_py.master.store import UFS_DIR_COLS, UFS_FILE_COLS, InodeRow, Result, Row, Store, UfsDirRow, UfsFileRow
 
 PERSISTED, PENDING, FAILED = "persisted", "pending", "failed"
 FILE_MODE, DIR_MODE = stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755
@@ -47,12 +47,14 @@ class UfsOps(Store):
         def _exists(self, ino: int) -> bool: ...
 
     # ------------------------------------------------------------------ lookups
-    def ufs_dir(self, ino: int) -> Row | None:
+    def ufs_dir(self, ino: int) -> UfsDirRow | None:
         """The UFS row of directory ino (None: not under a mount)."""
-        return self.q1("SELECT ino, mount_id, ukey, listed_ns FROM ufs_dirs WHERE ino=?", (ino,))
+        r = self.conn.execute(f"SELECT {UFS_DIR_COLS} FROM ufs_dirs WHERE ino=?", (ino,)).fetchone()
+        return UfsDirRow(*r) if r is not None else None
 
-    def ufs_file(self, ino: int) -> Row | None:
-        return self.q1("SELECT * FROM ufs_files WHERE ino=?", (ino,))
+    def ufs_file(self, ino: int) -> UfsFileRow | None:
+        r = self.conn.execute(f"SELECT {UFS_FILE_COLS} FROM ufs_files WHERE ino=?", (ino,)).fetchone()
+        return UfsFileRow(*r) if r is not None else None
 
     def ufs_mount(self, mount_id: int) -> Row | None:
         return self.q1("SELECT * FROM ufs_mounts WHERE mount_id=?", (mount_id,))
@@ -60,10 +62,10 @@ class UfsOps(Store):
     def ufs_mounts(self) -> list[Row]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM ufs_mounts ORDER BY path")]
 
-    def ufs_pending(self, limit: int = 100) -> list[Row]:
+    def ufs_pending(self, limit: int = 100) -> list[UfsFileRow]:
         """Files waiting for an upload, oldest change first."""
-        return [dict(r) for r in self.conn.execute(
-            "SELECT * FROM ufs_files WHERE state = ? ORDER BY dirty_ns LIMIT ?", (PENDING, limit))]
+        return [UfsFileRow(*r) for r in self.conn.execute(
+            f"SELECT {UFS_FILE_COLS} FROM ufs_files WHERE state = ? ORDER BY dirty_ns LIMIT ?", (PENDING, limit))]
 
     # ------------------------------------------------------------------ mount table
     @applies(UfsMount)
@@ -150,7 +152,7 @@ class UfsOps(Store):
         self.conn.execute("UPDATE ufs_dirs SET listed_ns=? WHERE ino=?", (now, ino))
         return {"freed": freed}
 
-    def _sync_entry(self, d: InodeRow, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
+    def _sync_entry(self, d: InodeRow, u: UfsDirRow, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
                     now: int) -> list[int]:
         row = self.child(d.ino, name)
         if row is None:
@@ -158,13 +160,13 @@ class UfsOps(Store):
             return []
         if not is_dir and stat.S_ISREG(row.mode):
             f = self.ufs_file(row.ino)
-            if f is not None and f["state"] == PERSISTED and f["etag"] != etag and not row.lease_id:
+            if f is not None and f.state == PERSISTED and f.etag != etag and not row.lease_id:
                 return self._replace_data(row, size, mtime_ns, etag, now)
             if f is not None:
                 self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row.ino))
         return []
 
-    def _adopt(self, d: InodeRow, u: Row, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
+    def _adopt(self, d: InodeRow, u: UfsDirRow, name: str, is_dir: bool, size: int, mtime_ns: int, etag: str,
                now: int) -> int:
         """A name the UFS has and the pool did not: a file with uncached blocks, or a directory."""
         ino = self.counter("next_ino")
@@ -177,17 +179,17 @@ class UfsOps(Store):
             (ino, mode, d.uid, d.gid, DIR_SIZE if is_dir else size, 2 if is_dir else 1, mtime, mtime, now,
              bs, d.replicas or self.default_replicas))
         self._add_entry(d.ino, name, ino)
-        key = child_key(u["ukey"], name)
+        key = child_key(u.ukey, name)
         if is_dir:
             self._touch_dir(d.ino, now, 1)
             self.conn.execute("INSERT INTO ufs_dirs(ino, mount_id, ukey, listed_ns) VALUES (?,?,?,0)",
-                              (ino, u["mount_id"], key))
+                              (ino, u.mount_id, key))
         else:
             self._touch_dir(d.ino, now)
             self._cut_blocks(ino, size, bs)
             self.conn.execute(
                 "INSERT INTO ufs_files(ino, mount_id, ukey, state, etag, ufs_size, ufs_mtime_ns, checked_ns)"
-                " VALUES (?,?,?,?,?,?,?,?)", (ino, u["mount_id"], key, PERSISTED, etag, size, mtime_ns, now))
+                " VALUES (?,?,?,?,?,?,?,?)", (ino, u.mount_id, key, PERSISTED, etag, size, mtime_ns, now))
         return ino
 
     def _cut_blocks(self, ino: int, size: int, bs: int) -> None:
@@ -222,7 +224,7 @@ class UfsOps(Store):
             self._touch_dir(parent, now, -1)
         else:
             f = self.ufs_file(ino)
-            if f is None or f["state"] != PERSISTED or row.lease_id:
+            if f is None or f.state != PERSISTED or row.lease_id:
                 return []
             self._touch_dir(parent, now)
             freed = []
@@ -238,7 +240,7 @@ class UfsOps(Store):
                     return False
             else:
                 f = self.ufs_file(child)
-                if f is None or f["state"] != PERSISTED:
+                if f is None or f.state != PERSISTED:
                     return False
         return True
 
@@ -247,7 +249,7 @@ class UfsOps(Store):
         """An open found the file's object changed (rec.gone: deleted) after its TTL."""
         row = self.inode(rec.ino)
         f = self.ufs_file(rec.ino)
-        if f is None or f["state"] != PERSISTED or row.lease_id:
+        if f is None or f.state != PERSISTED or row.lease_id:
             return {"freed": []}
         now = rec.now_ns
         if rec.gone:
@@ -258,7 +260,7 @@ class UfsOps(Store):
                 self._touch_dir(parent, now)
                 freed += self._drop_link(self.inode(row.ino), now) if self._exists(row.ino) else []
             return {"freed": freed, "gone": True}
-        if f["etag"] == rec.etag:
+        if f.etag == rec.etag:
             self.conn.execute("UPDATE ufs_files SET checked_ns=? WHERE ino=?", (now, row.ino))
             return {"freed": []}
         return {"freed": self._replace_data(row, rec.size, rec.mtime_ns, rec.etag, now)}
@@ -273,7 +275,7 @@ class UfsOps(Store):
         if f is None or not self._exists(rec.ino):
             return {"stale": True}
         row = self.inode(rec.ino)
-        if row.generation != rec.generation or f["ukey"] != rec.key or row.lease_id and not row.complete:
+        if row.generation != rec.generation or f.ukey != rec.key or row.lease_id and not row.complete:
             return {"stale": True}
         if rec.etag is not None:
             self.conn.execute("UPDATE ufs_files SET state=?, etag=?, ufs_size=?, ufs_mtime_ns=?, checked_ns=?,"
@@ -294,13 +296,13 @@ class UfsOps(Store):
         u = self.ufs_dir(parent)
         if u is None:
             return
-        key = child_key(u["ukey"], name)
+        key = child_key(u.ukey, name)
         if stat.S_ISDIR(mode):
             self.conn.execute("INSERT INTO ufs_dirs(ino, mount_id, ukey, listed_ns) VALUES (?,?,?,?)",
-                              (ino, u["mount_id"], key, now))
+                              (ino, u.mount_id, key, now))
         elif stat.S_ISREG(mode):
             self.conn.execute("INSERT INTO ufs_files(ino, mount_id, ukey, state, dirty_ns) VALUES (?,?,?,?,?)",
-                              (ino, u["mount_id"], key, PENDING, now))
+                              (ino, u.mount_id, key, PENDING, now))
         else:
             raise err(errno.EOPNOTSUPP, "a UFS mount holds only regular files and directories")
 
@@ -311,11 +313,11 @@ class UfsOps(Store):
         su, du = self.ufs_dir(sp), self.ufs_dir(dp)
         if su is None and du is None:
             return
-        if su is None or du is None or su["mount_id"] != du["mount_id"]:
+        if su is None or du is None or su.mount_id != du.mount_id:
             raise err(errno.EXDEV, "rename across a UFS mount's edge")
         if stat.S_ISDIR(src.mode):
             raise err(errno.EXDEV, "directories under a UFS mount are not renamed (copy them)")
-        self.conn.execute("UPDATE ufs_files SET ukey=? WHERE ino=?", (child_key(du["ukey"], dn), src.ino))
+        self.conn.execute("UPDATE ufs_files SET ukey=? WHERE ino=?", (child_key(du.ukey, dn), src.ino))
         self._inherit_object(src.ino, self.child(dp, dn))
 
     def _inherit_object(self, ino: int, replaced: InodeRow | None) -> None:
@@ -326,10 +328,10 @@ class UfsOps(Store):
         if replaced is None or replaced.ino == ino or not stat.S_ISREG(replaced.mode):
             return
         old, f = self.ufs_file(replaced.ino), self.ufs_file(ino)
-        if old is None or not old["etag"] or f is None or f["etag"]:
+        if old is None or not old.etag or f is None or f.etag:
             return
         self.conn.execute("UPDATE ufs_files SET etag=?, ufs_size=?, ufs_mtime_ns=? WHERE ino=?",
-                          (old["etag"], old["ufs_size"], old["ufs_mtime_ns"], ino))
+                          (old.etag, old.ufs_size, old.ufs_mtime_ns, ino))
 
     def ufs_linked(self, ino: int, new_parent: int) -> None:
         if self.ufs_dir(new_parent) is not None or self.ufs_file(ino) is not None:
@@ -343,7 +345,7 @@ class UfsOps(Store):
         f = self.ufs_file(ino)
         if f is None:
             return None
-        if f["state"] != PERSISTED:
+        if f.state != PERSISTED:
             return []
         rows = self.conn.execute("SELECT idx, block_id, length FROM blocks WHERE ino=? ORDER BY idx",
                                  (ino,)).fetchall()
@@ -361,7 +363,7 @@ class UfsOps(Store):
         files = skipped = nbytes = 0
         for ino in rec.inos:
             f = self.ufs_file(ino) if self._exists(ino) else None
-            if f is None or f["state"] != PERSISTED:
+            if f is None or f.state != PERSISTED:
                 skipped += 1          # its only copy is in the pool: freeing it would lose it
                 continue
             nbytes += self.inode(ino).size

@@ -115,11 +115,11 @@ class Uploader:
     def _upload(self, ino: int, final: bool) -> None:
         ns = self._ns()
         f = ns.ufs_file(ino)
-        if f is None or f["state"] == PERSISTED or (f["state"] != PENDING and not final):
+        if f is None or f.state == PERSISTED or (f.state != PENDING and not final):
             return   # uploaded already (a retried close), or failed for good
         row, blocks, addrs = self.blocks_of(ino)
-        key, generation = f["ukey"], row.generation
-        m = self.mounts.get(f["mount_id"])
+        key, generation = f.ukey, row.generation
+        m = self.mounts.get(f.mount_id)
         try:
             if any(b.ufs.load for b in blocks):   # slots not rewritten and not cached: the old object's
                 self._load(blocks, addrs)
@@ -199,15 +199,15 @@ class Uploader:
         delay_ns = int(self.cfg.upload_delay_s * 1e9)
         ns = self._ns()
         for f in ns.ufs_pending():
-            ino = f["ino"]
-            if f["dirty_ns"] + delay_ns > now_ns or self._next_try.get(ino, 0.0) > now or self.uploading(ino) \
+            ino = f.ino
+            if f.dirty_ns + delay_ns > now_ns or self._next_try.get(ino, 0.0) > now or self.uploading(ino) \
                     or ino in self._queued:
                 continue
             row = ns.conn.execute("SELECT lease_id, complete FROM inodes WHERE ino=?", (ino,)).fetchone()
             if row is None or (row[0] and not row[1]):
                 continue   # being written: its close queues it again
             self._queued.add(ino)
-            self._pool.submit(self._background, ino, f["attempts"])
+            self._pool.submit(self._background, ino, f.attempts)
 
     def _background(self, ino: int, attempts: int) -> None:
         """One write-back attempt (on the upload pool); a failure waits its backoff."""
