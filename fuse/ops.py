@@ -27,7 +27,7 @@ from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta
 from curvine_py.client.locks import SHARED_INDEX_SUFFIX, LockAsk, acquire, gate, is_shared_index
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.vfs import VFS, Op, Opened
+from curvine_py.client.vfs import VFS, InodeState, Op, Opened
 from curvine_py.client.reader import LentView
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
@@ -631,6 +631,7 @@ class CurvineOps(pyfuse3.Operations):
             if a.type != UNLCK and not locks.gated(ino):
                 if not await self._do(gate(locks, self.vfs.meta.caller(), ino, WRLCK)):
                     return False
+                log.debug("WAL index inode %d: this mount's now (its database is loaded again)", ino)
                 await self._reload_database(ino)
             try:
                 return await self._do(self.vfs.setlk(fh, a, waiting))
@@ -643,6 +644,7 @@ class CurvineOps(pyfuse3.Operations):
         if locks.gated(ino) and not locks.others_on(ino):
             await self._commit_database(ino)
             await self._do(gate(locks, self.vfs.meta.caller(), ino, UNLCK))
+            log.debug("WAL index inode %d: given up (no lock of this mount's left on it)", ino)
 
     async def _database_files(self, ino: int) -> list[int]:
         """The inodes of WAL index ino's database and WAL file, as named now."""
@@ -665,8 +667,22 @@ class CurvineOps(pyfuse3.Operations):
         for f in await self._database_files(ino):
             st = self.vfs._open_state(f)
             if st is not None:
+                await self._end_writer(st)
                 st.version += 1
             await self._run(_invalidate, f)
+
+    async def _end_writer(self, st: InodeState) -> None:
+        """A writer of this mount's (one that created the WAL, say) reads and writes the
+        file as it was when it began: it commits and closes, and the next write takes one
+        that begins with the file as the other mount left it (VFS.setlk does so at a lock)."""
+        w = st.writer
+        if w is None or w.closed:
+            return
+        try:
+            if await self._run(functools.partial(w.flush, True, True)) is not None:
+                st.version += 1
+        except CurvineError as e:
+            log.error("inode %d: committing a writer at a WAL index's gate: %s", st.ino, e)
 
     async def _commit_database(self, ino: int) -> None:
         """Before this mount gives WAL index ino's gate up: its writes of the database and
