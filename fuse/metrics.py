@@ -32,10 +32,10 @@ WRITTEN_BYTES = Counter("curvine_fuse_written_bytes", "Bytes of FUSE WRITE reque
 LOOKUPS = Counter("curvine_fuse_lookups", "FUSE lookups by result (hit: the name exists; miss: ENOENT) and "
                   "top-level directory of the pool: the KV cache's hit rate", ["dir", "result"])
 # fuse/notify.py: what the master's pushes and the cache's refusals cost the kernel (issue 39)
-KERNEL_INVALIDATIONS = Counter("curvine_fuse_kernel_invalidations", "fuse.kernel_invalidation's work, by kind: "
-                               "push (pushes handed to the kernel), refused (refused answers and session ends), "
-                               "told (notifications the kernel took), late (pushes acknowledged before the kernel "
-                               "forgot: the 50 ms wait ran out)", ["kind"])
+KERNEL_INVALIDATIONS = Counter("curvine_fuse_kernel_invalidations", "fuse.kernel_invalidation's work, by "
+                               "outcome: push (pushes handed to the kernel), refused (refused answers and session "
+                               "ends), told (notifications the kernel took), late (pushes acknowledged before the "
+                               "kernel forgot: the 50 ms wait ran out)", ["outcome"])
 
 
 class TopDirs:

@@ -42,11 +42,11 @@ def read_bytes(m: Mount) -> float:
 
 def told(m: Mount) -> float:
     """Notifications m's kernel took (fuse/notify.py)."""
-    return metric(m, r'curvine_fuse_kernel_invalidations_total\{kind="told"\}')
+    return metric(m, r'curvine_fuse_kernel_invalidations_total\{outcome="told"\}')
 
 
 def pushes(m: Mount) -> float:
-    return metric(m, r'curvine_fuse_kernel_invalidations_total\{kind="push"\}')
+    return metric(m, r'curvine_fuse_kernel_invalidations_total\{outcome="push"\}')
 
 
 def daemon_ops(m: Mount) -> float:
