@@ -25,7 +25,7 @@ import trio
 
 from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta
-from curvine_py.client.locks import SHARED_INDEX_SUFFIX, LockAsk, acquire, gate, is_shared_index
+from curvine_py.client.locks import PENDING_BYTE, SHARED_INDEX_SUFFIX, LockAsk, acquire, gate, is_shared_index
 from curvine_py.client.metaclient import Identity
 from curvine_py.client.vfs import VFS, InodeState, Op, Opened
 from curvine_py.client.reader import LentView
@@ -164,6 +164,7 @@ class CurvineOps(pyfuse3.Operations):
         # on each, so the gate is taken before, and given up after, its processes' locks
         self._indexes: dict[int, tuple[int, str]] = {}   # -> (directory, the database's name)
         self._gate_mu: dict[int, trio.Lock] = {}
+        self._db_gates: dict[int, int] = {}   # index -> its database, whose gate this mount holds too
 
     def init(self) -> None:
         """The kernel's INIT was answered: passthrough and locks are known to work or not now."""
@@ -644,15 +645,18 @@ class CurvineOps(pyfuse3.Operations):
         if locks.gated(ino) and not locks.others_on(ino):
             await self._commit_database(ino)
             await self._do(gate(locks, self.vfs.meta.caller(), ino, UNLCK))
+            db = self._db_gates.pop(ino, 0)
+            if db:
+                await self._do(gate(locks, self.vfs.meta.caller(), db, UNLCK, byte=PENDING_BYTE))
             log.debug("WAL index inode %d: given up (no lock of this mount's left on it)", ino)
 
-    async def _database_files(self, ino: int) -> list[int]:
-        """The inodes of WAL index ino's database and WAL file, as named now."""
+    async def _database_files(self, ino: int) -> dict[str, int]:
+        """The inodes of WAL index ino's database ("db") and WAL file ("wal"), as named now."""
         parent, db = self._indexes[ino]
-        found = []
-        for name in (db, db + "-wal"):
+        found = {}
+        for kind, name in (("db", db), ("wal", db + "-wal")):
             try:
-                found.append((await self._do(self.vfs.lookup(parent, name, _ROOT))).ino)
+                found[kind] = (await self._do(self.vfs.lookup(parent, name, _ROOT))).ino
             except CurvineError as e:
                 if e.errno != errno.ENOENT:
                     raise
@@ -663,8 +667,13 @@ class CurvineOps(pyfuse3.Operations):
         WAL is another mount's past (that mount committed them at its gate's end), so its
         readers load them again, as a lock of each would (NFS's rule, VFS.setlk), and the
         kernel drops its pages.  (SQLite holds its database lock all along in WAL mode,
-        and never locks the WAL: nothing else would.)"""
-        for f in await self._database_files(ino):
+        and never locks the WAL: nothing else would.)  The database's gate too: another
+        host's connection waits at its database lock (client/locks.py)."""
+        files = await self._database_files(ino)
+        db = files.get("db", 0)
+        if db and await self._do(gate(self.vfs.locks, self.vfs.meta.caller(), db, WRLCK, byte=PENDING_BYTE)):
+            self._db_gates[ino] = db
+        for f in files.values():
             st = self.vfs._open_state(f)
             if st is not None:
                 await self._end_writer(st)
@@ -689,7 +698,7 @@ class CurvineOps(pyfuse3.Operations):
         its WAL reach the master, for the next mount's recovery to read (SQLite syncs the
         WAL at each commit only with synchronous=FULL, and does not close it before its
         locks of the index are gone)."""
-        for f in await self._database_files(ino):
+        for f in (await self._database_files(ino)).values():
             st = self.vfs._open_state(f)
             if st is None or st.writer is None or st.writer.closed:
                 continue

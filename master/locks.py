@@ -17,6 +17,10 @@ Why in memory, and how a lock survives anyway:
   journal records (a lock call is not an fsync), and what a failover loses is only what
   the mounts lost too.
 
+A lock of owner MOUNT_OWNER is its mount's own: it conflicts with other mounts' locks
+only, never with its own processes' (a mount keeps SQLite's WAL index and database to
+itself while its processes use them in WAL mode, client/locks.py ``gate``).
+
 Blocking waits are the clients' (they ask again with ``wait``); the table remembers who
 waits for whom for a few seconds (``WAIT_TTL_S``), and a POSIX wait that would close a
 cycle of mounts' owners gets EDEADLK, as the kernel's own detection does locally.
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 WAIT_TTL_S = 5.0    # a waiter not heard from again in this long no longer counts for EDEADLK
 MAX_RANGES = 100_000   # lock ranges one mount may hold (the master's memory): ENOLCK past it, as the kernel's
 Owner = tuple[str, int]      # (the mount's client id, the kernel's lock owner)
+MOUNT_OWNER = (1 << 64) - 1  # the mount's own locks (no kernel lock owner is this): client/locks.py GATE_OWNER
 Held = dict[Owner, tuple[Range, ...]]
 
 
@@ -191,7 +196,10 @@ class LockTable:
 
     def _blocker(self, c: LockCall) -> tuple[Owner, Range] | None:
         held = self._tables[c.flock].get(c.ino, {})
-        others = {k: v for k, v in held.items() if k != c.key}
+        if c.owner == MOUNT_OWNER:   # the mount's own lock: only other mounts' are in its way...
+            others = {k: v for k, v in held.items() if k[0] != c.client}
+        else:                        # ...and it is in no way of its own processes'
+            others = {k: v for k, v in held.items() if k != c.key and k != (c.client, MOUNT_OWNER)}
         return lockranges.blocker(others, c.type, c.start, c.end)
 
     def _install(self, c: LockCall) -> None:

@@ -16,9 +16,12 @@ SQLite's WAL index (``<db>-shm``) is memory every connection maps: two hosts can
 it, so its byte-range locks belong to one mount at a time (``gate``): a mount holds a
 write lock of its own (owner GATE_OWNER, the file's last byte) while any of its processes
 holds a lock on a ``-shm`` file, and another mount's lock calls on that file meet it as a
-conflict.  SQLite's open of the index (os_unix.c, unixLockSharedMemory: F_GETLK on the
-DMS byte, then F_SETLK) then answers SQLITE_BUSY on the second host, which its busy
-timeout retries until the first host's connections are gone (docs/posix.md, SQLite).
+conflict: SQLite's open of the index (os_unix.c, unixLockSharedMemory: F_GETLK on the
+DMS byte, then F_SETLK) answers SQLITE_BUSY on the second host.  SQLite retries that
+itself for about 10 s only (then SQLITE_PROTOCOL), so the mount also holds a write lock
+of its own on the database's PENDING_BYTE, the byte every reader locks first: another
+host's connection gets SQLITE_BUSY at its database lock, which its busy timeout retries
+until the first host's connections are gone (docs/posix.md, SQLite).
 """
 from __future__ import annotations
 
@@ -39,8 +42,9 @@ FIRST_POLL_S = 0.01     # a blocked waiter asks again after this, then twice as 
 POLL_MAX_S = 0.5        # ...up to this: a released lock is taken within half a second
 Key = tuple[bool, int, int]   # (flock?, ino, lock owner)
 SHARED_INDEX_SUFFIX = "-shm"   # SQLite's WAL index: its locks are one mount's at a time (gate)
-GATE_OWNER = 0                 # the mount's own owner of the gate (the kernel's owners are pointers, never 0)
-GATE_BYTE = lockranges.TO_EOF  # the gate's one byte: past anything SQLite locks (bytes 120-128)
+GATE_OWNER = (1 << 64) - 1     # the mount's own locks (master/locks.py MOUNT_OWNER): never in its processes' way
+GATE_BYTE = lockranges.TO_EOF  # the index's gate: one byte past anything SQLite locks there (bytes 120-128)
+PENDING_BYTE = 0x40000000      # SQLite's database lock byte every reader takes first (os_unix.c): the database's gate
 
 
 def is_shared_index(name: str) -> bool:
@@ -153,13 +157,14 @@ def _is_gate(key: Key) -> bool:
     return not key[0] and key[2] == GATE_OWNER
 
 
-def gate(locks: MountLocks, caller: pb.Caller, ino: int, type: int,
-         test: bool = False) -> Generator[Any, Any, bool]:
+def gate(locks: MountLocks, caller: pb.Caller, ino: int, type: int, test: bool = False,
+         byte: int = GATE_BYTE) -> Generator[Any, Any, bool]:
     """A VFS operation (client/vfs.py ``Op``): take (WRLCK), give up (UNLCK) or, with
-    test, look at ino's gate; True when done (or free).  The gate is an ordinary lock of
-    the master's table (renewed with the mount's lease, reclaimed by a new leader, dropped
-    when the mount's lease runs out), so a mount that dies holding it frees it."""
-    a = LockAsk(ino, GATE_OWNER, False, type, GATE_BYTE, GATE_BYTE)
+    test, look at ino's gate (byte: PENDING_BYTE for a database's); True when done (or
+    free).  The gate is an ordinary lock of the master's table (renewed with the mount's
+    lease, reclaimed by a new leader, dropped when the mount's lease runs out), so a
+    mount that dies holding it frees it."""
+    a = LockAsk(ino, GATE_OWNER, False, type, byte, byte)
     reply = yield Master.Lock, a.request(caller, test=test)
     if reply.granted and not test:
         locks.granted(a, reply.lease_ms)

@@ -516,6 +516,85 @@ def test_sqlite_in_wal_mode_from_two_hosts_loses_nothing(net_cluster_factory: Fa
     assert all(n == WAL_ROWS for n in committed.values()), results
 
 
+# A connection that commits n rows in WAL mode (synchronous=FULL: each synced) and stays open.
+WAL_HOLDER = r"""
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], timeout=10, isolation_level=None)
+c.execute("PRAGMA journal_mode=wal")
+for i in range(int(sys.argv[2])):
+    c.execute("INSERT INTO t VALUES ('dead', ?, randomblob(3000))", (i,))
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_dead_hosts_wal_index_is_freed_by_its_lock_lease(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """A host whose mount dies with the database open in WAL mode keeps the other hosts
+    out (SQLITE_BUSY, "database is locked") only until its lock lease runs out; the next
+    host then recovers from the WAL every transaction the dead host had committed."""
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    wait_granted(c, m1 / "warm")
+    new_db(m1 / "x.db", "wal")
+    p = subprocess.Popen([sys.executable, "-c", WAL_HOLDER, str(m1 / "x.db"), "10"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        con = sqlite3.connect(m2 / "x.db", timeout=0.3)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            con.execute("SELECT count(*) FROM t").fetchall()
+        con.close()
+        daemon = next(d for d in c.processes if d.role == "fuse" and d.address == str(m1))
+        killed = time.monotonic()
+        os.kill(daemon.pid, signal.SIGKILL)
+        con = sqlite3.connect(m2 / "x.db", timeout=30)
+        try:
+            rows = con.execute("SELECT count(*) FROM t").fetchone()[0]
+            took = time.monotonic() - killed
+            assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        finally:
+            con.close()
+    finally:
+        p.kill()
+        p.wait(10)
+    assert rows == 10
+    assert took < LEASE_S + 3.0, f"the dead host's WAL index was free after {took:.1f} s"
+    print(f"the dead host's WAL index free after {took:.2f} s (lock lease {LEASE_S} s), its 10 rows there")
+
+
+def test_a_second_host_waits_out_a_long_wal_session(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """A host keeps the database open in WAL mode for 12 s: the other host's writer waits
+    at its database lock (busy timeout) and then writes.  (SQLite retries a busy WAL
+    index for about 10 s only, then fails with "locking protocol": the mount's own lock
+    on the database's PENDING_BYTE makes the wait SQLite's busy timeout's.)"""
+    c = cluster(net_cluster_factory)
+    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
+    wait_granted(c, m1 / "warm")
+    new_db(m1 / "x.db", "wal")
+    p = subprocess.Popen([sys.executable, "-c", WAL_HOLDER, str(m1 / "x.db"), "10"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        w = subprocess.Popen([sys.executable, "-c", WAL_WRITER, str(m2 / "x.db"), "b", str(WAL_ROWS), "full"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(12)
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(20) == 0
+        report = w.communicate(timeout=60)[0].strip()
+    finally:
+        p.kill()
+        p.wait(10)
+    print("second host:", report)
+    assert w.returncode == 0 and report.startswith(f"committed {WAL_ROWS} "), report
+    con = sqlite3.connect(m1 / "x.db", timeout=30)
+    try:
+        assert dict(con.execute("SELECT tag, count(*) FROM t GROUP BY tag").fetchall()) == {"dead": 10, "b": WAL_ROWS}
+    finally:
+        con.close()
+
+
 def test_a_second_hosts_writer_writes_while_the_first_holds_its_lease(net_cluster_factory: Factory,
                                                                       tmp_path: Path) -> None:
     """A file open for writing on one host opens and writes on another too, whoever holds

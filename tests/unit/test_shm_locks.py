@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import typing
 
-from curvine_py.client.locks import GATE_BYTE, GATE_OWNER, LockAsk, MountLocks, gate, is_shared_index
+from curvine_py.client.locks import GATE_BYTE, GATE_OWNER, PENDING_BYTE, LockAsk, MountLocks, gate, is_shared_index
 from curvine_py.common.lockranges import RDLCK, UNLCK, WRLCK
-from curvine_py.master.locks import LockCall, LockTable
+from curvine_py.master.locks import MOUNT_OWNER, LockCall, LockTable
 from curvine_py.pb import curvine_pb2 as pb
 
 INO = 9
@@ -127,3 +127,25 @@ def test_the_gate_is_not_a_lock_that_keeps_the_write_lease() -> None:
     assert not m.unlocking(LockAsk(INO, 1, False, UNLCK))
     m.granted(LockAsk(INO, 1, False, UNLCK), 5000)
     assert m.gated(INO) and not m.others_on(INO)
+
+
+def test_a_mounts_own_lock_is_in_the_way_of_other_mounts_only() -> None:
+    """The database's gate (PENDING_BYTE, which every SQLite reader locks first): another
+    host's reader is refused at its database lock (SQLITE_BUSY, which its busy timeout
+    retries), the mount's own processes take theirs, and their locks never stop the
+    mount's own."""
+    assert GATE_OWNER == MOUNT_OWNER
+    _, _, table, _ = two_mounts()
+
+    def call(client: str, owner: int, type: int) -> LockCall:
+        return LockCall(client, INO, owner, False, type, PENDING_BYTE, PENDING_BYTE)
+    assert table.set(call("host-a", 1, WRLCK)) is None                 # a process of A holds the byte...
+    assert table.set(call("host-a", MOUNT_OWNER, WRLCK)) is None       # ...and A takes its own lock all the same
+    assert table.set(call("host-a", 2, RDLCK)) is not None             # (A's processes: POSIX rules among them)
+    assert table.set(call("host-a", 1, UNLCK)) is None
+    assert table.set(call("host-a", 2, RDLCK)) is None
+    assert table.set(call("host-b", 5, RDLCK)) is not None             # B's reader waits
+    assert table.test(call("host-b", 5, RDLCK)) is not None
+    assert table.set(call("host-b", MOUNT_OWNER, WRLCK)) is not None   # B's own lock too
+    assert table.set(call("host-a", MOUNT_OWNER, UNLCK)) is None
+    assert table.set(call("host-b", 5, RDLCK)) is None
