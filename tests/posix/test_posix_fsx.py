@@ -300,6 +300,25 @@ def test_fsx_with_fallocate_matches_the_model(mounted: Mount, second_mount: Moun
     assert counts["fallocate"] and counts["other_mount"], f"too short a run: {counts}"
 
 
+UPSTREAM_FSX = os.environ.get("CURVINE_FSX", "")   # xfstests' ltp/fsx.c, built as docs/testing.md says
+
+
+@pytest.mark.skipif(not UPSTREAM_FSX, reason="CURVINE_FSX names no fsx binary (docs/testing.md \"fsx\": "
+                    "xfstests' ltp/fsx.c is in no package a CI machine reaches; build it by the recipe there)")
+@pytest.mark.parametrize("flags", [
+    ("-N", "3000", "-l", str(MAX_SIZE), "-o", str(MAX_IO), "-c", "50"),                  # buffered, mmap, fallocate
+    ("-N", "2000", "-Z", "-R", "-W", "-r", "4096", "-w", "4096", "-t", "4096", "-l", str(MAX_SIZE)),   # O_DIRECT
+], ids=["buffered", "odirect"])
+def test_upstream_fsx(mounted: Mount, flags: tuple[str, ...], tmp_path: Path) -> None:
+    """xfstests' own fsx through the mount: its default op mix with fallocate, punch hole,
+    zero range, copy_file_range and mmap on (it turns off by itself what the pool refuses
+    with EOPNOTSUPP: unshare, collapse, insert range), then O_DIRECT."""
+    seed = str(int(os.environ.get("FSX_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31))
+    p = subprocess.run([UPSTREAM_FSX, *flags, "-S", seed, "-P", str(tmp_path), str(mounted.path / f"xfsx-{seed}")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "A-OK" in p.stdout, f"seed {seed}:\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
+
+
 def test_fsx_fails_against_a_wrong_model(mounted: Mount, second_mount: Mount) -> None:
     """The harness can fail: a model that forgets to zero a punched range is caught, with
     the seed and the log's tail in the message."""
