@@ -491,9 +491,10 @@ def test_sqlite_in_wal_mode_from_two_hosts_loses_nothing(net_cluster_factory: Fa
     each host.  synchronous=NORMAL too, where SQLite syncs the WAL only at checkpoints:
     the first mount commits its WAL before it gives the gate up.  (Before the gate, in 5
     runs the second host's writers always failed with "disk I/O error", and once a
-    first-host writer lost 2 committed transactions; with the gate alone, the second
-    host recovered from the WAL as its own writer of it had begun, empty: the first
-    host's 50 transactions lost, 1 run in 8 with FULL, 5 in 26 with NORMAL.)"""
+    first-host writer lost 2 committed transactions.  With the gate alone the second
+    host recovered from a stale WAL: the first host's 50 transactions lost in 1 run of 8
+    with FULL; with its readers reloaded but its own writer of the WAL kept, which read
+    the WAL as it was when it began (empty), 5 runs of 26 with NORMAL.)"""
     c = cluster(net_cluster_factory)
     flags = ("--fuse-kernel-invalidation", "true")
     m1, m2 = c.mount(1, tmp_path / "m1", *flags), c.mount(3, tmp_path / "m2", *flags)
