@@ -169,7 +169,8 @@ def engine_runs(args: argparse.Namespace, place: Place, local: Path, work: Path)
             where = (local if tier == "fs on ext4" else place.mnt) / base
             plugin = ("--curvine", json.dumps({"base_path": f"/{base}", "config": str(place.config),
                                                "host": place.host})) if tier == "plugin" else ()
-            common = ("--dir", str(where), "--tokens", str(tokens), "--seed", str(tokens + r), "--cpu-gb", "1.0")
+            common = ("--dir", str(where), "--tokens", str(tokens), "--seed", str(tokens + r), "--cpu-gb",
+                      f"{cpu_gb(tokens):.2f}")
             try:
                 stored = drive_engine(place.run, work, "put", *plugin, *common)
                 fetched = drive_engine(place.run, work, "get", *plugin, *common)
@@ -183,6 +184,12 @@ def engine_runs(args: argparse.Namespace, place: Place, local: Path, work: Path)
         for tier in TIERS:
             out[f"{tokens} tokens, {tier}"]["retrieve_vs_ext4"] = out[f"{tokens} tokens, {tier}"]["retrieve_ms"] / ext4
     return out
+
+
+def cpu_gb(tokens: int) -> float:
+    """LMCache's local CPU buffer for a prompt (the driver's model: 14 MiB per 256-token
+    chunk), with a quarter to spare; at least 1 GB (32,768 tokens need 1.75 GiB)."""
+    return max(1.0, tokens / 256 * 14 / 1024 * 1.25)
 
 
 def drive_engine(run: Run, work: Path, *args: str) -> dict[str, Any]:
