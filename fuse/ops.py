@@ -25,13 +25,14 @@ import trio
 
 from curvine_py.client import metrics as cmetrics
 from curvine_py.client.asyncmeta import AsyncMeta
-from curvine_py.client.locks import PENDING_BYTE, SHARED_INDEX_SUFFIX, LockAsk, acquire, gate, is_shared_index
+from curvine_py.client.locks import LockAsk, acquire
 from curvine_py.client.metaclient import Identity
-from curvine_py.client.vfs import VFS, InodeState, Op, Opened
+from curvine_py.client.vfs import VFS, Op, Opened
+from curvine_py.client.walgate import WalGates
 from curvine_py.client.reader import LentView
 from curvine_py.common.config import FuseConfig
 from curvine_py.common.errors import CurvineError
-from curvine_py.common.lockranges import RDLCK, UNLCK, WRLCK
+from curvine_py.common.lockranges import RDLCK, UNLCK, WRLCK, Range
 from curvine_py.common.types import (
     SETATTR_ATIME, SETATTR_ATIME_NOW, SETATTR_GID, SETATTR_MODE, SETATTR_MTIME, SETATTR_MTIME_NOW,
     SETATTR_SIZE, SETATTR_UID,
@@ -159,12 +160,11 @@ class CurvineOps(pyfuse3.Operations):
         self.metrics_address = ""
         self.top_dirs = metrics.TopDirs()
         self._renewing = False   # the lock lease's renewal task runs (while this mount holds a lock)
-        # SQLite WAL indexes (``*-shm``) the kernel knows here, by inode: their locks are this
-        # mount's alone while it holds any (client/locks.py gate); one lock call at a time
-        # on each, so the gate is taken before, and given up after, its processes' locks
-        self._indexes: dict[int, tuple[int, str]] = {}   # -> (directory, the database's name)
+        # SQLite WAL indexes (``*-shm``): their locks are this mount's alone while it holds
+        # any (client/walgate.py); one lock call at a time on each, so the gate is taken
+        # before, and given up after, its processes' locks
+        self.wal_gates = WalGates(vfs, _invalidate)
         self._gate_mu: dict[int, trio.Lock] = {}
-        self._db_gates: dict[int, int] = {}   # index -> its database, whose gate this mount holds too
 
     def init(self) -> None:
         """The kernel's INIT was answered: passthrough and locks are known to work or not now."""
@@ -277,7 +277,7 @@ class CurvineOps(pyfuse3.Operations):
             label = self.top_dirs.label_of(parent_inode)
             self.top_dirs.found(parent_inode, text, attr.ino, attr.mode)
             self.top_dirs.count(label, "hit")
-        self._named(parent_inode, text, attr.ino)
+        self.wal_gates.named(parent_inode, text, attr.ino)
         return self._entry(attr)
 
     @_fs_errors
@@ -393,7 +393,7 @@ class CurvineOps(pyfuse3.Operations):
         while True:
             reply = await self._do(self.vfs.readdir(ino, offset, ident))
             for e in reply.entries:
-                self._named(ino, e.name, e.attr.ino)
+                self.wal_gates.named(ino, e.name, e.attr.ino)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self._entry(e.attr), e.offset):
                     return
                 offset = e.offset
@@ -420,7 +420,7 @@ class CurvineOps(pyfuse3.Operations):
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         opened = await self._do(self.vfs.create(parent_inode, os.fsdecode(name), mode, flags, ctx.umask,
                                                  self._ident(ctx)))
-        self._named(parent_inode, os.fsdecode(name), opened.attr.ino)
+        self.wal_gates.named(parent_inode, os.fsdecode(name), opened.attr.ino)
         return self._file_info(opened), self._entry(opened.attr)
 
     @_fs_errors
@@ -551,11 +551,10 @@ class CurvineOps(pyfuse3.Operations):
                     pid: int) -> tuple[int, int, int, int]:
         a = LockAsk(0, owner, False, _FCNTL_TYPES.get(type, -1), start, end, pid)
         ino = self.vfs.handle(fh).ino
-        if ino in self._indexes:   # another mount's gate: a write lock over the range asked about
+        found: Range | None
+        if self.wal_gates.knows(ino):   # another mount's gate: a write lock over the range asked about
             async with self._gate_lock(ino):
-                if not await self._gate_open(ino):
-                    return fcntl.F_WRLCK, start, end, 0
-                found = await self._do(self.vfs.getlk(fh, a))
+                found = await self._do(self.wal_gates.getlk(fh, a))
         else:
             found = await self._do(self.vfs.getlk(fh, a))
         if found is None:
@@ -580,20 +579,21 @@ class CurvineOps(pyfuse3.Operations):
         except CurvineError:   # (a handle already gone: nothing held through it)
             ino = 0
         await self._do(self.vfs.unlock_owner(fh, owner, flock))
-        if ino in self._indexes:
+        if self.wal_gates.knows(ino):
             async with self._gate_lock(ino):
-                await self._ungate(ino)
+                await self._do(self.wal_gates.give_up(ino))
 
     async def _lock(self, fh: int, a: LockAsk, block: bool, interrupted: Callable[[], bool]) -> None:
         req = CURRENT.get()
         ino = self.vfs.handle(fh).ino
-        index = not a.flock and ino in self._indexes
+        index = not a.flock and self.wal_gates.knows(ino)
 
         async def attempt(waiting: bool) -> bool:
             if req is not None:   # each try is bounded: the watchdog bounds the tries, not the wait
                 req.start = _monotonic()
-            if index:
-                return await self._gated_setlk(fh, ino, a, waiting)
+            if index:   # (client/walgate.py: the gate first, given up after the last lock)
+                async with self._gate_lock(ino):
+                    return await self._do(self.wal_gates.setlk(fh, a, waiting))
             return await self._do(self.vfs.setlk(fh, a, waiting))
         token = _INTERRUPTED.set(interrupted)   # (pyfuse3's worker tasks serve one request after another)
         try:
@@ -608,105 +608,9 @@ class CurvineOps(pyfuse3.Operations):
             self._renewing = True
             trio.lowlevel.spawn_system_task(self._renew_locks)
 
-    def _named(self, parent: int, name: str, ino: int) -> None:
-        """The kernel learns ino by name (a lookup, create or readdir): a WAL index's locks
-        are gated (client/locks.py gate)."""
-        if is_shared_index(name):
-            self._indexes[ino] = (parent, name[:-len(SHARED_INDEX_SUFFIX)])
-
     def _gate_lock(self, ino: int) -> trio.Lock:
+        """One lock call at a time on WAL index ino (client/walgate.py)."""
         return self._gate_mu.setdefault(ino, trio.Lock())
-
-    async def _gate_open(self, ino: int) -> bool:
-        """No other mount holds ino's gate (this one may, or none).  Under _gate_lock."""
-        if self.vfs.locks.gated(ino):
-            return True
-        return await self._do(gate(self.vfs.locks, self.vfs.meta.caller(), ino, WRLCK, test=True))
-
-    async def _gated_setlk(self, fh: int, ino: int, a: LockAsk, waiting: bool) -> bool:
-        """One try at a lock on a WAL index: its gate first (refused: another mount uses
-        the database), then the lock; the gate goes once none of this mount's locks on the
-        file is left (an unlock, a lock refused)."""
-        async with self._gate_lock(ino):
-            locks = self.vfs.locks
-            if a.type != UNLCK and not locks.gated(ino):
-                if not await self._do(gate(locks, self.vfs.meta.caller(), ino, WRLCK)):
-                    return False
-                log.debug("WAL index inode %d: this mount's now (its database is loaded again)", ino)
-                await self._reload_database(ino)
-            try:
-                return await self._do(self.vfs.setlk(fh, a, waiting))
-            finally:
-                await self._ungate(ino)
-
-    async def _ungate(self, ino: int) -> None:
-        """Give ino's gate up if this mount holds no other lock on it.  Under _gate_lock."""
-        locks = self.vfs.locks
-        if locks.gated(ino) and not locks.others_on(ino):
-            await self._commit_database(ino)
-            await self._do(gate(locks, self.vfs.meta.caller(), ino, UNLCK))
-            db = self._db_gates.pop(ino, 0)
-            if db:
-                await self._do(gate(locks, self.vfs.meta.caller(), db, UNLCK, byte=PENDING_BYTE))
-            log.debug("WAL index inode %d: given up (no lock of this mount's left on it)", ino)
-
-    async def _database_files(self, ino: int) -> dict[str, int]:
-        """The inodes of WAL index ino's database ("db") and WAL file ("wal"), as named now."""
-        parent, db = self._indexes[ino]
-        found = {}
-        for kind, name in (("db", db), ("wal", db + "-wal")):
-            try:
-                found[kind] = (await self._do(self.vfs.lookup(parent, name, _ROOT))).ino
-            except CurvineError as e:
-                if e.errno != errno.ENOENT:
-                    raise
-        return found
-
-    async def _reload_database(self, ino: int) -> None:
-        """This mount takes WAL index ino's gate: what it cached of the database and its
-        WAL is another mount's past (that mount committed them at its gate's end), so its
-        readers load them again, as a lock of each would (NFS's rule, VFS.setlk), and the
-        kernel drops its pages.  (SQLite holds its database lock all along in WAL mode,
-        and never locks the WAL: nothing else would.)  The database's gate too: another
-        host's connection waits at its database lock (client/locks.py)."""
-        files = await self._database_files(ino)
-        db = files.get("db", 0)
-        if db and await self._do(gate(self.vfs.locks, self.vfs.meta.caller(), db, WRLCK, byte=PENDING_BYTE)):
-            self._db_gates[ino] = db
-        for f in files.values():
-            st = self.vfs._open_state(f)
-            if st is not None:
-                await self._end_writer(st)
-                st.version += 1
-            await self._run(_invalidate, f)
-
-    async def _end_writer(self, st: InodeState) -> None:
-        """A writer of this mount's (one that created the WAL, say) reads and writes the
-        file as it was when it began: it commits and closes, and the next write takes one
-        that begins with the file as the other mount left it (VFS.setlk does so at a lock)."""
-        w = st.writer
-        if w is None or w.closed:
-            return
-        try:
-            if await self._run(functools.partial(w.flush, True, True)) is not None:
-                st.version += 1
-        except CurvineError as e:
-            log.error("inode %d: committing a writer at a WAL index's gate: %s", st.ino, e)
-
-    async def _commit_database(self, ino: int) -> None:
-        """Before this mount gives WAL index ino's gate up: its writes of the database and
-        its WAL reach the master, for the next mount's recovery to read (SQLite syncs the
-        WAL at each commit only with synchronous=FULL, and does not close it before its
-        locks of the index are gone)."""
-        for f in (await self._database_files(ino)).values():
-            st = self.vfs._open_state(f)
-            if st is None or st.writer is None or st.writer.closed:
-                continue
-            try:
-                if await self._run(functools.partial(st.writer.flush, False, True)) is not None:
-                    st.version += 1
-            except CurvineError as e:
-                log.error("inode %d: committing before a WAL index's gate is given up: %s", f, e)
 
     async def _renew_locks(self) -> None:
         """Renew the lock lease while this mount holds a lock (VFS.renew_locks)."""

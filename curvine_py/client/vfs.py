@@ -1095,13 +1095,8 @@ class VFS:
         # A commit that fails keeps the written blocks for the close, which reports it; the
         # unlock goes on.
         release = a.type == UNLCK and not self.locks.unlocking(a)
-        w = h.state.writer
-        if a.type != WRLCK and w is not None and not w.closed:
-            try:
-                if (yield Blocking(functools.partial(w.flush, release, True))) is not None or release:
-                    h.state.version += 1
-            except CurvineError as e:
-                log.error("inode %d: committing before an unlock: %s", h.ino, e)
+        if a.type != WRLCK:
+            yield from self._commit(h.state, release, "before an unlock")
         try:
             reply = yield from ask(Master.Lock, a.request(self.meta.caller(), wait=waiting))
         except BaseException:
@@ -1112,17 +1107,51 @@ class VFS:
             self.locks.granted(a, reply.lease_ms)
             if a.type != UNLCK:
                 h.lock_owners.add((a.owner, a.flock))
-                h.state.version += 1
-                # This mount's writer of the file sees the file as it was when it began
-                # (another host may have committed since: several writers): it commits and
-                # closes, and the next write takes a writer that sees the new holder's file.
-                w = h.state.writer
-                if w is not None and not w.closed:
-                    try:
-                        yield Blocking(functools.partial(w.flush, True, True))
-                    except CurvineError as e:
-                        log.error("inode %d: committing at a lock: %s", h.ino, e)
+                yield from self._reload(h.state, "at a lock")
         return reply.granted
+
+    def reload_at_lock(self, ino: int, at: str = "at a lock") -> Op[None]:
+        """A lock that covers ino was taken other than through a handle of it (a WAL
+        index's gate, client/walgate.py): what this client has open of ino is loaded
+        again, as at a lock of ino itself (setlk).  Nothing open here: nothing to do."""
+        st = self._open_state(ino)
+        if st is not None:
+            yield from self._reload(st, at)
+
+    def commit_writer(self, ino: int, at: str = "before an unlock") -> Op[None]:
+        """ino's writes here reach the master, the lease kept, as before an unlock (setlk):
+        for a lock given up other than through a handle of ino (client/walgate.py)."""
+        st = self._open_state(ino)
+        if st is not None:
+            yield from self._commit(st, False, at)
+
+    def _reload(self, st: InodeState, at: str) -> Op[None]:
+        """NFS's rule after a lock: this client's readers of st's file load it again, and
+        its writer, which sees the file as it was when it began (another host may have
+        committed since: several writers), commits and closes; the next write takes a
+        writer that sees the new holder's file.  Readers are told again once committed
+        (a read meanwhile may have loaded the block map from before the commit: flush)."""
+        st.version += 1
+        w = st.writer
+        if w is not None and not w.closed:
+            try:
+                yield Blocking(functools.partial(w.flush, True, True))
+            except CurvineError as e:
+                log.error("inode %d: committing %s: %s", st.ino, at, e)
+            st.version += 1
+
+    def _commit(self, st: InodeState, release: bool, at: str) -> Op[None]:
+        """NFS's rule before an unlock: this client's writes of st's file reach the master
+        (release: the lease goes too); a commit that fails keeps the written blocks for
+        the close, which reports it."""
+        w = st.writer
+        if w is None or w.closed:
+            return
+        try:
+            if (yield Blocking(functools.partial(w.flush, release, True))) is not None or release:
+                st.version += 1
+        except CurvineError as e:
+            log.error("inode %d: committing %s: %s", st.ino, at, e)
 
     def unlock_owner(self, fh: int, owner: int, flock: bool) -> Op[None]:
         """A close that ends owner's locks on fh's file (FLUSH for POSIX locks, the last

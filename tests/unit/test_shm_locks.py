@@ -42,11 +42,11 @@ class Mount:
         raise AssertionError("gate() made more than one call")
 
     def gate_open(self) -> bool:
-        """F_GETLK's first question on a WAL index (fuse/ops.py getlk)."""
+        """F_GETLK's first question on a WAL index (client/walgate.py WalGates.getlk)."""
         return self.locks.gated(INO) or self.drive(gate(self.locks, self.caller, INO, WRLCK, test=True))
 
     def lock(self, owner: int, type: int, start: int = DMS, end: int = DMS) -> bool:
-        """One process's F_SETLK on the WAL index (fuse/ops.py _gated_setlk): the gate
+        """One process's F_SETLK on the WAL index (client/walgate.py WalGates.setlk): the gate
         first, the lock, then the gate given up when nothing of this mount's is left."""
         if type != UNLCK and not self.locks.gated(INO) and not self.drive(gate(self.locks, self.caller, INO, WRLCK)):
             return False
