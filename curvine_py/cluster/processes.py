@@ -11,6 +11,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 import typing
 from dataclasses import dataclass, field, fields
@@ -144,6 +145,25 @@ def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # ---------------------------------------------------------------- ports
+
+
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[1]))  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    sys.exit(0)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n")
+
+
+def dying_with_parent(argv: typing.Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
+    """argv run so that the kernel sends it sig when this process's thread dies.
+
+    The signal is asked for after the fork, in a small interpreter that then execs argv
+    (the request survives exec), not in a ``preexec_fn``: that makes subprocess fork()
+    instead of vfork(), which runs grpc's fork handlers in the child, and their poller
+    thread there aborted on an epoll fd that the child's close_fds had closed (SIGABRT
+    before exec: a Raft master that never started, twice in the suite)."""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), *argv]
 
 
 def _ephemeral_range() -> tuple[int, int]:

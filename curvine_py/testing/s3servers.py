@@ -20,7 +20,6 @@ Usage::
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from curvine_py.cluster.processes import free_ports, log_tail
+from curvine_py.cluster.processes import dying_with_parent, free_ports, log_tail
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"
@@ -57,11 +56,6 @@ def find_binary(name: str) -> str | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return shutil.which(name)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the starting thread dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 class S3Server:
@@ -96,9 +90,9 @@ class S3Server:
         if self.running:
             return self
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, cwd=self.directory,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+            self._proc = subprocess.Popen(dying_with_parent(self.command(), signal.SIGKILL), stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT, cwd=self.directory,
+                                          start_new_session=True)
         try:
             self._wait_ready(time.monotonic() + timeout)
         except BaseException:

@@ -9,9 +9,7 @@ until ``master/raft.py`` is in the tree.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +32,7 @@ from curvine_py.master.framed import FrameServer
 from curvine_py.master.main import Servers, build_server
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb import curvine_pb2_grpc as pb_grpc
-from curvine_py.cluster.processes import free_ports
+from curvine_py.cluster.processes import dying_with_parent, free_ports
 from curvine_py.worker.blockstore import BlockStore
 from curvine_py.worker.heartbeat import Heartbeat
 from curvine_py.worker.threadio import ThreadIO
@@ -365,10 +363,6 @@ needs_raft = pytest.mark.skipif(not (ROOT / "master" / "raft.py").exists(),
                                 reason="the Raft master (master/raft.py, issue 23) is not in this tree yet")
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
-
-
 @dataclass
 class RaftMaster:
     address: str
@@ -389,8 +383,7 @@ def start_group(tmp_path: Path, n: int = 3) -> list[RaftMaster]:
                 "--master-metrics-port", "0", "--master-heartbeat-ms", "200", "--master-worker-timeout-s", "2"]
         log = open(tmp_path / f"m{i}.log", "wb")
         group.append(RaftMaster(f"{HOST}:{grpc_ports[i]}",
-                                subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                 preexec_fn=_die_with_parent)))
+                                subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT)))
     return group
 
 
