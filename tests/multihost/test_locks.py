@@ -529,18 +529,28 @@ sys.stdin.readline()
 """
 
 
-def test_a_dead_hosts_wal_index_is_freed_by_its_lock_lease(net_cluster_factory: Factory, tmp_path: Path) -> None:
-    """A host whose mount dies with the database open in WAL mode keeps the other hosts
-    out (SQLITE_BUSY, "database is locked") only until its lock lease runs out; the next
-    host then recovers from the WAL every transaction the dead host had committed."""
+def wal_held(net_cluster_factory: Factory, tmp_path: Path) -> tuple[NetCluster, Path, Path, subprocess.Popen[str]]:
+    """Two mounts (hosts 1 and 3) and a WAL database that a process on host 1 holds open
+    with 10 rows committed (WAL_HOLDER, ready; a line on its stdin lets it finish)."""
     c = cluster(net_cluster_factory)
     m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
     wait_granted(c, m1 / "warm")
     new_db(m1 / "x.db", "wal")
     p = subprocess.Popen([sys.executable, "-c", WAL_HOLDER, str(m1 / "x.db"), "10"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
+    if p.stdout is None or p.stdout.readline().strip() != "ready":
+        p.kill()
+        p.wait(10)
+        pytest.fail("the WAL holder on host 1 did not get ready")
+    return c, m1, m2, p
+
+
+def test_a_dead_hosts_wal_index_is_freed_by_its_lock_lease(net_cluster_factory: Factory, tmp_path: Path) -> None:
+    """A host whose mount dies with the database open in WAL mode keeps the other hosts
+    out (SQLITE_BUSY, "database is locked") only until its lock lease runs out; the next
+    host then recovers from the WAL every transaction the dead host had committed."""
+    c, m1, m2, p = wal_held(net_cluster_factory, tmp_path)
     try:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         con = sqlite3.connect(m2 / "x.db", timeout=0.3)
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             con.execute("SELECT count(*) FROM t").fetchall()
@@ -568,14 +578,8 @@ def test_a_second_host_waits_out_a_long_wal_session(net_cluster_factory: Factory
     at its database lock (busy timeout) and then writes.  (SQLite retries a busy WAL
     index for about 10 s only, then fails with "locking protocol": the mount's own lock
     on the database's PENDING_BYTE makes the wait SQLite's busy timeout's.)"""
-    c = cluster(net_cluster_factory)
-    m1, m2 = c.mount(1, tmp_path / "m1"), c.mount(3, tmp_path / "m2")
-    wait_granted(c, m1 / "warm")
-    new_db(m1 / "x.db", "wal")
-    p = subprocess.Popen([sys.executable, "-c", WAL_HOLDER, str(m1 / "x.db"), "10"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    c, m1, m2, p = wal_held(net_cluster_factory, tmp_path)
     try:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         w = subprocess.Popen([sys.executable, "-c", WAL_WRITER, str(m2 / "x.db"), "b", str(WAL_ROWS), "full"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         time.sleep(12)

@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.posix.conftest import Mount
+from tests.posix.test_posix_passthrough import write_kv   # (as LMCache's fs connector writes a chunk)
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "30", "--fuse-entry-timeout-s", "30", "--fuse-kernel-invalidation", "true",
                "--fuse-passthrough", "false")
@@ -70,15 +71,6 @@ def settled(m: Mount, quiet_s: float = 0.3, most_s: float = 5.0) -> None:
             last, since = now, time.monotonic()
 
 
-def write_chunk(p: Path, data: bytes) -> None:
-    """LMCache's fs connector: a .tmp file, its 28-byte header, the payload in one write, a rename."""
-    tmp = p.with_suffix(".tmp")
-    with open(tmp, "wb", buffering=0) as f:
-        f.write(data[:28])
-        f.write(data[28:])
-    os.rename(tmp, p)
-
-
 @pytest.fixture(scope="module")
 def dirs(mounted: Mount, second_mount: Mount) -> tuple[Path, Path]:
     (mounted.path / "kinval-cost").mkdir()
@@ -89,7 +81,7 @@ def dirs(mounted: Mount, second_mount: Mount) -> tuple[Path, Path]:
 def test_a_push_for_attributes_leaves_the_page_cache(dirs: tuple[Path, Path], second_mount: Mount) -> None:
     a, b = dirs
     data = os.urandom(2 * MiB)
-    write_chunk(a / "c.data", data)
+    write_kv(a / "c.data", data)
     assert (b / "c.data").read_bytes() == data            # b's page cache has it now
     before = read_bytes(second_mount)
     assert (b / "c.data").read_bytes() == data
@@ -118,7 +110,7 @@ def test_lmcache_chunks_written_and_looked_up_on_one_mount_stay_in_its_kernel(di
     pushed = pushes(mounted)
     names = [a / f"m@1@0@{i:08x}@bf16.data" for i in range(CHUNKS)]
     for p in names:
-        write_chunk(p, data)
+        write_kv(p, data)
     settled(mounted)   # (a push handled after the first stats would rightly send the next one to the daemon)
     for p in names:
         assert p.stat().st_size == len(data)
