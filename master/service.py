@@ -66,7 +66,7 @@ OWN_KEYS: Final = "_own_keys"
 # Records whose replies carry the caller's own invalidation (own_change): its mount's session
 # is not pushed it (no wake-up, no acknowledgement on the mutation's path).
 OWN_IN_REPLY = frozenset({"create", "mknod", "link", "unlink", "rmdir", "rename", "setattr", "commit",
-                          "open_write"})
+                          "open_write", "allocate"})
 
 
 def own_change(result: Result) -> dict[str, Any]:
@@ -603,7 +603,7 @@ class MasterService:
         tier = self.evictor.tier_of(self.ns.conn, request.ino)
         self.evictor.place(0, 1, self.cfg.master.block_size, tier=tier)
         result = self.submit(Allocate(**envelope(request.caller), ino=request.ino, lease_id=request.lease_id,
-                                      count=request.count or 1))
+                                      count=request.count or 1), request.caller.session)
         self.registry.report_unreachable(request.unreachable)
         exclude = frozenset(request.exclude_workers) | self.registry.unreachable()
         blocks, wids = [], set()
@@ -614,7 +614,7 @@ class MasterService:
             blocks.append(pb.BlockInfo(block_id=bid, workers=targets, token=self.tokens.mint(bid, WRITE),
                                        tier=tier))
         self.evictor.after_allocate()
-        return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids))
+        return pb.AllocateBlocksReply(blocks=blocks, workers=self._addresses(wids), **own_change(result))
 
     @handler
     def Commit(self, request: pb.CommitRequest) -> pb.AttrReply:

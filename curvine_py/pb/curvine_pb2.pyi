@@ -431,12 +431,16 @@ class UnreachableWorker(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class AllocateBlocksReply(_message.Message):
-    __slots__ = ("blocks", "workers")
+    __slots__ = ("blocks", "workers", "wait_seq", "invalidated")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerAddress]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ...) -> None: ...
+    wait_seq: int
+    invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerAddress, _Mapping]]] = ..., wait_seq: _Optional[int] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("caller", "ino", "lease_id", "size", "blocks", "release", "mtime_ns", "holes", "truncated", "truncate_to")
@@ -904,18 +908,22 @@ class PeerStatus(_message.Message):
     def __init__(self, raft_address: _Optional[str] = ..., connected: _Optional[bool] = ..., match_index: _Optional[int] = ...) -> None: ...
 
 class LocateRequest(_message.Message):
-    __slots__ = ("caller", "paths", "pin_ms", "unpin", "brief")
+    __slots__ = ("caller", "paths", "pin_ms", "unpin", "brief", "dir", "names")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     PIN_MS_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     paths: _containers.RepeatedScalarFieldContainer[str]
     pin_ms: int
     unpin: bool
     brief: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., pin_ms: _Optional[int] = ..., unpin: _Optional[bool] = ..., brief: _Optional[bool] = ...) -> None: ...
+    dir: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., pin_ms: _Optional[int] = ..., unpin: _Optional[bool] = ..., brief: _Optional[bool] = ..., dir: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Located(_message.Message):
     __slots__ = ("errno", "attr", "hosts", "tier")
