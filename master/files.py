@@ -35,7 +35,7 @@ class FileOps(Store):
     """op_create, op_open_write, op_allocate, op_commit, op_renew, op_expire_leases."""
 
     default_block_size: int
-    op_mknod: Callable[[Mknod], Result]   # namespace.py's: a create makes its name first
+    make_node: Callable[..., Result]   # namespace.py's: a create makes its name (and its lease) first
 
     def ufs_dirty(self, ino: int, now: int) -> None:
         """Mark a UFS file's pool copy newer than its UFS copy (ufsops.py overrides)."""
@@ -97,16 +97,19 @@ class FileOps(Store):
 
     @applies(Create)
     def op_create(self, rec: Create) -> Result:
-        """mknod of a regular file (or open of an existing one) plus the write lease."""
-        made = self.op_mknod(Mknod(**rec.envelope(), parent=rec.parent, name=rec.name,
-                                   mode=stat.S_IFREG | (rec.mode & 0o7777), umask=rec.umask,
-                                   exclusive=rec.exclusive, block_size=rec.block_size))
+        """mknod of a regular file (or open of an existing one) plus the write lease.  A new
+        file gets its creator's soft lease in its own INSERT (make_node): what _grant_lease
+        would give it, without looking for a lease of a file that did not exist."""
+        made = self.make_node(Mknod(**rec.envelope(), parent=rec.parent, name=rec.name,
+                                    mode=stat.S_IFREG | (rec.mode & 0o7777), umask=rec.umask,
+                                    exclusive=rec.exclusive, block_size=rec.block_size),
+                              lease=(rec.client_id, rec.now_ns // 1_000_000 + rec.lease_ms))
         row = made["attr"]
         if not made["created"]:
             return self.op_open_write(OpenWrite(**rec.envelope(), ino=row.ino, lease_ms=rec.lease_ms,
                                                 flags=rec.flags))
-        return {**self._grant_lease(row, rec.client_id, rec.now_ns, rec.lease_ms, [], soft=True),
-                "dirs": made["dirs"]}
+        return {"attr": row, "lease_id": made["lease_id"], "lease_expiry_ms": made["lease_expiry_ms"], "freed": [],
+                "soft": True, "dirs": made["dirs"]}
 
     @applies(OpenWrite)
     def op_open_write(self, rec: OpenWrite) -> Result:

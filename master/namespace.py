@@ -11,6 +11,7 @@ returned in the result (``freed``) and carried out by the caller after the commi
 from __future__ import annotations
 
 import errno
+import operator
 import sqlite3
 import stat
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.records import (
     Link, Mknod, Record, RegisterWorker, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink,
 )
-from curvine_py.master.store import INODE_FIELDS, BlockRow, InodeRow, Result
+from curvine_py.master.store import INODE_COLS, INODE_FIELDS, RETURNING, BlockRow, InodeRow, Result
 from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
@@ -63,6 +64,10 @@ class DirEntry:
 # A listing's page: name, seq, then the inode's columns (plus) or its number and mode only.
 _READDIR_PLUS = ("SELECT d.name, d.seq, " + ", ".join(f"i.{c}" for c in INODE_FIELDS) +
                  " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
+_INSERT_INODE = f"INSERT INTO inodes({INODE_COLS}) VALUES ({', '.join('?' * len(INODE_FIELDS))})"
+_values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values in INODE_COLS' order
+_TOUCH = "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?"
+_TOUCH_RETURNING = f"{_TOUCH} RETURNING {INODE_COLS}"
 _READDIR = ("SELECT d.name, d.seq, d.ino, i.mode FROM dirents d JOIN inodes i ON i.ino = d.ino"
             " WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
 
@@ -220,11 +225,21 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return [self.inode(i) for i in dict.fromkeys(inos)]
 
     def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None:
-        self.conn.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?",
-                          (now, now, nlink_delta, ino))
+        self._touched(ino, now, nlink_delta)
 
-    def _add_entry(self, parent: int, name: str, ino: int) -> None:
-        seq = self.counter("next_seq")
+    def _touched(self, ino: int, now: int, nlink_delta: int = 0) -> InodeRow:
+        """A name in directory ino changed: its times (and its link count) are set, and
+        the row is returned as it now is -- the op's "dirs" -- by the same statement
+        (UPDATE ... RETURNING), not read again.  Called last for each directory an op
+        changes, so the row it returns is the one the commit leaves."""
+        if RETURNING:
+            return InodeRow(*self.conn.execute(_TOUCH_RETURNING, (now, now, nlink_delta, ino)).fetchone())
+        self.conn.execute(_TOUCH, (now, now, nlink_delta, ino))
+        return self.inode(ino)
+
+    def _add_entry(self, parent: int, name: str, ino: int, seq: int = 0) -> None:
+        """A name for ino in parent, at listing position seq (0: the next one)."""
+        seq = seq or self.counter("next_seq")
         self.conn.execute("INSERT INTO dirents(parent, name, ino, seq) VALUES (?,?,?,?)", (parent, name, ino, seq))
 
     def _writable_dir(self, cred: Cred, parent: int) -> InodeRow:
@@ -244,7 +259,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if nlink > 0 or self._hard_lease(row):
             self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row.ino))
             return []
-        return self._delete_inode(row.ino)
+        return self._delete_inode(row.ino, row.mode)
 
     def _check_removable(self, cred: Cred, d: InodeRow, victim: InodeRow) -> None:
         if not posix.sticky_ok(d, victim, cred):
@@ -253,6 +268,13 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     # ------------------------------------------------------------------ mutations
     @applies(Mknod)
     def op_mknod(self, rec: Mknod) -> Result:
+        return self.make_node(rec)
+
+    def make_node(self, rec: Mknod, lease: tuple[str, int] | None = None) -> Result:
+        """Mknod; lease (client, expiry ms): a new regular file is made with that client's
+        soft write lease (a create), in the same INSERT, and its writers row: the result
+        then also has its lease_id and lease_expiry_ms.  The new inode's row is returned as
+        it was inserted, not read back."""
         cred, now = rec.cred, rec.now_ns
         parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
@@ -283,7 +305,9 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if default is not None:
             access, perm = acl.inherit(default, perm)
         gid, full = posix.new_owner(d, cred, ftype | perm)
-        ino = self.counter("next_ino")
+        leased = lease is not None and ftype == stat.S_IFREG
+        taken = self.counters("next_ino", "next_seq", *(("next_lease",) if leased else ()))
+        ino = taken["next_ino"]
         target = rec.target or None
         if ftype == stat.S_IFLNK:
             if not target or len(target.encode("utf-8", "surrogateescape")) >= 4096:
@@ -294,18 +318,23 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             block_size = max(block_size, KV_BLOCK_SIZE)
         if rec.block_size and not (MIN_BLOCK <= block_size <= MAX_BLOCK and block_size % MIN_BLOCK == 0):
             raise err(errno.EINVAL, f"block size {block_size}: must be a multiple of 4 KiB up to 1 GiB")
-        self.conn.execute(
-            "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, rdev,"
-            " block_size, replicas, target, acl, default_acl, kv) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now,
-             rec.rdev, block_size, d.replicas or self.default_replicas, target,
-             access.to_bytes() if access is not None else None,
-             d.default_acl if ftype == stat.S_IFDIR else None,
-             d.kv if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0))
-        self._add_entry(parent, name, ino)
-        self._touch_dir(parent, now, 1 if ftype == stat.S_IFDIR else 0)
+        client, expiry = lease if lease is not None and leased else ("", 0)
+        row = InodeRow(ino, full, cred.uid, gid, size, 2 if ftype == stat.S_IFDIR else 1, now, now, now, rec.rdev,
+                       block_size, d.replicas or self.default_replicas, 1, 0, taken.get("next_lease", 0), client,
+                       expiry, access.to_bytes() if access is not None else None,
+                       d.default_acl if ftype == stat.S_IFDIR else None,
+                       d.kv if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0, 0, target)
+        self.conn.execute(_INSERT_INODE, _values(row))
+        if row.lease_id:   # the creator's soft lease (files.py _grant_lease's, made in place)
+            self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
+                              (row.lease_id, ino, client, expiry))
+        self._add_entry(parent, name, ino, taken["next_seq"])
+        parent_row = self._touched(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
-        return {"attr": self.inode(ino), "created": True, "dirs": self._dirs(parent)}
+        made: Result = {"attr": row, "created": True, "dirs": [parent_row]}
+        if row.lease_id:
+            made.update(lease_id=row.lease_id, lease_expiry_ms=expiry)
+        return made
 
     @applies(Link)
     def op_link(self, rec: Link) -> Result:
@@ -322,8 +351,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self.ufs_linked(row.ino, rec.new_parent)
         self._add_entry(rec.new_parent, rec.new_name, row.ino)
         self.conn.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, row.ino))
-        self._touch_dir(rec.new_parent, now)
-        return {"attr": self.inode(row.ino), "dirs": self._dirs(rec.new_parent)}
+        return {"attr": self.inode(row.ino), "dirs": [self._touched(rec.new_parent, now)]}
 
     @applies(Unlink)
     def op_unlink(self, rec: Unlink) -> Result:
@@ -339,8 +367,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if _kept(rec.keep, victim):
             return {"freed": [], "kept": True}
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
-        self._touch_dir(rec.parent, now)
-        return {"freed": self._drop_link(victim, now), "dirs": self._dirs(rec.parent)}
+        freed = self._drop_link(victim, now)
+        return {"freed": freed, "dirs": [self._touched(rec.parent, now)]}
 
     @applies(Rmdir)
     def op_rmdir(self, rec: Rmdir) -> Result:
@@ -360,8 +388,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             raise err(errno.ENOTEMPTY)
         self._check_removable(cred, d, victim)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
-        self._touch_dir(rec.parent, now, -1)
-        return {"freed": self._delete_inode(victim.ino), "dirs": self._dirs(rec.parent)}
+        freed = self._delete_inode(victim.ino, victim.mode)
+        return {"freed": freed, "dirs": [self._touched(rec.parent, now, -1)]}
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:
         """Is anc an ancestor of (or equal to) directory ino?"""
@@ -382,7 +410,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         posix.check_name(dn)
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
             raise err(errno.EINVAL, "bad rename flags")
-        sd, dd = self._writable_dir(cred, sp), self._writable_dir(cred, dp)
+        sd = self._writable_dir(cred, sp)
+        dd = sd if dp == sp else self._writable_dir(cred, dp)
         src = self.child(sp, sn)
         if src is None:
             raise err(errno.ENOENT)
@@ -402,6 +431,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                 posix.require(src, cred, W)
         self.ufs_renamed(src, sp, dp, dn)
         freed: list[int] = []
+        moved = 1 if src_dir and sp != dp else 0
+        links = {sp: -moved, dp: moved} if sp != dp else {sp: 0}   # each directory's nlink change
         if dst is not None:
             self._check_removable(cred, dd, dst)
             if src_dir and not stat.S_ISDIR(dst.mode):
@@ -411,17 +442,16 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             if stat.S_ISDIR(dst.mode):
                 if not self.is_empty_dir(dst.ino):
                     raise err(errno.ENOTEMPTY)
-                self._touch_dir(dp, now, -1)
+                links[dp] -= 1
             elif _kept(rec.keep, dst):
                 return {"freed": [], "kept": True}
             self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
             freed = self._drop_link(dst, now)
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (sp, sn))
-        self._add_entry(dp, dn, src.ino)
+        # the entry moves in one statement (the change triggers see its old and its new name)
+        self.conn.execute("UPDATE dirents SET parent=?, name=?, seq=? WHERE parent=? AND name=?",
+                          (dp, dn, self.counter("next_seq"), sp, sn))
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src.ino))
-        self._touch_dir(sp, now, -1 if src_dir and sp != dp else 0)
-        self._touch_dir(dp, now, 1 if src_dir and sp != dp else 0)
-        return {"freed": freed, "dirs": self._dirs(sp, dp)}
+        return {"freed": freed, "dirs": [self._touched(ino, now, delta) for ino, delta in links.items()]}
 
     def _exchange(self, cred: Cred, rec: Rename, src: InodeRow, dst: InodeRow | None, dd: InodeRow) -> Result:
         if dst is None:
