@@ -328,8 +328,8 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
         nursery.start_soon(stopping.listen)
         nursery.start_soon(watch, m.ops.requests or Requests(0), m.vfs, mount, on_detach, m.ops._hop_limits)
         if mount is not None:
-            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mount.dev, mountpoint,
-                               cfg.fuse.max_read_ahead)
+            answered = _init_answered(m.ops)   # (before pyfuse3.main: the INIT is its first request)
+            nursery.start_soon(_tune_after_init, answered, mount.dev, mountpoint, cfg.fuse.read_ahead_kb)
         _notify(ready_fd, f"ok {os.getpid()}")
         if not stopping.asked:
             try:
@@ -395,17 +395,41 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
     return served
 
 
+def _init_answered(ops: typing.Any) -> typing.Any:
+    """A trio.Event set when the kernel's INIT has been answered.  ops.init runs inside
+    pyfuse3's INIT handler, on the loop, and the reply is written before the loop runs
+    any other task, so a task woken by the event runs after the reply."""
+    import trio
+    answered = trio.Event()
+    inner = ops.init
+
+    def init() -> None:
+        try:
+            inner()
+        finally:
+            answered.set()
+    ops.init = init   # (pyfuse3 looks operations.init() up when the INIT arrives)
+    return answered
+
+
+async def _tune_after_init(answered: typing.Any, dev: str, mountpoint: str, kb: int) -> None:
+    """Set the mount's read-ahead (fuse.read_ahead_kb) once the kernel's INIT is answered:
+    the INIT reply lowers the bdi's value to what it carries (fuse/readahead.py), so one
+    written before it is lost."""
+    import trio
+
+    from curvine_py.fuse import readahead
+    await answered.wait()
+    await trio.to_thread.run_sync(readahead.apply, dev, mountpoint, kb)
+
+
 def tune_readahead(dev: str, mountpoint: str, max_read_ahead: int) -> None:
-    """Raise the mount's kernel read-ahead (128 KiB by default) so readers see whole blocks
-    coming.  dev: the mount's "major:minor" from the mount table, never from a stat of the
-    mount: our own loop would have to answer it, and one it left unanswered at a stop kept
-    the thread in the kernel and the daemon from exiting (seen once in the suite)."""
-    try:
-        path = Path(f"/sys/class/bdi/{dev}/read_ahead_kb")
-        path.write_text(str(max_read_ahead // 1024))
-        log.info("read-ahead of %s set to %d KiB", mountpoint, max_read_ahead // 1024)
-    except OSError as e:
-        log.info("could not raise read-ahead: %s", e)
+    """Set a FUSE mount's read-ahead to max_read_ahead bytes (curvine_py/testing/fuselimit.py's).
+    Only a call after the mount's INIT reply sticks (fuse/readahead.py); the mount itself
+    uses _tune_after_init.  dev: the mount's "major:minor" from the mount table, never from
+    a stat of the mount: our own loop would have to answer it."""
+    from curvine_py.fuse import readahead
+    readahead.apply(dev, mountpoint, max_read_ahead // 1024)
 
 
 def umount(mountpoint: str, timeout: float = 30.0) -> int:
