@@ -21,6 +21,13 @@ the reply's messages (~3 us a path):
 - hosts and tier are worked out once per distinct set of holders (a prompt's chunks
   share their two holders), not per file: sorted once, the tier of the set once;
 - an attribute field left at zero is not set (protobuf's default is zero).
+
+The brief form (the KV lookup) has its own path (``_brief``): one statement per
+directory that answers only the whole chunks (and symlinks, followed after), by the
+names' index, so the Python per name is one list slot per hit; ChunkStore sends the
+directory once and bare names (``dir`` + ``names``), so no path is split.  Only whole
+chunks are pinned.  In process, 256 names, A/B alternated (2026-12-07, load 5): 1.01 ->
+0.36 ms (8 names 0.074 -> 0.055); the paths form of older clients 0.54.
 """
 from __future__ import annotations
 
@@ -57,6 +64,32 @@ def _names_sql(fields: tuple[str, ...]) -> str:
 
 
 _NAMES = {_FIELDS: _names_sql(_FIELDS), _BRIEF: _names_sql(_BRIEF)}
+# A brief Locate's statement over `n` names: (index, ino) of each whole chunk (a complete
+# regular file of > 0 bytes) and (index, -ino) of each symlink (followed by the caller);
+# nothing for the rest.  The names are a VALUES table probed in their order (an IN list is
+# sorted into a temporary index first: 0.31 against 0.22 ms at 256 names), and answer by
+# their index, not their name (no string made per row).  Sizes are rounded up to a power
+# of two (the padding NULL matches nothing) so a few statements stay compiled.
+_S_IFMT, _S_IFREG, _S_IFLNK = 0o170000, stat.S_IFREG, stat.S_IFLNK
+_WHOLE = ("WITH v(k, n) AS (VALUES {}) SELECT v.k, CASE WHEN (i.mode & %d) = %d THEN -i.ino ELSE i.ino END"
+          " FROM v CROSS JOIN dirents d ON d.parent = ? AND d.name = v.n JOIN inodes i ON i.ino = d.ino"
+          " WHERE ((i.mode & %d) = %d AND i.complete AND i.size > 0) OR (i.mode & %d) = %d"
+          % (_S_IFMT, _S_IFLNK, _S_IFMT, _S_IFREG, _S_IFMT, _S_IFLNK))
+_WHOLE_SQL: dict[int, str] = {}
+
+
+def _whole_sql(n: int) -> str:
+    sql = _WHOLE_SQL.get(n)
+    if sql is None:
+        sql = _WHOLE_SQL[n] = _WHOLE.format(",".join(f"({i},?)" for i in range(n)))
+    return sql
+
+
+def _bucket(n: int) -> int:
+    """n names' statement size: the next power of two, at least 8."""
+    return max(8, 1 << (n - 1).bit_length())
+
+
 Where = tuple[tuple[str, ...], str]   # a file's holders, sorted, and their one tier ("": mixed)
 
 
@@ -71,25 +104,94 @@ class Locator:
         self._fresh_dir = fresh_dir   # a UFS directory's listing refreshed before its names are read
 
     def locate(self, request: pb.LocateRequest) -> pb.LocateReply:
-        paths = list(request.paths)
-        if len(paths) > MAX_PATHS:
-            raise err(errno.EINVAL, f"Locate: {len(paths)} paths in one call, at most {MAX_PATHS}")
+        n = len(request.names) or len(request.paths)
+        if n > MAX_PATHS:
+            raise err(errno.EINVAL, f"Locate: {n} paths in one call, at most {MAX_PATHS}")
         if request.pin_ms > MAX_PIN_MS:
             raise err(errno.EINVAL, f"Locate: pin_ms {request.pin_ms} is over {MAX_PIN_MS}")
+        if request.names and request.paths:
+            raise err(errno.EINVAL, "Locate: paths or dir and names, not both")
         c = request.caller
         cred = Cred(c.uid, c.gid, frozenset(c.groups) | {c.gid})
         ns = self._ns()
-        fields = _BRIEF if request.brief else _FIELDS
-        rows = self._rows(ns, cred, paths, fields)
+        if request.brief:
+            return self._brief(ns, cred, request)
+        paths = _joined(request.dir, request.names) if request.names else list(request.paths)
+        rows = self._rows(ns, cred, paths, _FIELDS)
         files = [r[_INO] for r in rows if isinstance(r, tuple) and stat.S_ISREG(r[_MODE])]
         if request.unpin:
             self.pins.release(c.client_id, files)
             return pb.LocateReply()
         if request.pin_ms:
             self.pins.hold(c.client_id, files, request.pin_ms / 1000)
-        if request.brief:
-            return pb.LocateReply(whole=[_whole(r) for r in rows])
         return self._reply(ns, rows, files)
+
+    # ------------------------------------------------------------------ brief (the KV lookup)
+    def _brief(self, ns: Namespace, cred: Cred, request: pb.LocateRequest) -> pb.LocateReply:
+        """One flag per name: a whole chunk.  Only whole chunks are pinned (a miss is never
+        unlocked by LMCache, its pin would only run out) and unpinned."""
+        if request.names:
+            hits = [False] * len(request.names)
+            inos: list[int] = []
+            for k, ino in self._whole_in(ns, cred, request.dir, list(request.names)):
+                hits[k] = True
+                inos.append(ino)
+        else:
+            hits, inos = self._brief_paths(ns, cred, list(request.paths))
+        c = request.caller
+        if request.unpin:
+            self.pins.release(c.client_id, inos)
+            return pb.LocateReply()
+        if request.pin_ms:
+            self.pins.hold(c.client_id, inos, request.pin_ms / 1000)
+        return pb.LocateReply(whole=hits)
+
+    def _brief_paths(self, ns: Namespace, cred: Cred, paths: list[str]) -> tuple[list[bool], list[int]]:
+        """The paths form's flags and whole files' inodes: the paths grouped by parent."""
+        by_dir: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for i, p in enumerate(paths):
+            if p.startswith("/") and "\0" not in p:
+                parent, name = _split(p)
+                if name:
+                    by_dir[parent].append((i, name))
+        hits = [False] * len(paths)
+        inos: list[int] = []
+        for parent, items in by_dir.items():
+            for k, ino in self._whole_in(ns, cred, parent, [name for _, name in items]):
+                hits[items[k][0]] = True
+                inos.append(ino)
+        return hits, inos
+
+    def _whole_in(self, ns: Namespace, cred: Cred, parent: str, names: list[str]) -> list[tuple[int, int]]:
+        """Of names in directory parent, (index, inode) of each whole chunk (a symlink
+        followed, as stat(2) does); none when parent is no directory this caller may search."""
+        try:
+            d = ns.resolve(cred, parent, True, self._fresh_dir)
+            if not stat.S_ISDIR(d.mode):
+                return []
+            posix.require(d, cred, X)
+            self._fresh_dir(d.ino)
+        except CurvineError:
+            return []
+        cur = ns.conn.cursor()
+        cur.row_factory = None
+        out: list[tuple[int, int]] = []
+        for k in range(0, len(names), _CHUNK):
+            part = names[k:k + _CHUNK]
+            size = _bucket(len(part))
+            rows = cur.execute(_whole_sql(size), (*part, *[None] * (size - len(part)), d.ino)).fetchall()
+            out += rows if not k else [(k + i, ino) for i, ino in rows]
+        if any(ino < 0 for _, ino in out):   # symlinks (their inode negated): followed one by one
+            out = [x for x in (self._followed(ns, cred, parent, names, i, ino) for i, ino in out) if x]
+        return out
+
+    def _followed(self, ns: Namespace, cred: Cred, parent: str, names: list[str], i: int,
+                  ino: int) -> tuple[int, int] | None:
+        """(i, ino) of a whole chunk as it is, or of the whole chunk a symlink (ino < 0) names."""
+        if ino > 0:
+            return i, ino
+        row = self._one(ns, cred, f"{parent.rstrip('/')}/{names[i]}", _BRIEF)
+        return (i, row[_INO]) if isinstance(row, tuple) and _whole(row) else None
 
     def _reply(self, ns: Namespace, rows: list[Found | int], files: list[int]) -> pb.LocateReply:
         """The full answer: each path's attributes, holders and tier."""
@@ -226,6 +328,16 @@ def _whole(r: Found | int) -> bool:
     """A brief row is a whole chunk: found, a regular file, complete, not empty (a
     writer still at it, or a name made and not yet written, is a miss)."""
     return isinstance(r, tuple) and stat.S_ISREG(r[_MODE]) and bool(r[_COMPLETE]) and r[_BRIEF_SIZE] > 0
+
+
+def _joined(parent: str, names: Iterable[str]) -> list[str]:
+    """The names form's paths.  A name that is no entry of parent ('', '.', '..', one with
+    a '/') and any name of a parent that is not absolute become '' (answered EINVAL), not
+    a path elsewhere."""
+    if not parent.startswith("/"):
+        return ["" for _ in names]
+    base = parent.rstrip("/")
+    return [f"{base}/{n}" if n not in ("", ".", "..") and "/" not in n else "" for n in names]
 
 
 def _split(p: str) -> tuple[str, str]:

@@ -85,6 +85,7 @@ class ChunkStore:
         self._locks: dict[str, int] = {}      # chunk name -> lookups holding it
         self._asking: dict[str, int] = {}     # chunk name -> lookups with a pinning call in flight
         self._closed = threading.Event()
+        self._by_paths = False                # the master predates Locate's names form
         self._renewer = threading.Thread(target=self._renew_loop, name="kv-lock-renew", daemon=True)
         self._renewer.start()
 
@@ -180,14 +181,25 @@ class ChunkStore:
                 brief: bool = True) -> list[pb.LocateReply]:
         """The master's Locate replies for chunk names (one call per LOCATE_BATCH): brief
         (a flag per name, no attributes: at 256 names the master's messages cost more
-        than its lookups) unless the caller needs the files' attributes.  The paths are
-        made here, normalised already (the base is, a chunk name has no '/')."""
-        paths = [f"{self.base}/{n}" for n in names]
+        than its lookups) unless the caller needs the files' attributes.  Sent as the
+        directory and bare names (no path made here nor split there); a master older
+        than that form answers nothing to it, and is asked by paths from then on."""
         meta = self.client.meta
         pin_ms = math.ceil(pin_s * 1000)
-        return [meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), paths=paths[k:k + LOCATE_BATCH],
-                                                          pin_ms=pin_ms, unpin=unpin, brief=brief))
-                for k in range(0, len(paths), LOCATE_BATCH)]
+        out: list[pb.LocateReply] = []
+        for k in range(0, len(names), LOCATE_BATCH):
+            part = names[k:k + LOCATE_BATCH]
+            if not self._by_paths:
+                reply = meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), dir=self.base, names=part,
+                                                                  pin_ms=pin_ms, unpin=unpin, brief=brief))
+                if unpin or len(reply.whole) or len(reply.files):
+                    out.append(reply)
+                    continue
+                self._by_paths = True
+            paths = [f"{self.base}/{n}" for n in part]   # normalised: the base is, a name has no '/'
+            out.append(meta.call(Master.Locate, pb.LocateRequest(caller=meta.caller(), paths=paths, pin_ms=pin_ms,
+                                                                 unpin=unpin, brief=brief)))
+        return out
 
     # ------------------------------------------------------------------ store, load, delete
     def store(self, names: Sequence[str], buffers: Sequence[Buffer],

@@ -190,3 +190,53 @@ def test_chunk_store_pins_again_what_a_lookup_locked_while_its_unpin_ran(client:
         assert calls == []
     finally:
         store.close()
+
+
+def test_the_names_form_answers_as_the_paths_form(client: Client, remote_dir: str) -> None:
+    """LocateRequest's dir + names (ChunkStore's form) gets the paths form's answers, brief
+    and full; a name that is no entry of the directory ('', '.', '..', one with a '/') is
+    a miss, not a path elsewhere."""
+    d = remote_dir
+    client.put_bytes(f"{d}/a", b"x" * 1000)
+    client.put_bytes(f"{d}/empty", b"")
+    client.mkdir(f"{d}/sub")
+    client.put_bytes(f"{d}/sub/b", b"y")
+    client.symlink(f"{d}/a", f"{d}/link")
+    client.symlink(f"{d}/gone", f"{d}/dangling")
+    names = ["a", "missing", "empty", "sub", "link", "dangling", "", ".", "..", "sub/b", "a", "a/x"]
+    caller = client.meta.caller()
+
+    def ask(brief: bool, **form: typing.Any) -> pb.LocateReply:
+        return client.meta.call(Master.Locate, pb.LocateRequest(caller=caller, brief=brief, **form))
+    assert list(ask(True, dir=d, names=names).whole) == [True, False, False, False, True, False, False, False,
+                                                          False, False, True, False]
+    paths = [f"{d}/{n}" for n in names[:6]] + [f"{d}/a"]
+    full = ask(False, dir=d, names=names[:6] + ["a"])
+    assert [(m.errno, m.attr.ino) for m in full.files] == [(m.errno, m.attr.ino) for m in ask(False, paths=paths).files]
+    assert [m.errno for m in ask(False, dir=d, names=["", ".", "..", "sub/b"]).files] == [errno.EINVAL] * 4
+    assert list(ask(True, dir=f"{d}/nodir", names=["a"]).whole) == [False]
+    assert list(ask(True, dir=f"{d}/a", names=["x"]).whole) == [False]
+    assert [m.errno for m in ask(False, dir=f"{d}/nodir", names=["a"]).files] == [errno.ENOENT]
+    with pytest.raises(CurvineError) as e:
+        ask(True, dir=d, names=["a"], paths=[f"{d}/a"])
+    assert e.value.errno == errno.EINVAL
+
+
+def test_a_brief_locate_of_many_names_answers_each_in_order(client: Client, remote_dir: str) -> None:
+    """Over the master's 500 names per statement, repeated names and a bare 1,000: every
+    hit lands at its own index."""
+    d = remote_dir
+    where = [0, 255, 499, 500, 511, 512, 999]
+    for i in where:
+        client.put_bytes(f"{d}/c{i}", b"kv")
+    names = [f"c{i}" for i in range(1000)]
+    for form in ({"dir": d, "names": names}, {"paths": [f"{d}/{n}" for n in names]}):
+        got = client.meta.call(Master.Locate, pb.LocateRequest(caller=client.meta.caller(), brief=True, **form))
+        assert [i for i, hit in enumerate(got.whole) if hit] == where
+    store = ChunkStore(client, ChunkStoreConfig(base_path=d, lock_ttl_s=30))
+    try:
+        asked = ["c0", "c1", "c0", *names[2:40], "c999"]
+        assert [i for i, hit in enumerate(store.lookup(asked, lock=True)) if hit] == [0, 2, len(asked) - 1]
+        assert store.locked() == 2
+    finally:
+        store.close()
