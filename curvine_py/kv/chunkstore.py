@@ -27,12 +27,14 @@ Each operation fans its chunks out to ``io_threads`` threads (the SDK's calls bl
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import math
 import posixpath
 import stat
 import threading
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -82,8 +84,9 @@ class ChunkStore:
         self._io = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="kv-io")
         self._tmp_tag = uuid.uuid4().hex[:8]
         self._pin_mu = threading.Lock()       # a pin call and its counts change together
-        self._locks: dict[str, int] = {}      # chunk name -> lookups holding it
-        self._asking: dict[str, int] = {}     # chunk name -> lookups with a pinning call in flight
+        self._locks: Counter[str] = Counter()   # chunk name -> lookups holding it
+        self._asking: dict[int, set[str]] = {}  # a lookup with a pinning call in flight -> its names
+        self._asks = itertools.count()
         self._closed = threading.Event()
         self._by_paths = False                # the master predates Locate's names form
         self._renewer = threading.Thread(target=self._renew_loop, name="kv-lock-renew", daemon=True)
@@ -97,19 +100,18 @@ class ChunkStore:
         """Which chunks are there, whole (one master call); lock: pin them until unlock."""
         if not lock:
             return self._hits(names)
-        with self._pin_mu:   # counted as asked before the call: an unpin meanwhile sees them (_unpin)
-            for n in names:
-                self._asking[n] = self._asking.get(n, 0) + 1
+        # noted as asked before the call: an unpin meanwhile sees them (_unpin); the
+        # bookkeeping is one set and one Counter.update (C loops), not Python per name
+        asked, ask = set(names), next(self._asks)
+        with self._pin_mu:
+            self._asking[ask] = asked
         try:
             hits = self._hits(names, pin_s=self.cfg.lock_ttl_s)
+            with self._pin_mu:
+                self._locks.update(itertools.compress(names, hits))
         finally:
             with self._pin_mu:
-                for n in names:
-                    self._release_count(self._asking, n)
-        with self._pin_mu:
-            for name, hit in zip(names, hits):
-                if hit:
-                    self._locks[name] = self._locks.get(name, 0) + 1
+                del self._asking[ask]
         return hits
 
     def unlock(self, names: Sequence[str]) -> None:
@@ -136,7 +138,11 @@ class ChunkStore:
 
     def _wanted(self, names: Sequence[str]) -> list[str]:
         """Of names, those a lock or a lookup running now holds (the pin mutex held)."""
-        return [n for n in names if n in self._locks or n in self._asking]
+        return [n for n in names if n in self._locks or self._asked(n)]
+
+    def _asked(self, name: str) -> bool:
+        """Is a lookup's pinning call for name in flight (the pin mutex held)?"""
+        return any(name in asked for asked in self._asking.values())
 
     def _unpin(self, names: list[str]) -> None:
         """Drop the pins of names no lock holds.  The call is made outside the mutex, so a
@@ -145,7 +151,7 @@ class ChunkStore:
         for attempt in range(UNPIN_TRIES):
             try:
                 with self._pin_mu:
-                    free = [n for n in names if n not in self._locks and n not in self._asking]
+                    free = [n for n in names if n not in self._locks and not self._asked(n)]
                 if not free:
                     return
                 self._locate(free, unpin=True)
