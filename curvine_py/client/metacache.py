@@ -114,10 +114,14 @@ class MetaCache:
 
     def invalidate(self, push: pb.Invalidation) -> None:
         """One push from the master, in order: forget its keys."""
+        self._forget(push.seq, push.keys)
+
+    def _forget(self, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
+        """Forget keys, taken by push number seq (a push's, or a mutation's own in its reply)."""
         with self._lock:
-            for k in push.keys:
+            for k in keys:
                 key = (k.ino, k.name if k.entry else None)
-                self._dropped[key] = max(push.seq, self._dropped.get(key, 0))
+                self._dropped[key] = max(seq, self._dropped.get(key, 0))
                 self._dropped.move_to_end(key)
                 if not k.entry:
                     self._attrs.pop(k.ino, None)
@@ -129,7 +133,7 @@ class MetaCache:
                     self._names.pop((k.ino, k.name), None)
                 else:
                     self._perms.pop(k.ino, None)
-            self._handled = max(self._handled, push.seq)
+            self._handled = max(self._handled, seq)
             while len(self._dropped) > self._max:
                 _, seq = self._dropped.popitem(last=False)
                 self._dropped_floor = max(self._dropped_floor, seq)
@@ -238,8 +242,8 @@ class MetaCache:
         """A mutation of this mount's own, made in session: its invalidation of what this
         cache holds, numbered seq among the session's pushes, comes in its reply instead
         of on the stream, and is handled here before the mutation returns."""
-        if seq and session == self.session:
-            self.invalidate(pb.Invalidation(seq=seq, keys=keys))
+        if seq and session == self.session:   # (no Invalidation message built: a copy of every key)
+            self._forget(seq, keys)
 
     # ------------------------------------------------------------------ internals
     def _held(self) -> list[pb.CacheKey]:
