@@ -578,7 +578,8 @@ class CurvineOps(pyfuse3.Operations):
             ino = self.vfs.handle(fh).ino
         except CurvineError:   # (a handle already gone: nothing held through it)
             ino = 0
-        await self._do(self.vfs.unlock_owner(fh, owner, flock))
+        if not self.vfs.unlock_owner_nowait(fh, owner, flock):   # (every close comes here: most hold no lock)
+            await self._do(self.vfs.unlock_owner(fh, owner, flock))
         if self.wal_gates.knows(ino):
             async with self._gate_lock(ino):
                 await self._do(self.wal_gates.give_up(ino))

@@ -1153,6 +1153,17 @@ class VFS:
         except CurvineError as e:
             log.error("inode %d: committing %s: %s", st.ino, at, e)
 
+    def unlock_owner_nowait(self, fh: int, owner: int, flock: bool) -> bool:
+        """unlock_owner's work when it needs no call, as at almost every close (owner holds
+        no lock of the file here): done now, True; False: drive unlock_owner."""
+        h = self._handles.get(fh)
+        if h is None:
+            return True
+        if self.locks.holds(h.ino, owner, flock):
+            return False
+        h.lock_owners.discard((owner, flock))
+        return True
+
     def unlock_owner(self, fh: int, owner: int, flock: bool) -> Op[None]:
         """A close that ends owner's locks on fh's file (FLUSH for POSIX locks, the last
         RELEASE for flock): one call when it holds any, none otherwise."""
