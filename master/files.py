@@ -4,7 +4,8 @@ Part of the op-record machinery of ``namespace.py`` (``Namespace`` inherits thes
 kept apart because it is about one file's blocks and its writers, not about names.
 
 Several clients may write one file at once (docs/posix.md "Several writers"): each holds
-a write lease of its own (a ``writers`` row); a commit merges the caller's blocks per
+a write lease of its own (a ``writers`` row; a creator's soft lease, until anything else
+needs it, only the inode's lease columns: ``_own_row``); a commit merges the caller's blocks per
 block slot (the last commit wins a slot) and only grows the size, unless it carries the
 writer's truncation.  A truncation (an ``O_TRUNC`` open, a truncating setattr, a commit
 with ``truncate_to``) starts a new generation of the content: every other writer of the
@@ -58,9 +59,24 @@ class FileOps(Store):
         return bool(row.lease_id) and not row.complete
 
     def is_writer(self, ino: int, lease_id: int, client: str) -> bool:
-        """Does client hold lease_id, a live write lease of ino?"""
-        return bool(lease_id) and self.conn.execute("SELECT 1 FROM writers WHERE lease_id=? AND ino=? AND client=?",
-                                                    (lease_id, ino, client)).fetchone() is not None
+        """Does client hold lease_id, a live write lease of ino (a writers row, or a soft
+        lease the inode's columns hold alone)?"""
+        return bool(lease_id) and self.conn.execute(
+            "SELECT 1 FROM writers WHERE lease_id=? AND ino=? AND client=?"
+            " UNION ALL SELECT 1 FROM inodes WHERE ino=? AND lease_id=? AND lease_client=?",
+            (lease_id, ino, client, ino, lease_id, client)).fetchone() is not None
+
+    def _own_row(self, ino: int) -> None:
+        """A creator's soft lease is kept in the new inode's lease columns alone: a create
+        writes no writers row (three b-trees, three WAL pages, and as many again at its
+        unlink), and most files are written (_leased then makes the row) or unlinked
+        before anyone else leases them.  Before anything reads or adds writers rows of
+        ino (another lease, a truncation) such a lease gets its row, so that it counts as
+        every other writer does.  (A store from before writers rows holds such leases too.)"""
+        self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard)"
+                          " SELECT lease_id, ino, lease_client, lease_expiry_ms, 1 - complete FROM inodes"
+                          " WHERE ino=? AND lease_id != 0 AND NOT EXISTS"
+                          " (SELECT 1 FROM writers w WHERE w.lease_id = inodes.lease_id)", (ino,))
 
     def _summarize(self, ino: int) -> None:
         """Set the inode's lease columns from its writers: the newest one's id and client,
@@ -79,6 +95,7 @@ class FileOps(Store):
         lease; their uncommitted blocks are returned, to be freed.  Their commits then get
         ESTALE: their writes began under the content the truncation replaced."""
         freed: list[int] = []
+        self._own_row(ino)
         others = self.conn.execute("SELECT lease_id FROM writers WHERE ino=? AND lease_id != ? AND client != ?",
                                    (ino, keep, keep_client)).fetchall()
         for (lease,) in others:
@@ -100,9 +117,9 @@ class FileOps(Store):
         """mknod of a regular file (or open of an existing one) plus the write lease.  A new
         file gets its creator's soft lease in its own INSERT (make_node): what _grant_lease
         would give it, without looking for a lease of a file that did not exist."""
-        made = self.make_node(Mknod(**rec.envelope(), parent=rec.parent, name=rec.name,
-                                    mode=stat.S_IFREG | (rec.mode & 0o7777), umask=rec.umask,
-                                    exclusive=rec.exclusive, block_size=rec.block_size),
+        made = self.make_node(Mknod.of_checked(**rec.envelope(), parent=rec.parent, name=rec.name,
+                                               mode=stat.S_IFREG | (rec.mode & 0o7777), umask=rec.umask,
+                                               exclusive=rec.exclusive, block_size=rec.block_size),
                               lease=(rec.client_id, rec.now_ns // 1_000_000 + rec.lease_ms))
         row = made["attr"]
         if not made["created"]:
@@ -140,6 +157,7 @@ class FileOps(Store):
         binds nobody until its first allocate or commit (_leased), so a file created and
         closed unwritten needs no commit -- the lease just lapses."""
         now_ms, ino = now_ns // 1_000_000, row.ino
+        self._own_row(ino)
         own = self.conn.execute("SELECT lease_id, hard FROM writers WHERE ino=? AND client=? AND expiry_ms > ?"
                                 " ORDER BY lease_id DESC LIMIT 1", (ino, client, now_ms)).fetchone()
         lease = own[0] if own is not None else self.counter("next_lease")
@@ -277,8 +295,12 @@ class FileOps(Store):
         for lease in rec.lease_ids:
             n = self.conn.execute("UPDATE writers SET expiry_ms=? WHERE lease_id=? AND client=?",
                                   (expiry, lease, rec.client_id)).rowcount
-            if n == 0:
-                expired.append(lease)
+            if n == 0:   # a soft lease in its inode alone (_own_row): found among the live leases' index
+                n = self.conn.execute("UPDATE inodes SET lease_expiry_ms=max(lease_expiry_ms, ?)"
+                                      " WHERE lease_id=? AND lease_id != 0 AND lease_client=?",
+                                      (expiry, lease, rec.client_id)).rowcount
+                if n == 0:
+                    expired.append(lease)
                 continue
             self.conn.execute("UPDATE inodes SET lease_expiry_ms=max(lease_expiry_ms, ?)"
                               " WHERE ino=(SELECT ino FROM writers WHERE lease_id=?)", (expiry, lease))
@@ -286,14 +308,18 @@ class FileOps(Store):
 
     @applies(ExpireLeases)
     def op_expire_leases(self, rec: ExpireLeases) -> Result:
-        """Release lapsed leases: soft ones all at once (nothing allocated under them),
-        then up to EXPIRE_BATCH hard ones, then any granted by a master before writers rows."""
+        """Release lapsed leases: soft ones all at once (nothing allocated under them; those
+        a creator's inode holds alone too, _own_row), then up to EXPIRE_BATCH hard ones, then
+        up to EXPIRE_BATCH hard ones held by their inodes alone (a master's before writers rows)."""
         now_ms = rec.now_ns // 1_000_000
         freed: list[int] = []
         soft = [r[0] for r in self.conn.execute("SELECT DISTINCT ino FROM writers WHERE hard=0 AND expiry_ms < ?",
                                                 (now_ms,))]
         self.conn.execute("DELETE FROM writers WHERE hard=0 AND expiry_ms < ?", (now_ms,))
-        for ino in soft:
+        soft += [r[0] for r in self.conn.execute(
+            "SELECT ino FROM inodes WHERE lease_id != 0 AND complete = 1 AND lease_expiry_ms < ? AND NOT EXISTS"
+            " (SELECT 1 FROM writers w WHERE w.ino = inodes.ino)", (now_ms,))]
+        for ino in dict.fromkeys(soft):
             freed += self._settle(ino)
         for lease, ino in self.conn.execute("SELECT lease_id, ino FROM writers WHERE expiry_ms < ?"
                                             " ORDER BY expiry_ms, lease_id LIMIT ?", (now_ms, EXPIRE_BATCH)).fetchall():

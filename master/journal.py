@@ -34,7 +34,6 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any, Callable, Final, Mapping
 
 from curvine_py.common.errors import CurvineError, Unavailable
@@ -85,6 +84,7 @@ class Journal:
         # under CHANGES_KEY for the caller.  None: nobody caches, nothing is tracked.
         self.on_change: Callable[[list[Key], Record], Any] | None = None
         self._changes: list[Key] = []
+        self._record_counters: dict[str, Any] = {}   # JOURNAL_RECORDS' child of each op name
         # the event feed's rows, written in each record's savepoint (master/events.py)
         self.events = EventLog(self.conn)
 
@@ -105,7 +105,7 @@ class Journal:
         """Apply rec durably and return its result (raises the op's CurvineError).  A record
         not yet stamped (now_ns 0) gets the time of its submission."""
         if not rec.now_ns:
-            rec = replace(rec, now_ns=time.time_ns())
+            rec = rec.at(time.time_ns())
         fut: Future[Result] = Future()
         self._q.put((rec, fut))
         with self._lock:
@@ -181,7 +181,10 @@ class Journal:
         metrics.JOURNAL_COMMIT_SECONDS.observe(time.perf_counter() - start)
         metrics.JOURNAL_BATCH.observe(len(recs))
         for rec in recs:
-            metrics.JOURNAL_RECORDS.labels(rec.op).inc()
+            counter = self._record_counters.get(rec.op)
+            if counter is None:   # (labels() looks its child up under a lock: once per op name here)
+                counter = self._record_counters[rec.op] = metrics.JOURNAL_RECORDS.labels(rec.op)
+            counter.inc()
 
     # ------------------------------------------------------------------ a Raft group's entries
     def stored_index(self) -> int:
@@ -301,14 +304,25 @@ _values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values, in INODE_
 _DEFAULTS: dict[str, Any] = {"complete": 1, "lease_client": "", "acl": None, "default_acl": None,
                              "target": None}
 _FIXED = INODE_FIELDS.index("default_acl") + 1   # the leading columns every packed row has, in this order
-_encode = json.JSONEncoder(separators=(",", ":"), default=json_default).encode   # (json.dumps makes one a call)
+
+
+def _packed(o: Any) -> Any:
+    """The encoder's default: an InodeRow as its values (encode_result), bytes as records do."""
+    if isinstance(o, InodeRow):
+        return {PACKED_ATTR: _values(o)}
+    return json_default(o)
+
+
+# (json.dumps makes an encoder a call; the C encoder walks the result and calls _packed
+# only for what JSON lacks: no Python pass over the result first)
+_encode = json.JSONEncoder(separators=(",", ":"), default=_packed).encode
 
 
 def encode_result(result: Any) -> str:
     """A result as the retry cache keeps it: compact JSON where each inode's attributes (an
     InodeRow: most results carry one or two) are the list of their values in INODE_FIELDS
     order, as ``{"@a": [...]}``: ~40% of the plain JSON (a create's 800 bytes)."""
-    return _encode(_pack(result))
+    return _encode(result)
 
 
 def decode_result(text: str | None) -> Any:
@@ -320,16 +334,6 @@ def decode_result(text: str | None) -> Any:
     if isinstance(data, dict) and "__errno" in data:
         return CurvineError(data["__errno"], data["__msg"])
     return data
-
-
-def _pack(o: Any) -> Any:
-    if isinstance(o, InodeRow):
-        return {PACKED_ATTR: _values(o)}
-    if isinstance(o, dict):
-        return {k: _pack(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_pack(v) for v in o]
-    return o
 
 
 def _unpack(d: dict[str, Any]) -> Any:

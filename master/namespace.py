@@ -272,9 +272,10 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
 
     def make_node(self, rec: Mknod, lease: tuple[str, int] | None = None) -> Result:
         """Mknod; lease (client, expiry ms): a new regular file is made with that client's
-        soft write lease (a create), in the same INSERT, and its writers row: the result
-        then also has its lease_id and lease_expiry_ms.  The new inode's row is returned as
-        it was inserted, not read back."""
+        soft write lease (a create) in its lease columns, by the same INSERT, and no
+        writers row (files.py: a soft lease in the inode alone gets one when another lease
+        or a write needs it); the result then also has lease_id and lease_expiry_ms.  The
+        new inode's row is returned as it was inserted, not read back."""
         cred, now = rec.cred, rec.now_ns
         parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
@@ -325,15 +326,12 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                        d.default_acl if ftype == stat.S_IFDIR else None,
                        d.kv if ftype in (stat.S_IFREG, stat.S_IFDIR) else 0, 0, target)
         self.conn.execute(_INSERT_INODE, _values(row))
-        if row.lease_id:   # the creator's soft lease (files.py _grant_lease's, made in place)
-            self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
-                              (row.lease_id, ino, client, expiry))
         self._add_entry(parent, name, ino, taken["next_seq"])
         parent_row = self._touched(parent, now, 1 if ftype == stat.S_IFDIR else 0)
         self.ufs_new_entry(parent, name, ino, ftype, now)
         made: Result = {"attr": row, "created": True, "dirs": [parent_row]}
         if row.lease_id:
-            made.update(lease_id=row.lease_id, lease_expiry_ms=expiry)
+            made["lease_id"], made["lease_expiry_ms"] = row.lease_id, expiry
         return made
 
     @applies(Link)

@@ -307,3 +307,17 @@ def test_a_replay_fails_the_same_records_with_the_same_errors(ns: NS, tmp_path: 
                 fresh.journal.submit(rec)
     finally:
         fresh.journal.stop()
+
+
+def test_a_stamped_or_derived_record_equals_the_one_built_and_checked() -> None:
+    """Record.at (the journal's time stamp) and Record.of_checked (a create's mknod) skip
+    the field checks; what they make must be the very record the checked way builds."""
+    create = Create(cred=Cred(1000, 1000, frozenset({5})), request_id="r", client_id="c", parent=ROOT_INO,
+                    name="f", mode=0o640, lease_ms=1000, umask=0o022)
+    stamped = create.at(123)
+    assert stamped == replace(create, now_ns=123) and create.now_ns == 0 and type(stamped) is Create
+    assert decode(stamped.to_json()) == stamped
+    derived = Mknod.of_checked(**stamped.envelope(), parent=ROOT_INO, name="f", mode=stat.S_IFREG | 0o640,
+                               umask=0o022, exclusive=True, block_size=0)
+    assert derived == Mknod(**stamped.envelope(), parent=ROOT_INO, name="f", mode=stat.S_IFREG | 0o640, umask=0o022)
+    assert decode(derived.to_json()) == derived
