@@ -15,6 +15,7 @@ there); nothing else in curvine_py imports it.  docs/kvcache.md has the settings
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -178,9 +179,7 @@ class CurvineL2Adapter(L2AdapterInterface):
     def _lookup(self, tid: L2TaskId, keys: list[Any]) -> None:
         bitmap = Bitmap(len(keys))
         try:
-            for i, hit in enumerate(self.chunks.lookup(_names(keys), lock=True)):
-                if hit:
-                    bitmap.set(i)
+            bitmap = _bitmap(self.chunks.lookup(_names(keys), lock=True))
         except Exception:
             log.exception("curvine L2 adapter: lookup task %d failed (all misses)", tid)
         self._done("lookup", self._lookups, tid, bitmap)
@@ -202,9 +201,7 @@ class CurvineL2Adapter(L2AdapterInterface):
         bitmap = Bitmap(len(keys))
         try:
             got = self.chunks.load(_names(keys), [o.byte_array for o in objects])
-            for i, ok in enumerate(got):
-                if ok:
-                    bitmap.set(i)
+            bitmap = _bitmap(got)
             loaded = [k for k, ok in zip(keys, got) if ok]
             if loaded:
                 self._notify_keys_accessed(loaded)
@@ -245,5 +242,40 @@ class CurvineL2Adapter(L2AdapterInterface):
 
 
 def _names(keys: Sequence[Any]) -> list[str]:
-    """LMCache's own file names for keys (its fs adapter's), so both share one directory."""
-    return [_object_key_to_filename(k) for k in keys]
+    """LMCache's own file names for keys (its fs adapter's), so both share one directory.
+    Its function makes the name of the first key of each model, rank, group and salt; the
+    others' names are that name with their own hash in its place (a prompt's keys share
+    all but the hash: 256 keys in 55 against 200 us)."""
+    out: list[str] = []
+    ends: dict[tuple[Any, ...], tuple[str, str]] = {}
+    for k in keys:
+        head = (k.model_name, k.kv_rank, k.object_group_id, k.cache_salt)
+        around = ends.get(head)
+        if around is None:
+            around = ends[head] = _around_hash(k)
+        out.append(f"{around[0]}{k.chunk_hash.hex()}{around[1]}")
+    return out
+
+
+def _around_hash(key: Any) -> tuple[str, str]:
+    """LMCache's file name of key, cut around its hash ('<model>@<rank>@<group>@', then
+    '[@<salt>].data'): the hash is the last '@'-led field before the salt and the suffix,
+    neither of which holds an '@'."""
+    name, h = _object_key_to_filename(key), key.chunk_hash.hex()
+    at = name.rindex(f"@{h}{'@' if key.cache_salt else '.'}") + 1
+    return name[:at], name[at + len(h):]
+
+
+def _bitmap(hits: Sequence[bool]) -> Bitmap:
+    """LMCache's bitmap of hits: the leading run made at construction, the rest set in one
+    call (a set() per bit was 30 us at 256 keys, this 9)."""
+    n = len(hits)
+    try:
+        lead = hits.index(False)
+    except ValueError:
+        lead = n
+    bitmap = Bitmap(n, lead)
+    rest = list(itertools.compress(range(lead, n), hits[lead:]))
+    if rest:
+        bitmap.batched_set(rest)
+    return bitmap

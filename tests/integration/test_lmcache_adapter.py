@@ -170,3 +170,28 @@ def test_in_process_engine_through_the_remote_storage_plugin(shared_cluster: Loc
         assert got["hit_tokens"] == got["retrieved_tokens"] == 700 and got["bad_chunks"] == 0, got
     finally:
         m.stop()
+
+
+NAMES_CHECK = """
+import random
+from lmcache.v1.distributed.api import ObjectKey
+from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
+from curvine_py.kv.lmcache import _bitmap, _names
+rnd = random.Random(3)
+keys = [ObjectKey(chunk_hash=rnd.randbytes(rnd.choice([0, 1, 16, 32])), model_name=rnd.choice(["Qwen/Qwen2.5-7B", "m"]),
+                  kv_rank=rnd.choice([0, 1, 0x01020304]), object_group_id=rnd.choice([0, 17]),
+                  cache_salt=rnd.choice(["", "s", "salt-x"])) for _ in range(400)]
+assert _names(keys) == [_object_key_to_filename(k) for k in keys]
+for hits in ([], [True], [False], [True, True, False, True], [False, True], [True] * 9, [False] * 3):
+    b = _bitmap(hits)
+    assert b.size() == len(hits) and b.get_indices_list() == [i for i, h in enumerate(hits) if h], hits
+print("ok")
+"""
+
+
+def test_the_adapters_file_names_and_bitmaps_are_lmcaches(tmp_path: Path) -> None:
+    """The adapter makes a prompt's file names from the first one's (models, ranks, groups
+    and salts mixed here) and its bitmaps from runs: the same as LMCache's own function
+    and per-bit sets, or the fs adapter and the plugin would not share one cache."""
+    proc = run_lmcache([str(PYTHON), "-c", NAMES_CHECK], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
