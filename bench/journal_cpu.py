@@ -33,10 +33,14 @@ from curvine_py.master import schema  # noqa: E402
 from curvine_py.master.journal import Journal  # noqa: E402
 from curvine_py.master.namespace import Namespace  # noqa: E402
 from curvine_py.master.posix import Cred  # noqa: E402
-from curvine_py.master.records import Create, Mknod, Record, Rename, Unlink  # noqa: E402
+from curvine_py.master.records import (  # noqa: E402
+    Allocate, Commit, CommitBlock, Create, Mknod, Record, Rename, Unlink,
+)
+from curvine_py.master.store import Result  # noqa: E402
 
 USER = Cred(1000, 1000, frozenset())
-OPS = ("create", "rename", "unlink")
+OPS = ("create", "allocate", "commit", "rename", "unlink")
+BLOCK = 4 << 20   # one block of the default size (a KV chunk is one block)
 
 
 def envelope() -> dict:
@@ -44,11 +48,17 @@ def envelope() -> dict:
     return {"cred": USER, "request_id": uuid.uuid4().hex, "client_id": "bench", "now_ns": 0}
 
 
-def records(op: str, parent: int, n: int) -> list[Record]:
-    """The n records of one op, as LMCache's writer makes them: create x.tmp, rename it to x.data, unlink."""
+def records(op: str, parent: int, n: int, made: list[Result]) -> list[Record]:
+    """The n records of one op, as LMCache's writer makes them: create x.tmp, allocate its
+    block, commit it at the close, rename it to x.data; then unlink.  made: the creates' results."""
     if op == "create":
         return [Create(**envelope(), parent=parent, name=f"f{i}.tmp", mode=0o644, lease_ms=60_000, umask=0o022)
                 for i in range(n)]
+    if op == "allocate":
+        return [Allocate(**envelope(), ino=m["attr"].ino, lease_id=m["lease_id"], count=1) for m in made]
+    if op == "commit":
+        return [Commit(**envelope(), ino=m["attr"].ino, lease_id=m["lease_id"], size=BLOCK, release=True,
+                       blocks=(CommitBlock(m["block_ids"][0], 0, BLOCK, 7),)) for m in made]
     if op == "rename":
         return [Rename(**envelope(), parent=parent, name=f"f{i}.tmp", new_parent=parent, new_name=f"f{i}.data")
                 for i in range(n)]
@@ -65,15 +75,20 @@ def open_journal(path: str) -> Journal:
     return journal
 
 
-def run(journal: Journal, op: str, parent: int, n: int, on_sql: Callable[[str], None] | None) -> float:
-    """Submit the op's n records; CPU seconds per record."""
-    recs = records(op, parent, n)
+def run(journal: Journal, op: str, parent: int, n: int, on_sql: Callable[[str], None] | None,
+        made: list[Result]) -> float:
+    """Submit the op's n records; CPU seconds per record (made: the creates' results, filled by "create")."""
+    recs = records(op, parent, n, made)
     journal.conn.set_trace_callback(on_sql)
     start = time.process_time()
-    for rec in recs:
-        journal.submit(rec)
+    results = [journal.submit(rec) for rec in recs]
     spent = time.process_time() - start
     journal.conn.set_trace_callback(None)
+    if op == "create":
+        made[:] = results
+    if op == "allocate":
+        for m, r in zip(made, results):
+            m["block_ids"] = r["block_ids"]
     return spent / n
 
 
@@ -85,10 +100,11 @@ def a_round(base: str, n: int, k: int, trace: bool) -> dict[str, tuple[float, fl
         parent = journal.submit(Mknod(**{**envelope(), "cred": Cred(0, 0, frozenset())}, parent=1, name=f"d{k}",
                                       mode=stat.S_IFDIR | 0o777))["attr"].ino
         out: dict[str, tuple[float, float, Counter[str]]] = {}
+        made: list[Result] = []
         for op in OPS:
             seen: Counter[str] = Counter()
             cpu = run(journal, op, parent, n, (lambda s: seen.update([s.split(None, 1)[0].upper()])) if trace
-                      else None)
+                      else None, made)
             out[op] = (cpu, sum(seen.values()) / n, seen)
         journal.stop()
         journal.conn.close()
@@ -109,9 +125,10 @@ def wal_pages(base: str, n: int) -> dict[str, float]:
         parent = journal.submit(Mknod(**{**envelope(), "cred": Cred(0, 0, frozenset())}, parent=1, name="d",
                                       mode=stat.S_IFDIR | 0o777))["attr"].ino
         out = {}
+        made: list[Result] = []
         for op in OPS:
             before = os.path.getsize(wal)
-            run(journal, op, parent, n, None)
+            run(journal, op, parent, n, None, made)
             out[op] = (os.path.getsize(wal) - before) / frame / n
         journal.stop()
         conn.close()

@@ -4,8 +4,8 @@ Part of the op-record machinery of ``namespace.py`` (``Namespace`` inherits thes
 kept apart because it is about one file's blocks and its writers, not about names.
 
 Several clients may write one file at once (docs/posix.md "Several writers"): each holds
-a write lease of its own (a ``writers`` row; a creator's soft lease, until anything else
-needs it, only the inode's lease columns: ``_own_row``); a commit merges the caller's blocks per
+a write lease of its own (a ``writers`` row; a file's only lease, until a second one joins
+it, only the inode's lease columns: ``_own_row``); a commit merges the caller's blocks per
 block slot (the last commit wins a slot) and only grows the size, unless it carries the
 writer's truncation.  A truncation (an ``O_TRUNC`` open, a truncating setattr, a commit
 with ``truncate_to``) starts a new generation of the content: every other writer of the
@@ -27,8 +27,9 @@ from curvine_py.master import posix
 from curvine_py.master.handlers import applies
 from curvine_py.master.posix import W
 from curvine_py.master.records import Allocate, Commit, Create, ExpireLeases, Mknod, OpenWrite, Renew
-from curvine_py.master.store import InodeRow, Result, Store, to_i64
+from curvine_py.master.store import INODE_COLS, RETURNING, InodeRow, Result, Store, to_i64
 
+_SET_LEASE = "UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=? WHERE ino=?"
 EXPIRE_BATCH = 2000   # lapsed hard leases released per record (each may free blocks, delete an inode)
 
 
@@ -67,28 +68,35 @@ class FileOps(Store):
             (lease_id, ino, client, ino, lease_id, client)).fetchone() is not None
 
     def _own_row(self, ino: int) -> None:
-        """A creator's soft lease is kept in the new inode's lease columns alone: a create
-        writes no writers row (three b-trees, three WAL pages, and as many again at its
-        unlink), and most files are written (_leased then makes the row) or unlinked
-        before anyone else leases them.  Before anything reads or adds writers rows of
-        ino (another lease, a truncation) such a lease gets its row, so that it counts as
-        every other writer does.  (A store from before writers rows holds such leases too.)"""
+        """A file's only lease is kept in its inode's lease columns alone: a create writes
+        no writers row, nor does its writer's first allocate, nor its close delete one
+        (three b-trees, three WAL pages each time); most files are written by one client.
+        Before anything reads or adds writers rows of ino (another client's lease, a
+        truncation) such a lease gets its row, so that it counts as every other writer
+        does.  (A store from before writers rows holds such leases too.)"""
         self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard)"
                           " SELECT lease_id, ino, lease_client, lease_expiry_ms, 1 - complete FROM inodes"
                           " WHERE ino=? AND lease_id != 0 AND NOT EXISTS"
                           " (SELECT 1 FROM writers w WHERE w.lease_id = inodes.lease_id)", (ino,))
 
-    def _summarize(self, ino: int) -> None:
+    def _summarize(self, ino: int) -> InodeRow | None:
         """Set the inode's lease columns from its writers: the newest one's id and client,
-        the latest expiry, complete unless one is hard; all cleared when none is left."""
+        the latest expiry, complete unless one is hard; all cleared when none is left.
+        Returns the inode's row as it is now (None: no such inode), from the same UPDATE."""
         rows = self.conn.execute("SELECT lease_id, client, expiry_ms, hard FROM writers WHERE ino=?"
                                  " ORDER BY lease_id DESC", (ino,)).fetchall()
         if not rows:
-            self.conn.execute("UPDATE inodes SET lease_id=0, lease_client='', lease_expiry_ms=0, complete=1"
-                              " WHERE ino=?", (ino,))
-            return
-        self.conn.execute("UPDATE inodes SET lease_id=?, lease_client=?, lease_expiry_ms=?, complete=? WHERE ino=?",
-                          (rows[0][0], rows[0][1], max(r[2] for r in rows), int(not any(r[3] for r in rows)), ino))
+            return self._set_lease(ino, 0, "", 0, 1)
+        return self._set_lease(ino, rows[0][0], rows[0][1], max(r[2] for r in rows), int(not any(r[3] for r in rows)))
+
+    def _set_lease(self, ino: int, lease: int, client: str, expiry_ms: int, complete: int) -> InodeRow | None:
+        """The inode's lease columns set; its row as it is now (UPDATE ... RETURNING), None if gone."""
+        args = (lease, client, expiry_ms, complete, ino)
+        if RETURNING:
+            r = self.conn.execute(_SET_LEASE + f" RETURNING {INODE_COLS}", args).fetchone()
+            return InodeRow(*r) if r is not None else None
+        self.conn.execute(_SET_LEASE, args)
+        return self.inode(ino) if self._exists(ino) else None
 
     def new_generation(self, ino: int, keep: int = 0, keep_client: str = "") -> list[int]:
         """A truncation: every writer of ino but lease keep (and keep_client's) loses its
@@ -106,9 +114,13 @@ class FileOps(Store):
 
     def _drop_writer(self, ino: int, lease: int) -> list[int]:
         """Forget one writer: its row and its allocated, uncommitted blocks (returned)."""
-        freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=? AND lease_id=?",
-                                                 (ino, lease))]
-        self.conn.execute("DELETE FROM pending_blocks WHERE ino=? AND lease_id=?", (ino, lease))
+        if RETURNING:
+            freed = [r[0] for r in self.conn.execute("DELETE FROM pending_blocks WHERE ino=? AND lease_id=?"
+                                                     " RETURNING block_id", (ino, lease)).fetchall()]
+        else:
+            freed = [r[0] for r in self.conn.execute("SELECT block_id FROM pending_blocks WHERE ino=? AND lease_id=?",
+                                                     (ino, lease))]
+            self.conn.execute("DELETE FROM pending_blocks WHERE ino=? AND lease_id=?", (ino, lease))
         self.conn.execute("DELETE FROM writers WHERE lease_id=?", (lease,))
         return freed
 
@@ -175,10 +187,15 @@ class FileOps(Store):
         row = self.inode(rec.ino)
         hard = self.conn.execute("SELECT hard, client FROM writers WHERE lease_id=? AND ino=?",
                                  (rec.lease_id, rec.ino)).fetchone()
-        if hard is None and rec.lease_id and row.lease_id == rec.lease_id:   # granted before writers rows
-            self.conn.execute("INSERT INTO writers(lease_id, ino, client, expiry_ms, hard) VALUES (?,?,?,?,0)",
-                              (rec.lease_id, rec.ino, row.lease_client, row.lease_expiry_ms))
-            hard = (0, row.lease_client)
+        if hard is None and rec.lease_id and row.lease_id == rec.lease_id and row.lease_client == rec.client_id:
+            # the file's only lease, which its inode holds alone (_own_row): made hard in place
+            if row.complete:
+                made = self._set_lease(rec.ino, rec.lease_id, row.lease_client, row.lease_expiry_ms, 0)
+                assert made is not None   # (read above, in this transaction)
+                return made
+            return row
+        if hard is None and rec.lease_id and row.lease_id == rec.lease_id:
+            hard = (0, row.lease_client)   # another client's: EACCES below
         if hard is None:
             raise err(errno.ESTALE, "write lease lost (expired, or the file was truncated by another writer "
                                     "meanwhile: its writes since its last commit are dropped); reopen the file")
@@ -225,14 +242,16 @@ class FileOps(Store):
             if self.conn.execute("DELETE FROM pending_blocks WHERE block_id=? AND ino=? AND lease_id=?",
                                  (bid, ino, rec.lease_id)).rowcount != 1:
                 raise err(errno.EINVAL, f"block {bid} was not allocated to this file under this lease")
+            if self.conn.execute("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)"
+                                 " ON CONFLICT(ino, idx) DO NOTHING",
+                                 (ino, idx, bid, b.length, to_i64(b.checksum))).rowcount == 1:
+                continue   # a new slot (a new file's: no SELECT of what it held first)
+            # the slot's block is replaced: an UPDATE, not INSERT OR REPLACE, whose delete fires no trigger
+            # (schema.COUNTS)
             old = self.conn.execute("SELECT block_id FROM blocks WHERE ino=? AND idx=?", (ino, idx)).fetchone()
-            if old is not None:   # an UPDATE, not INSERT OR REPLACE: its delete fires no trigger (schema.COUNTS)
-                freed.append(old[0])
-                self.conn.execute("UPDATE blocks SET block_id=?, length=?, checksum=? WHERE ino=? AND idx=?",
-                                  (bid, b.length, to_i64(b.checksum), ino, idx))
-            else:
-                self.conn.execute("INSERT INTO blocks(ino, idx, block_id, length, checksum) VALUES (?,?,?,?,?)",
-                                  (ino, idx, bid, b.length, to_i64(b.checksum)))
+            freed.append(old[0])
+            self.conn.execute("UPDATE blocks SET block_id=?, length=?, checksum=? WHERE ino=? AND idx=?",
+                              (bid, b.length, to_i64(b.checksum), ino, idx))
         freed += self._punch(ino, rec.holes)
         if truncated:   # (the writer's blocks end at its size; anything past it goes)
             freed += self._truncate(row, size)
@@ -243,8 +262,9 @@ class FileOps(Store):
                               " WHERE ino=?", (size, mtime, rec.now_ns, mode, ino))
             self.ufs_dirty(ino, rec.now_ns)
         if rec.release:
-            freed += self._release(ino, rec.lease_id)
-        return {"attr": self.inode(ino) if self._exists(ino) else replace(row, nlink=0), "freed": freed}
+            dropped, left = self._release_row(ino, rec.lease_id)
+            return {"attr": left if left is not None else replace(row, nlink=0), "freed": freed + dropped}
+        return {"attr": self.inode(ino), "freed": freed}
 
     def _merged_size(self, ino: int, bs: int, old: int, rec: Commit) -> int:
         """The larger of the writer's size and the file's -- but when this commit replaces
@@ -276,16 +296,25 @@ class FileOps(Store):
 
     def _release(self, ino: int, lease: int) -> list[int]:
         """Drop one writer's lease; blocks it allocated but never committed are orphans."""
-        return self._drop_writer(ino, lease) + self._settle(ino)
+        return self._release_row(ino, lease)[0]
+
+    def _release_row(self, ino: int, lease: int) -> tuple[list[int], InodeRow | None]:
+        """_release, and the inode's row as it is left (None: gone)."""
+        freed = self._drop_writer(ino, lease)
+        more, row = self._settle_row(ino)
+        return freed + more, row
 
     def _settle(self, ino: int) -> list[int]:
         """After a writer left: the inode's lease columns again; an unlinked file with no
         writer left goes."""
-        self._summarize(ino)
-        row = self.inode(ino)
-        if row.nlink == 0 and not row.lease_id:
-            return self._delete_inode(ino)
-        return []
+        return self._settle_row(ino)[0]
+
+    def _settle_row(self, ino: int) -> tuple[list[int], InodeRow | None]:
+        """_settle, and the inode's row as it is left (None: gone)."""
+        row = self._summarize(ino)
+        if row is not None and row.nlink == 0 and not row.lease_id:
+            return self._delete_inode(ino, row), None
+        return [], row
 
     @applies(Renew)
     def op_renew(self, rec: Renew) -> Result:
@@ -309,8 +338,8 @@ class FileOps(Store):
     @applies(ExpireLeases)
     def op_expire_leases(self, rec: ExpireLeases) -> Result:
         """Release lapsed leases: soft ones all at once (nothing allocated under them; those
-        a creator's inode holds alone too, _own_row), then up to EXPIRE_BATCH hard ones, then
-        up to EXPIRE_BATCH hard ones held by their inodes alone (a master's before writers rows)."""
+        an inode holds alone too, _own_row), then up to EXPIRE_BATCH hard ones, then up to
+        EXPIRE_BATCH hard ones held by their inodes alone."""
         now_ms = rec.now_ns // 1_000_000
         freed: list[int] = []
         soft = [r[0] for r in self.conn.execute("SELECT DISTINCT ino FROM writers WHERE hard=0 AND expiry_ms < ?",

@@ -259,7 +259,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if nlink > 0 or self._hard_lease(row):
             self.conn.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (max(nlink, 0), now, row.ino))
             return []
-        return self._delete_inode(row.ino, row.mode)
+        return self._delete_inode(row.ino, row)
 
     def _check_removable(self, cred: Cred, d: InodeRow, victim: InodeRow) -> None:
         if not posix.sticky_ok(d, victim, cred):
@@ -273,9 +273,9 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     def make_node(self, rec: Mknod, lease: tuple[str, int] | None = None) -> Result:
         """Mknod; lease (client, expiry ms): a new regular file is made with that client's
         soft write lease (a create) in its lease columns, by the same INSERT, and no
-        writers row (files.py: a soft lease in the inode alone gets one when another lease
-        or a write needs it); the result then also has lease_id and lease_expiry_ms.  The
-        new inode's row is returned as it was inserted, not read back."""
+        writers row (files.py _own_row: a file's only lease is its inode's until another
+        joins it); the result then also has lease_id and lease_expiry_ms.  The new inode's
+        row is returned as it was inserted, not read back."""
         cred, now = rec.cred, rec.now_ns
         parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
@@ -386,7 +386,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
             raise err(errno.ENOTEMPTY)
         self._check_removable(cred, d, victim)
         self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
-        freed = self._delete_inode(victim.ino, victim.mode)
+        freed = self._delete_inode(victim.ino, victim)
         return {"freed": freed, "dirs": [self._touched(rec.parent, now, -1)]}
 
     def _is_ancestor(self, anc: int, ino: int) -> bool:

@@ -266,6 +266,24 @@ def test_a_creators_soft_lease_is_its_inodes_alone_until_another_lease_needs_a_r
     assert [tuple(w) for w in writers()] == [(lease, "c1", 0)] and ns.ns.inode(ino).lease_id == lease
 
 
+def test_a_file_written_by_one_client_never_gets_a_writers_row(ns: NS) -> None:
+    """The only lease of a file stays in its inode through the first allocate (hard now)
+    and the close; a lease held so that lapses is released with its uncommitted blocks."""
+    rows = lambda: ns.ns.conn.execute("SELECT count(*) FROM writers").fetchone()[0]  # noqa: E731
+    r = ns.create(ROOT_INO, "one")
+    ino, lease = r["attr"].ino, r["lease_id"]
+    ids = ns.do(Allocate, ino=ino, lease_id=lease, count=2)["block_ids"]
+    assert rows() == 0 and ns.ns.inode(ino).complete == 0 and ns.ns.is_writer(ino, lease, "c1")
+    assert errno_of(lambda: ns.do(Allocate, client_id="c2", ino=ino, lease_id=lease, count=1)) == errno.EACCES
+    out = ns.do(Commit, ino=ino, lease_id=lease, size=5, blocks=[CommitBlock(ids[0], 0, 5, 1)], release=True)
+    assert out["attr"].lease_id == 0 and out["attr"].complete == 1 and out["attr"].size == 5
+    assert out["freed"] == [ids[1]] and rows() == 0
+    r = ns.create(ROOT_INO, "lapses")
+    ids = ns.do(Allocate, ino=r["attr"].ino, lease_id=r["lease_id"], count=1)["block_ids"]
+    out = ns.do(ExpireLeases, now_ns=(r["lease_expiry_ms"] + 1) * 1_000_000)
+    assert out["freed"] == ids and ns.ns.inode(r["attr"].ino).lease_id == 0
+
+
 def test_create_rename_unlink_take_few_statements(ns: NS) -> None:
     """The master's CPU per mutation is mostly its SQL statements (bench/journal_cpu.py):
     a create, a rename and an unlink took 30, 26 and 28 (a trigger's statements count, as
