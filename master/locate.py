@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import errno
 import posixpath
+import operator
 import stat
 from collections import defaultdict
 from typing import Any, Callable, Iterable
@@ -55,6 +56,7 @@ _FIELDS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns",
 # a brief Locate's (the KV lookup's) columns: what "a whole chunk" and a pin need
 _BRIEF = ("ino", "mode", "size")
 _INO, _MODE, _COMPLETE, _BRIEF_SIZE = 0, 1, -1, 2
+_SECOND = operator.itemgetter(1)
 Found = tuple[Any, ...]   # the call's fields' values (_FIELDS or _BRIEF), then complete
 
 
@@ -131,11 +133,7 @@ class Locator:
         """One flag per name: a whole chunk.  Only whole chunks are pinned (a miss is never
         unlocked by LMCache, its pin would only run out) and unpinned."""
         if request.names:
-            hits = [False] * len(request.names)
-            inos: list[int] = []
-            for k, ino in self._whole_in(ns, cred, request.dir, list(request.names)):
-                hits[k] = True
-                inos.append(ino)
+            hits, inos = _flags(len(request.names), self._whole_in(ns, cred, request.dir, list(request.names)))
         else:
             hits, inos = self._brief_paths(ns, cred, list(request.paths))
         c = request.caller
@@ -181,7 +179,7 @@ class Locator:
             size = _bucket(len(part))
             rows = cur.execute(_whole_sql(size), (*part, *[None] * (size - len(part)), d.ino)).fetchall()
             out += rows if not k else [(k + i, ino) for i, ino in rows]
-        if any(ino < 0 for _, ino in out):   # symlinks (their inode negated): followed one by one
+        if out and min(map(_SECOND, out)) < 0:   # symlinks (their inode negated): followed one by one
             out = [x for x in (self._followed(ns, cred, parent, names, i, ino) for i, ino in out) if x]
         return out
 
@@ -328,6 +326,21 @@ def _whole(r: Found | int) -> bool:
     """A brief row is a whole chunk: found, a regular file, complete, not empty (a
     writer still at it, or a name made and not yet written, is a miss)."""
     return isinstance(r, tuple) and stat.S_ISREG(r[_MODE]) and bool(r[_COMPLETE]) and r[_BRIEF_SIZE] > 0
+
+
+def _flags(n: int, found: list[tuple[int, int]]) -> tuple[list[bool], list[int]]:
+    """n flags, set at found's indices, and found's inodes.  Found is most often a prefix
+    of the names (LMCache's chunks are there up to the first miss): made without a
+    Python step per name."""
+    if not found:
+        return [False] * n, []
+    ks, inos = zip(*found)
+    if ks == tuple(range(len(ks))):
+        return [True] * len(ks) + [False] * (n - len(ks)), list(inos)
+    hits = [False] * n
+    for k in ks:
+        hits[k] = True
+    return hits, list(inos)
 
 
 def _joined(parent: str, names: Iterable[str]) -> list[str]:
