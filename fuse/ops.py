@@ -66,7 +66,7 @@ _FLOCK_TYPES = {fcntl.LOCK_SH: RDLCK, fcntl.LOCK_EX: WRLCK, fcntl.LOCK_UN: UNLCK
 _INTERRUPTED: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("interrupted", default=None)
 
 
-def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _fs_errors(fn: Callable[..., Any], op: str = "") -> Callable[..., Any]:
     """CurvineError -> FUSEError(errno); anything else is a bug -> EIO (logged), never a crash.
 
     And the request is registered with the mount's watchdog while it runs (fuse/watchdog.py:
@@ -76,10 +76,11 @@ def _fs_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     kernel invalidation waiting for one (fuse/notify.py) keeps /dev/fuse open, so the
     connection never ends (pyfuse3 awaits the handler in its reader task and replies
     synchronously, so the answer goes out before the task sees the cancellation again).
-    And timed into curvine_fuse_op_duration_seconds when the mount serves metrics."""
+    And timed into curvine_fuse_op_duration_seconds when the mount serves metrics, as op
+    (default: the handler's name)."""
     params = list(inspect.signature(fn).parameters)
     name = params[1] if len(params) > 1 and params[1] != "ctx" else ""
-    op = fn.__name__
+    op = op or fn.__name__
     seconds = metrics.OP_SECONDS.labels(op)
 
     @functools.wraps(fn)
@@ -167,7 +168,9 @@ class CurvineOps(pyfuse3.Operations):
         self._gate_mu: dict[int, trio.Lock] = {}
 
     def init(self) -> None:
-        """The kernel's INIT was answered: passthrough and locks are known to work or not now."""
+        """The kernel's INIT was answered: passthrough and locks are known to work or not now.
+        And the master connection is warmed meanwhile (_warm_up)."""
+        trio.lowlevel.spawn_system_task(self._warm_up, name="warm up")
         if self.enable_passthrough:
             self.passthrough = passthrough.start(self.vfs, self._run_backing_file)
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
@@ -178,6 +181,17 @@ class CurvineOps(pyfuse3.Operations):
         else:
             posix, flock = locks_enabled()
             log.info("cross-mount locks: POSIX %s, flock %s", "on" if posix else "off", "on" if flock else "off")
+
+    async def _warm_up(self) -> None:
+        """A fresh mount's first lookups (LMCache's stat of each chunk of a prompt through a
+        new reader) would pay for the loop's first framed connection to the master (the
+        route, the connect, the hello) and the master's first answer on it: the root's
+        attributes are asked for now instead (cached, under the session's lease, too).
+        Background work: a failure only logged (the first request then connects)."""
+        try:
+            await self._do(self.vfs.getattr(pyfuse3.ROOT_INODE, _ROOT))
+        except Exception as e:   # (a system task must not end the loop)
+            log.info("warming the master connection up: %s", e)
 
     # ------------------------------------------------------------------ helpers
     def _unless_given_up(self) -> None:
@@ -572,17 +586,25 @@ class CurvineOps(pyfuse3.Operations):
         kind = _FLOCK_TYPES.get(op & ~fcntl.LOCK_NB, -1)
         await self._lock(fh, LockAsk(0, owner, True, kind), not op & fcntl.LOCK_NB, interrupted)
 
-    @_fs_errors
     async def forget_locks(self, fh: int, owner: int, flock: bool) -> None:
+        """A close ends owner's locks (the patched pyfuse3 calls this first in every FLUSH,
+        and in a flock holder's last RELEASE).  Nearly always the owner holds no lock of
+        the file and it is no WAL index: answered here, with no request bookkeeping
+        (_fs_errors: the watchdog's entry, the op's timing), as nothing can wait or fail."""
         try:
             ino = self.vfs.handle(fh).ino
         except CurvineError:   # (a handle already gone: nothing held through it)
-            ino = 0
-        if not self.vfs.unlock_owner_nowait(fh, owner, flock):   # (every close comes here: most hold no lock)
-            await self._do(self.vfs.unlock_owner(fh, owner, flock))
+            return
+        if self.vfs.unlock_owner_nowait(fh, owner, flock) and not self.wal_gates.knows(ino):
+            return
+        await self._forget_locks(fh, owner, flock, ino)
+
+    async def _forget_held_locks(self, fh: int, owner: int, flock: bool, ino: int) -> None:
+        await self._do(self.vfs.unlock_owner(fh, owner, flock))
         if self.wal_gates.knows(ino):
             async with self._gate_lock(ino):
                 await self._do(self.wal_gates.give_up(ino))
+    _forget_locks = _fs_errors(_forget_held_locks, "forget_locks")   # (the op label as before)
 
     async def _lock(self, fh: int, a: LockAsk, block: bool, interrupted: Callable[[], bool]) -> None:
         req = CURRENT.get()
