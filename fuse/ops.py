@@ -168,9 +168,7 @@ class CurvineOps(pyfuse3.Operations):
         self._gate_mu: dict[int, trio.Lock] = {}
 
     def init(self) -> None:
-        """The kernel's INIT was answered: passthrough and locks are known to work or not now.
-        And the master connection is warmed meanwhile (_warm_up)."""
-        trio.lowlevel.spawn_system_task(self._warm_up, name="warm up")
+        """The kernel's INIT was answered: passthrough and locks are known to work or not now."""
         if self.enable_passthrough:
             self.passthrough = passthrough.start(self.vfs, self._run_backing_file)
             log.info("FUSE passthrough %s", "on" if self.passthrough is not None else "unavailable")
@@ -181,17 +179,6 @@ class CurvineOps(pyfuse3.Operations):
         else:
             posix, flock = locks_enabled()
             log.info("cross-mount locks: POSIX %s, flock %s", "on" if posix else "off", "on" if flock else "off")
-
-    async def _warm_up(self) -> None:
-        """A fresh mount's first lookups (LMCache's stat of each chunk of a prompt through a
-        new reader) would pay for the loop's first framed connection to the master (the
-        route, the connect, the hello) and the master's first answer on it: the root's
-        attributes are asked for now instead (cached, under the session's lease, too).
-        Background work: a failure only logged (the first request then connects)."""
-        try:
-            await self._do(self.vfs.getattr(pyfuse3.ROOT_INODE, _ROOT))
-        except Exception as e:   # (a system task must not end the loop)
-            log.info("warming the master connection up: %s", e)
 
     # ------------------------------------------------------------------ helpers
     def _unless_given_up(self) -> None:
