@@ -66,6 +66,11 @@ _READDIR_PLUS = ("SELECT d.name, d.seq, " + ", ".join(f"i.{c}" for c in INODE_FI
                  " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
 _INSERT_INODE = f"INSERT INTO inodes({INODE_COLS}) VALUES ({', '.join('?' * len(INODE_FIELDS))})"
 _values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values in INODE_COLS' order
+_N = len(INODE_FIELDS)
+# A directory's row and one name's inode in it (NULLs: no such name), for _writable_dir_and_child.
+_DIR_AND_CHILD = ("SELECT " + ", ".join([f"d.{c}" for c in INODE_FIELDS] + [f"i.{c}" for c in INODE_FIELDS]) +
+                  " FROM inodes d LEFT JOIN dirents e ON e.parent = d.ino AND e.name = ?"
+                  " LEFT JOIN inodes i ON i.ino = e.ino WHERE d.ino = ?")
 _TOUCH = "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?"
 _TOUCH_RETURNING = f"{_TOUCH} RETURNING {INODE_COLS}"
 _READDIR = ("SELECT d.name, d.seq, d.ino, i.mode FROM dirents d JOIN inodes i ON i.ino = d.ino"
@@ -243,11 +248,25 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self.conn.execute("INSERT INTO dirents(parent, name, ino, seq) VALUES (?,?,?,?)", (parent, name, ino, seq))
 
     def _writable_dir(self, cred: Cred, parent: int) -> InodeRow:
-        d = self.dir_inode(parent)
+        return self._writable(cred, self.dir_inode(parent))
+
+    @staticmethod
+    def _writable(cred: Cred, d: InodeRow) -> InodeRow:
         if d.nlink == 0:
             raise err(errno.ENOENT, "directory was removed")
         posix.require(d, cred, W | X)
         return d
+
+    def _writable_dir_and_child(self, cred: Cred, parent: int, name: str) -> tuple[InodeRow, InodeRow | None]:
+        """_writable_dir(parent) and child(parent, name), read by one statement (every
+        create, unlink and rename asks both); the directory's errors come first, as before."""
+        r = self.conn.execute(_DIR_AND_CHILD, (name, parent)).fetchone()
+        if r is None:
+            raise err(errno.ENOENT, f"no inode {parent}")
+        d = InodeRow(*r[:_N])
+        if not stat.S_ISDIR(d.mode):
+            raise err(errno.ENOTDIR)
+        return self._writable(cred, d), (InodeRow(*r[_N:]) if r[_N] is not None else None)
 
     def _drop_link(self, row: InodeRow, now: int) -> list[int]:
         """One name of row is gone: decrement nlink, delete the inode at zero. Returns freed blocks.
@@ -279,8 +298,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         cred, now = rec.cred, rec.now_ns
         parent, name, mode = rec.parent, rec.name, rec.mode
         posix.check_name(name)
-        d = self._writable_dir(cred, parent)
-        existing = self.child(parent, name)
+        d, existing = self._writable_dir_and_child(cred, parent, name)
         if existing is not None:
             if rec.exclusive or not stat.S_ISREG(mode):
                 raise err(errno.EEXIST)
@@ -355,8 +373,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
     def op_unlink(self, rec: Unlink) -> Result:
         cred, now = rec.cred, rec.now_ns
         posix.check_name(rec.name)
-        d = self._writable_dir(cred, rec.parent)
-        victim = self.child(rec.parent, rec.name)
+        d, victim = self._writable_dir_and_child(cred, rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
         if stat.S_ISDIR(victim.mode):
@@ -376,8 +393,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if rec.name == "..":
             raise err(errno.ENOTEMPTY)
         posix.check_name(rec.name)
-        d = self._writable_dir(cred, rec.parent)
-        victim = self.child(rec.parent, rec.name)
+        d, victim = self._writable_dir_and_child(cred, rec.parent, rec.name)
         if victim is None:
             raise err(errno.ENOENT)
         if not stat.S_ISDIR(victim.mode):
@@ -408,9 +424,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         posix.check_name(dn)
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
             raise err(errno.EINVAL, "bad rename flags")
-        sd = self._writable_dir(cred, sp)
+        sd, src = self._writable_dir_and_child(cred, sp, sn)
         dd = sd if dp == sp else self._writable_dir(cred, dp)
-        src = self.child(sp, sn)
         if src is None:
             raise err(errno.ENOENT)
         dst = self.child(dp, dn)

@@ -286,14 +286,14 @@ def test_a_file_written_by_one_client_never_gets_a_writers_row(ns: NS) -> None:
 
 def test_create_rename_unlink_take_few_statements(ns: NS) -> None:
     """The master's CPU per mutation is mostly its SQL statements (bench/journal_cpu.py):
-    a create, a rename and an unlink took 30, 26 and 28 (a trigger's statements count, as
+    a create, a rename and an unlink took 30, 26 and 28 statements (a trigger's statements count, as
     the trace shows them) before they were cut to these; more means a statement crept back
     onto the hot path."""
     d = ns.mkdir(ROOT_INO, "d")
     seen: list[str] = []
-    for record, kw, most in ((Create, dict(parent=d, name="f.tmp", mode=0o644, lease_ms=60_000), 21),
-                             (Rename, dict(parent=d, name="f.tmp", new_parent=d, new_name="f.data"), 21),
-                             (Unlink, dict(parent=d, name="f.data"), 24)):
+    for record, kw, most in ((Create, dict(parent=d, name="f.tmp", mode=0o644, lease_ms=60_000), 20),
+                             (Rename, dict(parent=d, name="f.tmp", new_parent=d, new_name="f.data"), 20),
+                             (Unlink, dict(parent=d, name="f.data"), 23)):
         seen.clear()
         ns.journal.conn.set_trace_callback(seen.append)
         try:
