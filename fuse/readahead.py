@@ -69,8 +69,8 @@ def apply(dev: str, mountpoint: str, kb: int, root: Path = BDI_ROOT) -> int | No
         return before
     now = read_kb(dev, root)
     cap = request_cap_kb()
-    log.info("read-ahead of %s set to %s KiB (was %s; FUSE reads of at most %s KiB each)", mountpoint,
-             now if now is not None else "?", before if before is not None else "?",
+    log.info("read-ahead of %s set to %s KiB (was %s; fs.fuse.max_pages_limit allows FUSE reads of at most "
+             "%s KiB each)", mountpoint, now if now is not None else "?", before if before is not None else "?",
              cap if cap is not None else 128)
     return now
 

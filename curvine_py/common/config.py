@@ -146,7 +146,7 @@ class FuseConfig:
     max_read_ahead: int = 16 * MiB  # superseded by read_ahead_kb: read only by curvine_py/testing/fuselimit.py
     # the mount's kernel read-ahead (KiB, its bdi's read_ahead_kb, set after FUSE_INIT:
     # fuse/readahead.py); 0 = leave the kernel's (128 KiB: one FUSE read per 128 KiB)
-    read_ahead_kb: int = 1024
+    read_ahead_kb: int = 4096
     passthrough: bool = True  # the kernel reads one-block files with a local replica itself (fuse/passthrough.py)
     verify_ahead: bool = True  # a lookup of such a file checks its block file in the background (client/mount/)
     fetch_ahead: bool = False  # a lookup of a one-block file with no replica here fetches it (client/mount/)

@@ -97,6 +97,17 @@ def test_the_default_is_a_whole_request_or_more() -> None:
     assert FuseConfig().read_ahead_kb >= 1024
 
 
+def test_a_bdi_that_cannot_be_written_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """No sysfs entry for the device (a read-only /sys or no root fail the same way): the
+    value stays, one warning says so, nothing raises."""
+    dev = "0:1048575"   # the largest minor: no such bdi
+    assert not readahead.bdi_file(dev).parent.exists()
+    with caplog.at_level("INFO", logger="curvine.fuse"):
+        assert readahead.apply(dev, "/nowhere", 4096) is None
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "not applied" in caplog.records[0].getMessage()
+
+
 def test_the_mount_sets_its_bdi_to_the_configured_value(mounted: Mount) -> None:
     assert settled_kb(mounted, CONFIGURED_KB) == CONFIGURED_KB, mounted.log_tail()
     assert f"set to {CONFIGURED_KB} KiB" in mounted.log.read_text()
