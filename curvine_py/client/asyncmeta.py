@@ -55,13 +55,31 @@ Route = tuple[str, int, str]   # (host, frame port, secret)
 
 
 class _AsyncReader(mf.FrameReader):
-    """FrameReader over a trio socket: the same buffer logic, awaited reads."""
+    """FrameReader over a trio socket: the same buffer logic, awaited reads.
 
-    __slots__ = ()
+    raw: the plain connection's socket (None once TLS wraps it), read directly: a recv
+    that finds the bytes there costs no trip through trio's scheduler (trio's socket
+    methods end with a checkpoint even then), and one that finds none waits for them
+    with wait_readable, as trio's would (a close by _Deadlines ends that wait)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, sock: typing.Any, raw: socket.socket | None = None) -> None:
+        super().__init__(sock)
+        self.raw = raw
 
     async def afill(self, n: int) -> memoryview:
+        raw = self.raw
         while self.short_of(n):
-            self.received(await self.sock.recv_into(self.view[self.end:]), n)
+            if raw is None:
+                self.received(await self.sock.recv_into(self.view[self.end:]), n)
+                continue
+            try:
+                got = raw.recv_into(self.view[self.end:])
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(raw)
+                continue
+            self.received(got, n)
         return self.view[self.start:self.start + n]
 
 
@@ -133,7 +151,7 @@ class _Conn:
         self.raw = raw                                  # for sends that need no wait
         self.where = where                              # the route it was made to
         self.sock: typing.Any = trio.socket.from_stdlib_socket(raw)   # the same socket, for trio's waits
-        self.reader = _AsyncReader(self.sock)
+        self.reader = _AsyncReader(self.sock, raw)
         self.next_id = 1
         self.tls = False
         self.due = 0.0          # trio.current_time() by which its exchange must end (_Deadlines)
@@ -144,6 +162,7 @@ class _Conn:
         secured = _TlsSock(self.sock, self.raw, tls, "master")
         await secured.handshake()
         self.sock = self.reader.sock = secured
+        self.reader.raw = None   # (every byte through the TLS object now)
         self.tls = True
 
     async def send(self, data: bytes) -> None:
