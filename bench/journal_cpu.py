@@ -39,7 +39,7 @@ from curvine_py.master.records import (  # noqa: E402
 from curvine_py.master.store import Result  # noqa: E402
 
 USER = Cred(1000, 1000, frozenset())
-OPS = ("create", "allocate", "commit", "rename", "unlink")
+OPS = ["create", "allocate", "commit", "rename", "unlink"]   # --empty: no allocate, commit (cv bench meta's files)
 BLOCK = 4 << 20   # one block of the default size (a KV chunk is one block)
 
 
@@ -184,7 +184,10 @@ def main() -> None:
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the temporary stores go")
     ap.add_argument("--kinds", action="store_true", help="also print the statements' kinds per op")
     ap.add_argument("--process", action="store_true", help="through a master process instead (see above)")
+    ap.add_argument("--empty", action="store_true", help="files never written: create, rename, unlink only")
     a = ap.parse_args()
+    if a.empty:
+        OPS[:] = [op for op in OPS if op not in ("allocate", "commit")]
     print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}; {a.files} files a round")
     if a.process:
         through_a_master(a.dir, a.files, a.rounds)
