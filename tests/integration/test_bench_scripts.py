@@ -45,6 +45,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
                       "--stat-sample", "100", "--round", "100"),
     "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
     "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
+    "journal_cpu.py": ("--files", "20", "--rounds", "1"),
 }
 # under the system temp dir, removed after
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
@@ -193,6 +194,12 @@ def check_figures(script: str, out: str) -> None:
             positive(figs, "store_MBps", "lookup_ms", "load_ms", "load_GBps")
         for tier in ("fs on mount", "plugin"):
             positive(res[tier], "store_vs_ext4", "lookup_vs_ext4", "load_vs_ext4")
+    elif script == "journal_cpu.py":
+        rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()[:1] and ln.split()[0] in
+                ("create", "allocate", "commit", "rename", "unlink")}
+        assert set(rows) == {"create", "allocate", "commit", "rename", "unlink"}, out
+        for r in rows.values():   # op, CPU min, "/", median, statements, WAL pages
+            assert float(r[1]) > 0 and float(r[4]) > 0 and float(r[5]) > 0, out
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
     else:
