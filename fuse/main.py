@@ -315,6 +315,7 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
     import pyfuse3
     import trio
 
+    from curvine_py.fuse import readahead
     from curvine_py.fuse.watchdog import MountCheck, Requests, watch
 
     mount = MountCheck.find(m.real)   # by device number: the watchdog notices a detached mount
@@ -328,8 +329,8 @@ async def _loop(cfg: config.Config, mountpoint: str, m: _Mounted, stopping: _Sto
         nursery.start_soon(stopping.listen)
         nursery.start_soon(watch, m.ops.requests or Requests(0), m.vfs, mount, on_detach, m.ops._hop_limits)
         if mount is not None:
-            answered = _init_answered(m.ops)   # (before pyfuse3.main: the INIT is its first request)
-            nursery.start_soon(_tune_after_init, answered, mount.dev, mountpoint, cfg.fuse.read_ahead_kb)
+            answered = readahead.init_answered(m.ops)   # (before pyfuse3.main: the INIT is its first request)
+            nursery.start_soon(readahead.apply_after, answered, mount.dev, mountpoint, cfg.fuse.read_ahead_kb)
         _notify(ready_fd, f"ok {os.getpid()}")
         if not stopping.asked:
             try:
@@ -395,38 +396,10 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
     return served
 
 
-def _init_answered(ops: typing.Any) -> typing.Any:
-    """A trio.Event set when the kernel's INIT has been answered.  ops.init runs inside
-    pyfuse3's INIT handler, on the loop, and the reply is written before the loop runs
-    any other task, so a task woken by the event runs after the reply."""
-    import trio
-    answered = trio.Event()
-    inner = ops.init
-
-    def init() -> None:
-        try:
-            inner()
-        finally:
-            answered.set()
-    ops.init = init   # (pyfuse3 looks operations.init() up when the INIT arrives)
-    return answered
-
-
-async def _tune_after_init(answered: typing.Any, dev: str, mountpoint: str, kb: int) -> None:
-    """Set the mount's read-ahead (fuse.read_ahead_kb) once the kernel's INIT is answered:
-    the INIT reply lowers the bdi's value to what it carries (fuse/readahead.py), so one
-    written before it is lost."""
-    import trio
-
-    from curvine_py.fuse import readahead
-    await answered.wait()
-    await trio.to_thread.run_sync(readahead.apply, dev, mountpoint, kb)
-
-
 def tune_readahead(dev: str, mountpoint: str, max_read_ahead: int) -> None:
     """Set a FUSE mount's read-ahead to max_read_ahead bytes (curvine_py/testing/fuselimit.py's).
-    Only a call after the mount's INIT reply sticks (fuse/readahead.py); the mount itself
-    uses _tune_after_init.  dev: the mount's "major:minor" from the mount table, never from
+    Only a call after the mount's INIT reply sticks: call it from readahead.apply_after
+    (the mount's way), not right after pyfuse3.init.  dev: the mount's "major:minor" from the mount table, never from
     a stat of the mount: our own loop would have to answer it."""
     from curvine_py.fuse import readahead
     readahead.apply(dev, mountpoint, max_read_ahead // 1024)

@@ -12,13 +12,17 @@ libfuse answers at most that, and the kernel then lowers the bdi to the answer
 (fs/fuse/inode.c ``process_init_reply``: ``ra_pages = min(ra_pages, max_readahead)``).
 A value written between the mount and the INIT reply is silently cut back to 128 KiB:
 the mount did exactly that until issue 43 (it logged 16384 KiB and kept 128).  So the
-mount calls ``apply`` once its INIT has been answered (fuse/main.py), and reads the value
-back to log what the kernel kept.
+mount (fuse/main.py ``_loop``) wraps its operations' ``init`` (``init_answered``) and
+calls ``apply`` once the INIT has been answered (``apply_after``), reading the value back
+to log what the kernel kept.
 """
 from __future__ import annotations
 
 import logging
+import typing
 from pathlib import Path
+
+import trio
 
 log = logging.getLogger("curvine.fuse")
 
@@ -75,4 +79,28 @@ def apply(dev: str, mountpoint: str, kb: int, root: Path = BDI_ROOT) -> int | No
     return now
 
 
-__all__ = ["apply", "bdi_file", "read_kb", "request_cap_kb"]
+def init_answered(ops: typing.Any) -> trio.Event:
+    """An event set once the kernel's INIT has been answered; call before pyfuse3.main().
+    ops.init runs inside pyfuse3's INIT handler, on the loop, and libfuse writes the reply
+    (which the kernel applies in that write) before the loop runs any other task, so a
+    task woken by the event runs after the reply.  (pyfuse3 looks operations.init() up
+    when the INIT arrives: the wrapper takes the place of ops' own, which it calls.)"""
+    answered = trio.Event()
+    inner = ops.init
+
+    def init() -> None:
+        try:
+            inner()
+        finally:
+            answered.set()
+    ops.init = init
+    return answered
+
+
+async def apply_after(answered: trio.Event, dev: str, mountpoint: str, kb: int) -> None:
+    """apply(dev, mountpoint, kb) in a thread once answered (init_answered) is set."""
+    await answered.wait()
+    await trio.to_thread.run_sync(apply, dev, mountpoint, kb)
+
+
+__all__ = ["apply", "apply_after", "bdi_file", "init_answered", "read_kb", "request_cap_kb"]
