@@ -396,15 +396,6 @@ def _serve_metrics(cfg: config.Config, ops: typing.Any) -> metrics.MetricsServer
     return served
 
 
-def tune_readahead(dev: str, mountpoint: str, max_read_ahead: int) -> None:
-    """Set a FUSE mount's read-ahead to max_read_ahead bytes (curvine_py/testing/fuselimit.py's).
-    Only a call after the mount's INIT reply sticks: call it from readahead.apply_after
-    (the mount's way), not right after pyfuse3.init.  dev: the mount's "major:minor" from the mount table, never from
-    a stat of the mount: our own loop would have to answer it."""
-    from curvine_py.fuse import readahead
-    readahead.apply(dev, mountpoint, max_read_ahead // 1024)
-
-
 def umount(mountpoint: str, timeout: float = 30.0) -> int:
     """Flush and unmount; a mount whose daemon died is detected, reported and cleaned up."""
     import subprocess

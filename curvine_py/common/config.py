@@ -143,7 +143,7 @@ class FuseConfig:
     direct_io: bool = False
     direct_io_reads: bool = False  # read-only opens of complete files bypass the page cache (see docs/config.md)
     direct_io_creates: bool = True  # files created write-only are written past the page cache (docs/config.md)
-    max_read_ahead: int = 16 * MiB  # superseded by read_ahead_kb: read only by curvine_py/testing/fuselimit.py
+    max_read_ahead: int = 16 * MiB  # superseded by read_ahead_kb, read by nothing (kept: old config files name it)
     # the mount's kernel read-ahead (KiB, its bdi's read_ahead_kb, set after FUSE_INIT:
     # fuse/readahead.py); 0 = leave the kernel's (128 KiB: one FUSE read per 128 KiB)
     read_ahead_kb: int = 4096

@@ -23,7 +23,7 @@ import pyfuse3
 import trio
 
 from curvine_py.common.config import FuseConfig
-from curvine_py.fuse.main import tune_readahead
+from curvine_py.fuse import readahead
 from curvine_py.fuse.watchdog import MountCheck
 
 T = TypeVar("T")
@@ -187,14 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = FuseConfig()   # our mount's cache times and read-ahead
     opts = set(pyfuse3.default_options) | {"fsname=fuselimit", "default_permissions"}
     real = os.path.realpath(args.mountpoint)   # before the mount: after it, realpath's lstat would wait on us
-    pyfuse3.init(Passthrough(os.path.realpath(args.source), cfg), args.mountpoint, opts)
+    ops = Passthrough(os.path.realpath(args.source), cfg)
+    pyfuse3.init(ops, args.mountpoint, opts)
     mount = MountCheck.find(real)   # its device, from the mount table (never a stat of our own mount)
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
-            if mount is not None:
-                nursery.start_soon(trio.to_thread.run_sync, tune_readahead, mount.dev, args.mountpoint,
-                                   cfg.max_read_ahead)
+            if mount is not None:   # written after the INIT reply, as our mount does (fuse/readahead.py)
+                answered = readahead.init_answered(ops)
+                nursery.start_soon(readahead.apply_after, answered, mount.dev, args.mountpoint, cfg.read_ahead_kb)
             await pyfuse3.main()
     try:
         trio.run(serve)

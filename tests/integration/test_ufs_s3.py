@@ -290,7 +290,7 @@ def test_a_4k_read_in_the_middle_of_a_1gib_object_fetches_one_block(
     wait_for(lambda: client.ufs.stat(path).cached_bytes == BLOCK, 10, "one block cached")
     assert ufs_fetches(s3_cluster) - before == 1
 
-    # The mount: the kernel may read ahead of a pread (up to fuse.max_read_ahead, 16 MiB)
+    # The mount: the kernel may read ahead of a pread (up to fuse.read_ahead_kb, 4 MiB)
     # but sends a lone small read far into a file as that page alone (Linux 6.x: the
     # mount is asked for 4 KiB), and the mount's reader treats it as random.  What is
     # asserted is what the mount actually fetched: the blocks the kernel's ask covers.
