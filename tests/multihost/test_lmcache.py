@@ -16,6 +16,7 @@ every run of this test had 1 MiB runs of zeros (8 of 8 runs by hand, 1-8 bad chu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import typing
 from pathlib import Path
@@ -40,9 +41,12 @@ def _missing() -> str | None:
 
 
 def drive(c: NetCluster, host: int, *args: str) -> dict[str, typing.Any]:
-    """One driver process on hosts[host]; its JSON (a failure: its reason and exit code)."""
+    """One driver process on hosts[host]; its JSON (a failure: its reason and exit code).
+    It gets the cluster's secret (the suite's own CURVINE_CLUSTER_SECRET would win over
+    the config file the plugin reads)."""
+    env = {**os.environ, "CURVINE_CLUSTER_SECRET": c.secret}
     proc = c.hosts[host].run([str(PYTHON), str(DRIVER), *args], capture_output=True, text=True,
-                             timeout=RUN_TIMEOUT_S)
+                             timeout=RUN_TIMEOUT_S, env=env)
     out = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and out, \
         f"{args[0]} on host {host}: exit {proc.returncode}: {out[-1:] or ''} {proc.stderr.strip()[-1500:]}"
@@ -70,3 +74,31 @@ def test_real_lmcache_pod_a_to_pod_b_byte_exact(net_cluster: NetCluster, tmp_pat
         c.unmount(m)
     logs = "\n".join(p.read_text() for p in sorted((c.dir / "logs").glob("*.log")))
     assert " ERROR " not in logs, [line for line in logs.splitlines() if " ERROR " in line][:5]
+
+
+def test_real_lmcache_through_the_plugin_host_to_host_byte_exact(net_cluster: NetCluster, tmp_path: Path) -> None:
+    """LMCache's engine with the pool's own remote storage plugin (no mount on its data
+    path): pod A on a host without a worker stores, pod B's fresh process on a worker's
+    host looks the prefix up and retrieves it through the plugin, every byte checked, and
+    the chunk files read through a mount there are LMCache's bytes too (issue 43)."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    c = net_cluster
+    a = c.mount(3, tmp_path / "a")   # where pod A's files show (the driver checks their sizes)
+    b = c.mount(2, tmp_path / "b")
+
+    def plugin(host: int, base: str) -> tuple[str, str]:
+        return "--curvine", json.dumps({"base_path": f"/{base}", "config": str(c.config_path),
+                                        "host": c.hosts[host].name})
+    for tokens, seed in ((1925, 5), (8192, 13)):
+        base = f"kvplugin-{tokens}"
+        put = drive(c, 3, "put", *plugin(3, base), "--dir", str(a / base), "--tokens", str(tokens),
+                    "--seed", str(seed))
+        assert len(put["files"]) == -(-tokens // 256)
+        got = drive(c, 2, "get", *plugin(2, base), "--dir", str(b / base), "--tokens", str(tokens),
+                    "--seed", str(seed), "--check-files")
+        assert got["hit_tokens"] == tokens and got["retrieved_tokens"] == tokens
+        assert got["bad_chunks"] == 0 and not got["file_bad_chunks"], (got["bad"], got["file_bad_chunks"])
+    for m in (a, b):
+        c.unmount(m)
