@@ -230,7 +230,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         return [self.inode(i) for i in dict.fromkeys(inos)]
 
     def _touch_dir(self, ino: int, now: int, nlink_delta: int = 0) -> None:
-        self._touched(ino, now, nlink_delta)
+        """A name in directory ino changed: its times (and its link count) are set."""
+        self.conn.execute(_TOUCH, (now, now, nlink_delta, ino))
 
     def _touched(self, ino: int, now: int, nlink_delta: int = 0) -> InodeRow:
         """A name in directory ino changed: its times (and its link count) are set, and
@@ -239,7 +240,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         changes, so the row it returns is the one the commit leaves."""
         if RETURNING:
             return InodeRow(*self.conn.execute(_TOUCH_RETURNING, (now, now, nlink_delta, ino)).fetchone())
-        self.conn.execute(_TOUCH, (now, now, nlink_delta, ino))
+        self._touch_dir(ino, now, nlink_delta)
         return self.inode(ino)
 
     def _add_entry(self, parent: int, name: str, ino: int, seq: int = 0) -> None:
