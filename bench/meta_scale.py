@@ -5,7 +5,8 @@ the cold start of a master and the catch-up of a wiped follower at each size.
 
     .venv/bin/python bench/meta_scale.py [--sizes 10000,100000,1000000] [--via sdk,mount]
         [--clients 4] [--per-dir 1000] [--window 10000] [--stat-sample 5000] [--repeats 3]
-        [--follower-max 100000 | --no-follower] [--keep] [--dir DIR] [--json]
+        [--follower-max 100000 | --no-follower] [--retry-cache-s S] [--events-retention-s S]
+        [--keep] [--dir DIR] [--json]
 
 Each --via gets its own local cluster (1 master, 1 worker; with `mount`, the cluster's
 FUSE mount), and the namespace grows in it from one size to the next:
@@ -32,6 +33,10 @@ FUSE mount), and the namespace grows in it from one size to the next:
 - Cold start: the master stopped (SIGTERM) and started again; the time from the start
   of its interpreter to its first answered call (a framed ResolvePath of the last file
   made, polled every 10 ms), and its RSS then.
+- meta.db per file: the pages each table and index holds (SQLite's dbstat), divided by
+  the files, with the retry cache (master.retry_cache_s, --retry-cache-s) and the event
+  feed's window (--events-retention-s) as they are right after the creates; with
+  --retry-cache-s, also at rest: once both were pruned (wait for it: give short ones).
 - Follower catch-up: a third cluster of 3 masters (docs/ha.md) filled by the SDK clients
   to each size up to --follower-max (default 10^5: filling a group to 10^6 would take
   over an hour on a 2-core machine; raise it to measure there); one follower is
@@ -67,6 +72,7 @@ from curvine_py.common import config as cfgmod
 
 ROOT = "scale"          # the directory every file is created under, at the root of the pool
 POLL_S = 0.01
+SMALL_TABLE = 64 << 10   # a table or index never bigger than this is one of "the rest" in show_store
 
 
 # ---------------------------------------------------------------------- names
@@ -294,6 +300,33 @@ def follower_catchup(cluster: LocalCluster) -> dict[str, float]:
             "follower_meta_db_bytes": file_size(cluster.meta_dir(f) / "meta.db")}
 
 
+def store_pages(path: Path) -> dict[str, typing.Any]:
+    """meta.db as its master holds it (read beside it, read-only, through the WAL): the
+    bytes of pages in use, the bytes of each table's and index's pages (dbstat), and the
+    rows of the retry cache and of the event feed."""
+    import sqlite3
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        pages, free, size = conn.execute("SELECT (SELECT page_count FROM pragma_page_count),"
+                                         " (SELECT freelist_count FROM pragma_freelist_count),"
+                                         " (SELECT page_size FROM pragma_page_size)").fetchone()
+        by_name = {name: int(b) for name, b in conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name")}
+        oplog, events = conn.execute("SELECT (SELECT count(*) FROM oplog), (SELECT count(*) FROM events)").fetchone()
+    finally:
+        conn.close()
+    return {"used_bytes": (pages - free) * size, "free_bytes": free * size, "by_name": by_name,
+            "oplog_rows": int(oplog), "event_rows": int(events)}
+
+
+def at_rest(path: Path, timeout: float, events: bool) -> dict[str, typing.Any]:
+    """store_pages once the retry cache (and with events, the event feed) was pruned (no row left)."""
+    def pruned() -> bool:
+        got = store_pages(path)
+        return bool(got["oplog_rows"] == 0 and (got["event_rows"] == 0 or not events))
+    poll("the retry cache (and the events) to be pruned", pruned, timeout)
+    return store_pages(path)
+
+
 # ---------------------------------------------------------------------- a mount for stats
 class FreshMount:
     """A second mount of the cluster (`cv mount`), which has looked up nothing yet."""
@@ -328,8 +361,12 @@ class Run:
         self.work = work / via
         self.work.mkdir(parents=True)
         self.mnt = self.work / "mnt" if self.kind == "mount" else None
+        flags = [*((("--master-retry-cache-s", str(args.retry_cache_s)) if args.retry_cache_s is not None else ())),
+                 *((("--master-events-retention-s", str(args.events_retention_s))
+                    if args.events_retention_s is not None else ()))]
         self.cluster = LocalCluster(self.work / "cluster", workers=1, masters=self.masters,
-                                    mount=str(self.mnt) if self.mnt else None, die_with_parent=True)
+                                    mount=str(self.mnt) if self.mnt else None, die_with_parent=True,
+                                    extra_master_flags=flags)
         self.clients: Clients | None = None
         self.admin: typing.Any = None
         self.made_dirs = 0
@@ -426,6 +463,11 @@ class Run:
         out.update(rss(self.cluster.masters[leader].pid, "master_"))
         out["meta_db_bytes"] = file_size(meta / "meta.db")
         out["meta_wal_bytes"] = file_size(meta / "meta.db-wal")
+        out["store"] = store_pages(meta / "meta.db")
+        if args.retry_cache_s is not None:
+            wait = args.retry_cache_s + (args.events_retention_s or 0) + 60
+            out["store_at_rest"] = at_rest(meta / "meta.db", wait, args.events_retention_s is not None)
+            progress(self.via, f"{size:,} files at rest: {out['store_at_rest']['used_bytes'] / size:.0f} B/file")
         if self.masters == 1:
             out.update(cold_start(self.cluster, f"/{ROOT}/{rel_path(size - 1, args.per_dir)}"))
             progress(self.via, f"{size:,} files: cold start {out['cold_start_s']:.2f} s")
@@ -473,7 +515,29 @@ def show(rows: list[dict[str, typing.Any]]) -> str:
     head = ("via", "files", "create/s", "vs first", "stat/s", "vs first", "master RSS", "anon", "meta.db", "B/file",
             "cold master / wiped follower")
     note = "; ".join(f"{labels[v]} first at {n:,}" for v, n in base.items())
-    return output.table(cells, headers=head, right={1, 2, 3, 4, 5, 6, 7, 8, 9}) + f"\n(vs first: {note})"
+    return (output.table(cells, headers=head, right={1, 2, 3, 4, 5, 6, 7, 8, 9}) + f"\n(vs first: {note})\n\n"
+            + show_store(rows))
+
+
+def show_store(rows: list[dict[str, typing.Any]]) -> str:
+    """meta.db's bytes per file in use, and by table and index (the largest first), right
+    after the creates (retry cache and events as they were) and at rest."""
+    phases = [(r, key, label) for r in rows for key, label in (("store", "after"), ("store_at_rest", "at rest"))
+              if key in r]
+    totals: dict[str, int] = {}
+    for r, key, _ in phases:
+        for name, b in r[key]["by_name"].items():
+            totals[name] = max(totals.get(name, 0), b)
+    names = sorted((n for n, b in totals.items() if b > SMALL_TABLE), key=lambda n: -totals[n])
+
+    def rest(by_name: dict[str, int]) -> int:
+        return sum(b for n, b in by_name.items() if n not in names)
+    cells = [(label, r["via"], f"{int(r['files']):,}", f"{r[key]['used_bytes'] / r['files']:.0f}",
+              *(f"{r[key]['by_name'].get(n, 0) / r['files']:.1f}" for n in names),
+              f"{rest(r[key]['by_name']) / r['files']:.1f}") for r, key, label in phases]
+    head = ("meta.db B/file", "via", "files", "in use", *(n.replace("sqlite_autoindex_", "pk:") for n in names),
+            "the rest")
+    return output.table(cells, headers=head, right=set(range(2, len(head))))
 
 
 def sizes_arg(text: str) -> list[int]:
@@ -503,6 +567,10 @@ def main() -> int:
     ap.add_argument("--follower-max", type=int, default=100_000,
                     help="largest size the 3-master group is filled to for the follower catch-up (default 100000)")
     ap.add_argument("--no-follower", action="store_true", help="no 3-master group, no follower catch-up")
+    ap.add_argument("--retry-cache-s", type=float, help="the master's retry cache (master.retry_cache_s; default"
+                    " its config's): given, meta.db is measured at rest too, once the cache was pruned")
+    ap.add_argument("--events-retention-s", type=float,
+                    help="the master's event feed window (master.events_retention_s; default its config's)")
     ap.add_argument("--seed", type=int, default=39)
     ap.add_argument("--keep", action="store_true", help="keep the clusters' directories (printed)")
     ap.add_argument("--dir", help="where the clusters live (default: a temp dir under the current dir)")
