@@ -148,6 +148,15 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                     for r in self.conn.execute(_READDIR_PLUS, (ino, offset, limit))]
         return [DirEntry(r[0], r[1], r[2], r[3], None) for r in self.conn.execute(_READDIR, (ino, offset, limit))]
 
+    def listing(self, ino: int, most: int) -> list[tuple[str, InodeRow]] | None:
+        """Directory ino's every name and inode, when it has at most `most` (None: more).
+        No permission check: a Lookup's caller may search ino, and the mount answers only
+        lookups from it (each caller's search permission checked there), never a readdir."""
+        rows = self.conn.execute(_READDIR_PLUS, (ino, 0, most + 1)).fetchall()
+        if len(rows) > most:
+            return None
+        return [(r[0], InodeRow(*r[2:])) for r in rows]
+
     def readlink(self, ino: int) -> str:
         row = self.inode(ino)
         if not stat.S_ISLNK(row.mode):

@@ -41,7 +41,7 @@ from curvine_py.master.records import (
     RegisterWorker, Removexattr, Rename, Renew, Rmdir, Setattr, Setxattr, UfsFree, Unlink,
 )
 from curvine_py.master.replication import Replicator
-from curvine_py.master.sessions import LISTING, Barrier, Key, Push, Sessions, cache_keys, key_of
+from curvine_py.master.sessions import LISTING, LISTING_MAX, Barrier, Key, Push, Sessions, cache_keys, key_of
 from curvine_py.master.trashsweep import TrashOwners
 from curvine_py.master.ufsmounts import UfsMounts
 from curvine_py.master.ufsops import PERSISTED
@@ -256,10 +256,32 @@ class MasterService:
                 keys.append((request.parent, ""))
             if row is not None:
                 keys.append((row.ino, None))
-            reply.lease_seq = self.sessions.grant(request.caller.session, keys, epoch)
+            if mode_key and request.listing_max:   # (without the mode, the mount cannot answer from it)
+                reply.lease_seq = self._listed(request, epoch, keys, reply)
+            if not reply.lease_seq:
+                reply.lease_seq = self.sessions.grant(request.caller.session, keys, epoch)
             if reply.lease_seq and mode_key:
                 reply.parent.CopyFrom(to_attr(d))
         return reply
+
+    def _listed(self, request: pb.LookupRequest, epoch: int, keys: list[Key], reply: pb.AttrReply) -> int:
+        """Lookup's lease with the directory's whole listing in reply (its names and their
+        attributes, and the listing key, which every name change there takes), when it has
+        at most listing_max names (and LISTING_MAX): the mount answers its next lookups
+        there, hits and misses, itself.  0: no listing (too large, or changed since epoch:
+        the caller grants the name alone)."""
+        parent = request.parent
+        listing = self.ns.listing(parent, min(request.listing_max, LISTING_MAX))
+        if listing is None:
+            return 0
+        more: list[Key] = [(parent, LISTING)]
+        more += [(parent, n) for n, _ in listing]
+        more += [(r.ino, None) for _, r in listing]
+        seq = self.sessions.grant(request.caller.session, keys + more, epoch)
+        if seq:
+            reply.listing.extend([pb.DirEntry(name=n, attr=to_attr(r)) for n, r in listing])
+            reply.listed = True
+        return seq
 
     def answered(self, ok: bool) -> None:
         """A call's end (group.LeaderOnly): a mutation that failed after its commit (a

@@ -43,6 +43,9 @@ Push = typing.Callable[[pb.Invalidation], bool]   # False: the stream is gone
 LISTING = "/"           # the name of a directory's whole-listing key
 RECENT_KEYS = 1 << 16   # changed keys whose epoch is remembered; older reads are not granted
 MIN_LEASE_S = 0.2
+# The most names a Lookup's reply lists (LookupRequest.listing_max): a listing's reply and
+# its grant cost the master ~N x (to_attr + a key per name and per inode) once per directory
+LISTING_MAX = 1024
 
 
 @dataclass

@@ -25,6 +25,12 @@ from curvine_py.pb import curvine_pb2 as pb
 
 MAX_ENTRIES = 200_000   # names and attributes kept (the least recently granted go first)
 LISTING = "/"           # the name of a directory's whole-listing key (master/sessions.py)
+# A lookup the cache cannot answer asks for its directory's whole listing too, when the
+# directory has at most this many names (LookupRequest.listing_max): the directory's next
+# lookups, hits and misses, are then answered here (one master call per directory).
+LISTING_MAX = 256
+RELIST_MAX_S = 30.0     # the longest a directory whose listings keep being lost goes unlisted
+UNLISTED_MAX = 4096     # directories remembered as not to be listed for now
 Key = tuple[int, str | None]
 T = typing.TypeVar("T")
 
@@ -66,6 +72,15 @@ class MetaCache:
         # own, whose reply may give the listing back): an eviction here forgets both.
         self._complete: set[int] = set()
         self._taken: set[int] = set()
+        # Directories not to ask a listing of before a monotonic time (churn: another mount
+        # keeps changing their names; or too large), and the hold-off after a listing's loss,
+        # doubled while listings there keep being lost soon after they are granted.
+        self._unlisted: OrderedDict[int, float] = OrderedDict()
+        self._holdoff: dict[int, float] = {}
+        self._listed_at: dict[int, float] = {}    # complete by a Lookup's listing: when granted
+        self._lease_s = 1.0                       # the session's lease (the shortest hold-off)
+        self.listings = 0           # listings asked for, and kept (lookups answered by one call)
+        self.listings_kept = 0
         self._forgotten: list[pb.CacheKey] = []   # evicted here: the next beat tells the master
         self.hits = 0               # answers from here, and the master's (curvine_client_metadata_cache_total)
         self.misses = 0
@@ -84,6 +99,7 @@ class MetaCache:
         with self._lock:
             self._clear()
             self.session, self._valid_until = session, valid_until
+            self._lease_s = max(0.2, valid_until - time.monotonic())
             self.sessions += 1
             self._handled = self._dropped_floor = 0
 
@@ -114,10 +130,11 @@ class MetaCache:
 
     def invalidate(self, push: pb.Invalidation) -> None:
         """One push from the master, in order: forget its keys."""
-        self._forget(push.seq, push.keys)
+        self._forget(push.seq, push.keys, pushed=True)
 
-    def _forget(self, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
-        """Forget keys, taken by push number seq (a push's, or a mutation's own in its reply)."""
+    def _forget(self, seq: int, keys: typing.Iterable[pb.CacheKey], pushed: bool = False) -> None:
+        """Forget keys, taken by push number seq (a push's, or a mutation's own in its reply:
+        pushed False, whose reply gives a listing back)."""
         with self._lock:
             for k in keys:
                 key = (k.ino, k.name if k.entry else None)
@@ -129,6 +146,8 @@ class MetaCache:
                     if k.ino in self._complete:
                         self._complete.discard(k.ino)
                         self._taken.add(k.ino)
+                        if pushed:
+                            self._lost(k.ino)
                 elif k.name:
                     self._names.pop((k.ino, k.name), None)
                 else:
@@ -161,6 +180,52 @@ class MetaCache:
             return None
         return NEGATIVE if ino == 0 else self._attrs.get(ino)
 
+    def listing_max(self, parent: int) -> int:
+        """LookupRequest.listing_max for a lookup in parent the cache could not answer:
+        LISTING_MAX, or 0 when its listing is here already, or was lost or refused lately
+        (another mount keeps changing its names: a listing there would be taken again at
+        once, each time costing that mount's change a push), or it is too large."""
+        with self._lock:
+            if not self.session or parent in self._complete:
+                return 0
+            until = self._unlisted.get(parent)
+            if until is not None:
+                if time.monotonic() < until:
+                    return 0
+                del self._unlisted[parent]
+            self.listings += 1
+            return LISTING_MAX
+
+    def unlisted(self, parent: int, refused: bool) -> None:
+        """A lookup asked for parent's listing and got none: too large (or its mode cannot
+        answer lookups: an ACL), asked again after RELIST_MAX_S; or refused (a change
+        there raced with it: churn), after a hold-off."""
+        with self._lock:
+            if refused:
+                self._lost(parent)
+            else:
+                self._hold(parent, RELIST_MAX_S)
+
+    def _lost(self, parent: int) -> None:
+        """parent's listing was taken by a push, or refused (lock held): no listing asked
+        for there for a lease, or twice the last hold-off when the listing lasted no longer
+        than that (up to RELIST_MAX_S)."""
+        now = time.monotonic()
+        last = self._holdoff.get(parent, 0.0)
+        granted = self._listed_at.pop(parent, None)
+        short = granted is None or now - granted < 2 * max(last, self._lease_s)
+        holdoff = min(max(self._lease_s, 2 * last), RELIST_MAX_S) if short and last else self._lease_s
+        self._holdoff[parent] = holdoff
+        if len(self._holdoff) > UNLISTED_MAX:
+            self._holdoff.clear()
+        self._hold(parent, holdoff)
+
+    def _hold(self, parent: int, seconds: float) -> None:
+        self._unlisted[parent] = time.monotonic() + seconds
+        self._unlisted.move_to_end(parent)
+        while len(self._unlisted) > UNLISTED_MAX:
+            self._unlisted.popitem(last=False)
+
     def _counted(self, answer: T) -> T:
         """An answer counted as a hit, or None as a miss (curvine_client_metadata_cache_total)."""
         if answer is None:
@@ -172,13 +237,16 @@ class MetaCache:
     # ------------------------------------------------------------------ grants
     def granted(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
                 name: tuple[int, str, int] | None = None, directory: pb.Attr | None = None,
-                keys: typing.Iterable[pb.CacheKey] = ()) -> None:
+                keys: typing.Iterable[pb.CacheKey] = (),
+                listing: typing.Sequence[pb.DirEntry] | None = None) -> None:
         """A reply's lease: keep attrs, the name (parent, name, ino; ino 0 = missing) and
         the directory's mode and owner, and the listings and modes in keys (a mutation's
         reply: a new directory's, and those its own change took), when the request was
         made in the current session and no push numbered lease_seq or later took one of
         them already (pushes and replies arrive in any order).  A listing is kept only for
-        a new directory (the name's) or one a push took and no refused grant since."""
+        a new directory (the name's) or one a push took and no refused grant since.
+        listing: a Lookup's (AttrReply.listed): the whole of name's directory, its names
+        and their attributes, which makes it complete here."""
         if not session:
             return
         keys, attrs = list(keys), tuple(attrs)
@@ -188,12 +256,20 @@ class MetaCache:
         if directory is not None:
             wanted.append((directory.ino, ""))
         wanted += [(k.ino, k.name) for k in keys]
-        lost = self._grant(session, lease_seq, attrs, name, directory, keys, wanted) if lease_seq else wanted
+        whole = None
+        if listing is not None and name is not None and directory is not None:
+            parent = name[0]
+            whole = (parent, [(e.name, e.attr) for e in listing])
+            wanted.append((parent, LISTING))
+            wanted += [(parent, n) for n, _ in whole[1]]
+            wanted += [(a.ino, None) for _, a in whole[1]]
+        lost = self._grant(session, lease_seq, attrs, name, directory, keys, wanted, whole) if lease_seq else wanted
         if lost and self.on_refused is not None:
             self.on_refused([pb.CacheKey(ino=ino, name=n or "", entry=n is not None) for ino, n in lost])
 
     def _grant(self, session: int, lease_seq: int, attrs: tuple[pb.Attr, ...], name: tuple[int, str, int] | None,
-               directory: pb.Attr | None, keys: list[pb.CacheKey], wanted: list[Key]) -> list[Key]:
+               directory: pb.Attr | None, keys: list[pb.CacheKey], wanted: list[Key],
+               whole: tuple[int, list[tuple[str, pb.Attr]]] | None = None) -> list[Key]:
         """granted's work: [] when kept, else the keys whose answer no push may end (all
         of them, but for a grant a push undid: the master forgot only the keys it took,
         and pushes the rest's changes)."""
@@ -207,6 +283,8 @@ class MetaCache:
                 for ino in [k.ino for k in keys] + ([name[0]] if name is not None else []):
                     self._taken.discard(ino)
                     self._complete.discard(ino)
+                if whole is not None:
+                    self._lost(whole[0])
                 return taken
             for a in attrs:
                 self._attrs[a.ino] = a
@@ -218,6 +296,8 @@ class MetaCache:
             if directory is not None and directory.ino:
                 self._perms[directory.ino] = directory
                 self._perms.move_to_end(directory.ino)
+            if whole is not None:
+                self._keep_listing(*whole)
             made = name[2] if name is not None else 0
             for k in keys:
                 if k.name == LISTING and (k.ino == made or k.ino in self._taken):
@@ -237,6 +317,22 @@ class MetaCache:
             if len(self._taken) > self._max:
                 self._taken.clear()
         return []
+
+    def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]]) -> None:
+        """A directory's whole listing granted (lock held): its names and attributes, and
+        its completeness (a name not among them does not exist)."""
+        for n, a in entries:
+            self._names[(parent, n)] = a.ino
+            self._names.move_to_end((parent, n))
+            self._attrs[a.ino] = a
+            self._attrs.move_to_end(a.ino)
+        self._complete.add(parent)
+        self._taken.discard(parent)
+        if len(self._listed_at) > UNLISTED_MAX:
+            self._listed_at.clear()   # (only a hold-off's doubling reads it)
+        self._listed_at[parent] = time.monotonic()
+        self._unlisted.pop(parent, None)
+        self.listings_kept += 1
 
     def own_change(self, session: int, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
         """A mutation of this mount's own, made in session: its invalidation of what this
@@ -258,6 +354,7 @@ class MetaCache:
         self._perms.clear()
         self._complete.clear()
         self._taken.clear()
+        self._listed_at.clear()
         self._forgotten.clear()
         self._dropped.clear()
 

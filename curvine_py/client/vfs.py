@@ -359,11 +359,17 @@ class VFS:
         request = self.meta.lookup_request(parent, name, ident)
         request.one_block = self.opens.one_block
         request.miss_ok = cache is not None
+        if cache is not None and request.caller.session:
+            request.listing_max = cache.listing_max(parent)
         with self.opens.looking_up():   # (a mount starts no fetch ahead meanwhile)
             reply = yield from ask(Master.Lookup, request)
         if cache is not None:
             found = (reply.attr,) if reply.attr.ino else ()
-            cache.granted(request.caller.session, reply.lease_seq, found, (parent, name, reply.attr.ino), reply.parent)
+            if request.listing_max and not reply.listed:
+                cache.unlisted(parent, refused=not reply.lease_seq)
+            cache.granted(request.caller.session, reply.lease_seq, found, (parent, name, reply.attr.ino),
+                          reply.parent if reply.HasField("parent") else None,
+                          listing=reply.listing if reply.listed else None)
             if not reply.attr.ino:
                 raise err(errno.ENOENT)
         self.opens.after_lookup(reply.attr, reply.blocks)

@@ -129,18 +129,20 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("caller", "parent", "name", "one_block", "miss_ok")
+    __slots__ = ("caller", "parent", "name", "one_block", "miss_ok", "listing_max")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ONE_BLOCK_FIELD_NUMBER: _ClassVar[int]
     MISS_OK_FIELD_NUMBER: _ClassVar[int]
+    LISTING_MAX_FIELD_NUMBER: _ClassVar[int]
     caller: Caller
     parent: int
     name: str
     one_block: bool
     miss_ok: bool
-    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., one_block: _Optional[bool] = ..., miss_ok: _Optional[bool] = ...) -> None: ...
+    listing_max: int
+    def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[str] = ..., one_block: _Optional[bool] = ..., miss_ok: _Optional[bool] = ..., listing_max: _Optional[int] = ...) -> None: ...
 
 class PathRequest(_message.Message):
     __slots__ = ("caller", "path", "follow_symlinks")
@@ -161,7 +163,7 @@ class InodeRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
 
 class AttrReply(_message.Message):
-    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted", "invalidated")
+    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted", "invalidated", "listing", "listed")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +172,8 @@ class AttrReply(_message.Message):
     PARENT_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     INVALIDATED_FIELD_NUMBER: _ClassVar[int]
+    LISTING_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
@@ -178,7 +182,9 @@ class AttrReply(_message.Message):
     parent: Attr
     granted: _containers.RepeatedCompositeFieldContainer[CacheKey]
     invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ...) -> None: ...
+    listing: _containers.RepeatedCompositeFieldContainer[DirEntry]
+    listed: bool
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., listing: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., listed: _Optional[bool] = ...) -> None: ...
 
 class DirsReply(_message.Message):
     __slots__ = ("dirs", "kept", "wait_seq", "lease_seq", "granted", "attr", "invalidated")

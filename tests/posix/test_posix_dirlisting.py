@@ -1,0 +1,104 @@
+"""A lookup's leased listing (issue 39 section 2, "complete directories"): a mount's first
+lookup it cannot answer in a small directory brings the directory's whole listing under
+the session's lease, so its next lookups there, hits and misses, cost no master call;
+another mount's change of a name there still shows at once (the master's push takes the
+listing first); a large directory keeps its lookups one name at a time.
+
+The mounts run with the kernel's own caches off (entry and attribute timeouts 0): every
+stat reaches the mount, which answers it from its cache or asks the master (counted by
+curvine_client_meta_rpc_duration_seconds_count{method="Lookup"}).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+from curvine_py.client.metacache import LISTING_MAX
+from tests.conftest import wait_until
+from tests.posix.conftest import Mount
+
+MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
+
+
+def metrics_of(m: Mount) -> str:
+    address = os.getxattr(m.path, "user.curvine.metrics").decode()
+    return urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+
+
+def lookups(m: Mount) -> float:
+    """Lookups the mount sent the master so far."""
+    found = re.search(r'^curvine_client_meta_rpc_duration_seconds_count\{method="Lookup"\} (\S+)$',
+                      metrics_of(m), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def with_session(m: Mount) -> None:
+    wait_until("the mount's cache session",
+               lambda: re.search(r"^curvine_client_metadata_cache_sessions ([1-9]\S*)$", metrics_of(m), re.M),
+               timeout=10)
+
+
+def fill(d: Path, n: int) -> list[str]:
+    names = [f"chunk{i:04d}.data" for i in range(n)]
+    for name in names:
+        (d / name).write_bytes(name.encode())
+    return names
+
+
+def test_a_fresh_mounts_lookups_in_a_small_directory_cost_one_master_call(mounted: Mount, second_mount: Mount,
+                                                                           d: Path) -> None:
+    names = fill(d, 32)
+    b = second_mount.path / d.name
+    with_session(second_mount)
+    assert b.is_dir()                       # the directory's own lookup (in its parent)
+    before = lookups(second_mount)
+    for name in names:                      # LMCache's lookup: one stat per chunk, then the first miss
+        assert (b / name).stat().st_size == len(name)
+    assert not (b / "chunk0032.data").exists()
+    assert not (b / "other").exists()
+    assert lookups(second_mount) - before == 1, "the directory's lookups were not answered by its listing"
+
+
+def test_a_name_made_elsewhere_after_the_listing_shows_at_once(mounted: Mount, second_mount: Mount,
+                                                                d: Path) -> None:
+    names = fill(d, 4)
+    b = second_mount.path / d.name
+    with_session(second_mount)
+    assert (b / names[0]).exists() and not (b / "late").exists()   # b holds the listing now
+    t0 = time.monotonic()
+    (d / "late").write_bytes(b"x")          # through the other mount: the push takes b's listing first
+    assert (b / "late").stat().st_size == 1
+    assert time.monotonic() - t0 < 1.0
+    os.rename(d / names[1], d / "moved")
+    assert not (b / names[1]).exists() and (b / "moved").exists()
+    os.unlink(d / names[2])
+    assert not (b / names[2]).exists()
+    (d / names[3]).write_bytes(b"longer")   # an inode's attributes from the listing
+    assert (b / names[3]).stat().st_size == 6
+    os.mkdir(d / "sub")
+    assert (b / "sub").is_dir()
+    # b's own change in a directory whose listing it holds: answered right by b, and a
+    assert (b / names[0]).exists()
+    (b / "mine").write_bytes(b"yz")
+    assert (b / "mine").stat().st_size == 2 and (d / "mine").stat().st_size == 2
+    os.unlink(b / "mine")
+    assert not (b / "mine").exists() and not (d / "mine").exists()
+
+
+def test_a_large_directory_keeps_its_lookups_one_name_at_a_time(mounted: Mount, second_mount: Mount,
+                                                                 d: Path) -> None:
+    names = fill(d, LISTING_MAX + 1)
+    b = second_mount.path / d.name
+    with_session(second_mount)
+    assert b.is_dir()
+    before = lookups(second_mount)
+    for name in names[:10]:
+        assert (b / name).stat().st_size == len(name)
+    assert not (b / "missing").exists()
+    assert lookups(second_mount) - before == 11
+    for name in names[:10]:                 # the names looked up are kept, one by one
+        assert (b / name).exists()
+    assert lookups(second_mount) - before == 11

@@ -1,0 +1,101 @@
+"""A Lookup's leased listing in the mount's cache (client/metacache.py, issue 39 section 2):
+what a listing answers, when a lookup asks for one, and the hold-off that keeps a
+directory another mount keeps changing from being listed again on every miss.
+
+The mounts' side of it is tests/posix/test_posix_dirlisting.py.
+"""
+from __future__ import annotations
+
+import time
+
+from curvine_py.client.metacache import LISTING, LISTING_MAX, NEGATIVE, RELIST_MAX_S, MetaCache
+from curvine_py.client.metaclient import Identity
+from curvine_py.pb import curvine_pb2 as pb
+
+ROOT = Identity(0, 0)
+LEASE = 0.3
+D = pb.Attr(ino=10, mode=0o040755)
+
+
+def cache() -> MetaCache:
+    c = MetaCache()
+    c.begin(5, time.monotonic() + LEASE)
+    return c
+
+
+def entries(n: int) -> list[pb.DirEntry]:
+    return [pb.DirEntry(name=f"f{i}", attr=pb.Attr(ino=100 + i, mode=0o100644, size=i)) for i in range(n)]
+
+
+def listed(c: MetaCache, seq: int, listing: list[pb.DirEntry], name: str = "f0") -> None:
+    """A Lookup of name in D answered with D's listing (lease_seq seq)."""
+    found = [e.attr for e in listing if e.name == name]
+    c.granted(5, seq, found, (D.ino, name, found[0].ino if found else 0), D, listing=listing)
+
+
+def push(c: MetaCache, seq: int, *keys: tuple[int, str]) -> None:
+    c.invalidate(pb.Invalidation(seq=seq, keys=[pb.CacheKey(ino=i, name=n, entry=True) for i, n in keys]))
+
+
+def test_a_listing_answers_every_name_and_every_missing_one() -> None:
+    c = cache()
+    assert c.listing_max(D.ino) == LISTING_MAX
+    listed(c, 1, entries(32))
+    for i in range(32):
+        hit = c.lookup(D.ino, f"f{i}", ROOT)
+        assert isinstance(hit, pb.Attr) and hit.ino == 100 + i and hit.size == i
+    assert c.lookup(D.ino, "f32", ROOT) is NEGATIVE
+    assert c.lookup(D.ino, "f0", Identity(1000, 1000, ())) is not None   # o+x: anyone may search
+    assert c.listing_max(D.ino) == 0          # complete: nothing to ask for
+    c.end()
+    assert c.lookup(D.ino, "f0", ROOT) is None
+
+
+def test_an_empty_directory_listed_answers_every_name_missing() -> None:
+    c = cache()
+    listed(c, 1, [], name="x")
+    assert c.lookup(D.ino, "x", ROOT) is NEGATIVE and c.lookup(D.ino, "y", ROOT) is NEGATIVE
+
+
+def test_a_push_takes_the_listing_and_no_listing_is_asked_for_a_lease() -> None:
+    c = cache()
+    listed(c, 1, entries(4))
+    push(c, 1, (D.ino, LISTING))              # another mount made a name there
+    assert c.lookup(D.ino, "new", ROOT) is None          # ask the master
+    assert isinstance(c.lookup(D.ino, "f1", ROOT), pb.Attr)   # the names keep their own leases
+    assert c.listing_max(D.ino) == 0          # churn: the single-name Lookup for now
+    time.sleep(LEASE * 1.1)
+    c.renewed(time.monotonic() + 10)
+    assert c.listing_max(D.ino) == LISTING_MAX
+
+
+def test_listings_lost_soon_after_each_grant_wait_twice_as_long_each_time() -> None:
+    c = cache()
+    holds = []
+    for seq in range(1, 5):
+        listed(c, seq, entries(2))
+        push(c, seq, (D.ino, LISTING))
+        holds.append(c._unlisted[D.ino] - time.monotonic())
+    assert holds[0] < LEASE * 1.1
+    for a, b in zip(holds, holds[1:]):
+        assert b > a * 1.8
+    assert max(holds) <= RELIST_MAX_S
+
+
+def test_a_refused_listing_is_not_complete_and_is_held_off() -> None:
+    c = cache()
+    push(c, 3, (D.ino, "f1"))                 # handled before the reply (made at push count 2) came
+    listed(c, 3, entries(4))
+    assert c.lookup(D.ino, "missing", ROOT) is None and c.lookup(D.ino, "f0", ROOT) is None
+    assert c.listing_max(D.ino) == 0
+    listed(c, 4, entries(4))                  # a later one is kept
+    assert c.lookup(D.ino, "missing", ROOT) is NEGATIVE
+
+
+def test_a_directory_too_large_to_list_is_not_asked_again_for_a_while() -> None:
+    c = cache()
+    assert c.listing_max(D.ino) == LISTING_MAX
+    c.unlisted(D.ino, refused=False)
+    assert c.listing_max(D.ino) == 0
+    assert RELIST_MAX_S - 1 < c._unlisted[D.ino] - time.monotonic() <= RELIST_MAX_S
+    assert c.listing_max(11) == LISTING_MAX   # another directory is asked for
