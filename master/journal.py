@@ -224,7 +224,7 @@ class Journal:
         rid = rec.request_id
         self._changes = []
         if rid:
-            row = self.conn.execute(RETRY_LOOKUP, (rid,)).fetchone()
+            row = self.conn.execute(RETRY_LOOKUP, (schema.request_key(rid),)).fetchone()
             if row is not None:
                 return decode_result(row[0])
         self.conn.execute("SAVEPOINT op")
@@ -249,7 +249,7 @@ class Journal:
 
     def _remember(self, rid: str, now_ns: int, result: Mapping[str, object]) -> None:
         """The retry cache's row of request rid: what its retry gets back."""
-        args = (rid, now_ns // 1_000_000, encode_result(result))
+        args = (schema.request_key(rid), now_ns // 1_000_000, encode_result(result))
         try:
             self.conn.execute(REMEMBER, args)
         except sqlite3.IntegrityError:

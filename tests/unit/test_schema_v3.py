@@ -1,0 +1,118 @@
+"""Schema 3 (master/schema.py): a schema-2 store opened by this code gets its dirents as a
+WITHOUT ROWID table in listing order and its retry cache's request ids as bytes, keeping
+every name, listing position and retry answer; a new store is made that way."""
+from __future__ import annotations
+
+import sqlite3
+import stat
+import uuid
+from pathlib import Path
+
+from curvine_py.common.types import ROOT_INO
+from curvine_py.master import schema
+from curvine_py.master.journal import Journal, encode_result
+from curvine_py.master.namespace import Namespace
+from curvine_py.master.posix import Cred
+from curvine_py.master.records import Mknod
+
+ROOT = Cred(0, 0, frozenset())
+# PRAGMA index_list of the new dirents: its primary key (the table's own b-tree, WITHOUT
+# ROWID) and two indexes; no (parent, seq) index of its own
+DIRENTS_KEYS = {"sqlite_autoindex_dirents_1", "dirents_name", "dirents_ino"}
+SCHEMA_2_DIRENTS = """
+CREATE TABLE dirents (
+  parent INTEGER NOT NULL, name TEXT NOT NULL, ino INTEGER NOT NULL, seq INTEGER NOT NULL,
+  PRIMARY KEY (parent, name)
+);
+CREATE UNIQUE INDEX dirents_seq ON dirents(parent, seq);
+CREATE INDEX dirents_ino ON dirents(ino);
+"""
+
+
+def mknod(j: Journal, parent: int, name: str, mode: int, rid: str = "") -> int:
+    rec = Mknod(cred=ROOT, request_id=rid or uuid.uuid4().hex, parent=parent, name=name, mode=mode)
+    return int(j.submit(rec)["attr"].ino)
+
+
+def names(conn: sqlite3.Connection) -> list[tuple[int, int, str, int]]:
+    return [tuple(r) for r in conn.execute("SELECT parent, seq, name, ino FROM dirents ORDER BY parent, seq")]
+
+
+def schema_2_store(path: str) -> tuple[list[tuple[int, int, str, int]], str]:
+    """A store as a schema-2 master left it: a directory of 50 files made through the
+    journal (so the retry cache has rows), then dirents and the oplog's ids put back in
+    version 2's form.  Returns its names and one retried request's id."""
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    j = Journal(Namespace(conn, 4 << 20, 2))
+    rid = uuid.uuid4().hex
+    d = mknod(j, ROOT_INO, "d", stat.S_IFDIR | 0o755, rid)
+    for i in range(50):
+        mknod(j, d, f"f{i:03d}", stat.S_IFREG | 0o644)
+    j.stop()
+    made = names(conn)
+    conn.execute("BEGIN")
+    conn.execute("DROP TABLE dirents")
+    for sql in SCHEMA_2_DIRENTS.split(";"):
+        if sql.strip():
+            conn.execute(sql)
+    conn.executemany("INSERT INTO dirents(parent, seq, name, ino) VALUES (?,?,?,?)", made)
+    conn.execute("UPDATE oplog SET request_id = lower(hex(request_id)) WHERE typeof(request_id) = 'blob'")
+    conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()
+    return made, rid
+
+
+def test_a_new_store_is_schema_3(tmp_path: Path) -> None:
+    conn = schema.open_db(str(tmp_path / "meta.db"))
+    schema.init_db(conn, 4 << 20, 2)
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents'").fetchone()[0]
+    assert "WITHOUT ROWID" in sql
+    assert {r[1] for r in conn.execute("PRAGMA index_list(dirents)")} == DIRENTS_KEYS
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == 3
+    conn.close()
+
+
+def test_a_schema_2_store_is_migrated_at_open(tmp_path: Path) -> None:
+    path = str(tmp_path / "meta.db")
+    made, rid = schema_2_store(path)
+    conn = schema.open_db(path)
+    # the journal's connection carries temporary triggers on dirents (the event feed's,
+    # the cache sessions'): they must survive the table's rebuild
+    conn.execute("CREATE TEMP TABLE seen (name TEXT)")
+    conn.execute("CREATE TEMP TRIGGER seen_in AFTER INSERT ON dirents BEGIN INSERT INTO seen VALUES (NEW.name); END")
+    assert conn.execute("SELECT typeof(request_id) FROM oplog LIMIT 1").fetchone()[0] == "text"
+    schema.init_db(conn, 4 << 20, 2)
+    assert "WITHOUT ROWID" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents'").fetchone()[0]
+    assert {r[1] for r in conn.execute("PRAGMA index_list(dirents)")} == DIRENTS_KEYS
+    assert names(conn) == made   # every name at its listing position
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == 3
+    assert {r[0] for r in conn.execute("SELECT typeof(request_id) FROM oplog")} == {"blob"}
+    j = Journal(Namespace(conn, 4 << 20, 2))
+    try:
+        d = next(ino for parent, _, name, ino in made if parent == ROOT_INO and name == "d")
+        # a retry of a request answered before the upgrade gets its first answer, no second mkdir
+        again = j.submit(Mknod(cred=ROOT, request_id=rid, parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755))
+        assert again["attr"].ino == d
+        mknod(j, d, "new", stat.S_IFREG | 0o644)
+        assert [r[0] for r in conn.execute("SELECT name FROM seen")] == ["new"]   # the trigger is there
+        listed = [r[0] for r in conn.execute("SELECT name FROM dirents WHERE parent=? AND seq>0 ORDER BY seq", (d,))]
+        assert listed == [f"f{i:03d}" for i in range(50)] + ["new"]
+        assert j.ns.child(d, "f007") is not None and j.ns.child(d, "nope") is None
+    finally:
+        j.stop()
+        conn.close()
+    # opened again: nothing left to migrate
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    assert len(names(conn)) == len(made) + 1
+    conn.close()
+
+
+def test_request_keys_are_bytes_only_for_canonical_hex() -> None:
+    rid = uuid.uuid4().hex
+    assert schema.request_key(rid) == bytes.fromhex(rid)
+    for other in (rid.upper(), rid[:-1], "mk-1", "", "g" * 32):
+        assert schema.request_key(other) == other
+    assert encode_result({"freed": []}) == '{"freed":[]}'
