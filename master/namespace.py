@@ -75,6 +75,11 @@ _TOUCH = "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?"
 _TOUCH_RETURNING = f"{_TOUCH} RETURNING {INODE_COLS}"
 _READDIR = ("SELECT d.name, d.seq, d.ino, i.mode FROM dirents d JOIN inodes i ON i.ino = d.ino"
             " WHERE d.parent=? AND d.seq>? ORDER BY d.seq LIMIT ?")
+# A directory's names with their attributes (Namespace.listing; pb.Attr's fields in this order)
+LISTING_COLUMNS = ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns", "rdev",
+                   "block_size", "replicas", "generation", "allocated", "complete", "kv")
+_LISTING = ("SELECT d.name, " + ", ".join(f"i.{c}" for c in LISTING_COLUMNS) + ", coalesce(length(i.acl), 0)"
+            " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? LIMIT ?")
 
 
 class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
@@ -148,14 +153,16 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                     for r in self.conn.execute(_READDIR_PLUS, (ino, offset, limit))]
         return [DirEntry(r[0], r[1], r[2], r[3], None) for r in self.conn.execute(_READDIR, (ino, offset, limit))]
 
-    def listing(self, ino: int, most: int) -> list[tuple[str, InodeRow]] | None:
-        """Directory ino's every name and inode, when it has at most `most` (None: more).
-        No permission check: a Lookup's caller may search ino, and the mount answers only
-        lookups from it (each caller's search permission checked there), never a readdir."""
-        rows = self.conn.execute(_READDIR_PLUS, (ino, 0, most + 1)).fetchall()
-        if len(rows) > most:
-            return None
-        return [(r[0], InodeRow(*r[2:])) for r in rows]
+    def listing(self, ino: int, most: int) -> list[tuple[Any, ...]] | None:
+        """Directory ino's every name with its inode's attributes, when it has at most
+        `most` names (None: more): plain tuples, (name, *LISTING_COLUMNS, acl's length);
+        no InodeRow (half the time of 256 names).  No permission check: a Lookup's
+        caller may search ino, and the mount answers only lookups from it (each caller's
+        search permission checked there), never a readdir."""
+        cur = self.conn.cursor()
+        cur.row_factory = None
+        rows = cur.execute(_LISTING, (ino, most + 1)).fetchall()
+        return None if len(rows) > most else rows
 
     def readlink(self, ino: int) -> str:
         row = self.inode(ino)

@@ -275,11 +275,18 @@ class MasterService:
         if listing is None:
             return 0
         more: list[Key] = [(parent, LISTING)]
-        more += [(parent, n) for n, _ in listing]
-        more += [(r.ino, None) for _, r in listing]
+        more += [(parent, r[0]) for r in listing]
+        more += [(r[1], None) for r in listing]
         seq = self.sessions.grant(request.caller.session, keys + more, epoch)
         if seq:
-            reply.listing.extend([pb.DirEntry(name=n, attr=to_attr(r)) for n, r in listing])
+            # Filled in place, in namespace.LISTING_COLUMNS' order: a third of the time of
+            # building an Attr and a DirEntry per name and copying them in
+            add = reply.listing.add
+            for r in listing:
+                a = add(name=r[0]).attr
+                a.ino, a.mode, a.uid, a.gid, a.size, a.nlink, a.atime_ns, a.mtime_ns = r[1:9]
+                a.ctime_ns, a.rdev, a.block_size, a.replicas, a.generation, a.allocated = r[9:15]
+                a.complete, a.kv, a.acl = bool(r[15]), bool(r[16]), r[17] > 0
             reply.listed = True
         return seq
 

@@ -21,6 +21,7 @@ from tests.conftest import wait_until
 from tests.posix.conftest import Mount
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
+FIELDS = ("st_ino", "st_mode", "st_uid", "st_gid", "st_size", "st_nlink", "st_blocks", "st_mtime_ns", "st_ctime_ns")
 
 
 def metrics_of(m: Mount) -> str:
@@ -60,6 +61,15 @@ def test_a_fresh_mounts_lookups_in_a_small_directory_cost_one_master_call(mounte
     assert not (b / "chunk0032.data").exists()
     assert not (b / "other").exists()
     assert lookups(second_mount) - before == 1, "the directory's lookups were not answered by its listing"
+    for name in names[:8]:                    # every attribute from the listing as the master has it
+        got, want = os.lstat(b / name), os.lstat(d / name)
+        assert [getattr(got, f) for f in FIELDS] == [getattr(want, f) for f in FIELDS], name
+    assert lookups(second_mount) - before == 1
+    os.chmod(d / names[5], 0o640)             # changes elsewhere: the names' and the listing's leases end
+    os.symlink(names[0], d / "link")
+    for name in names[:8] + ["link"]:
+        got, want = os.lstat(b / name), os.lstat(d / name)
+        assert [getattr(got, f) for f in FIELDS] == [getattr(want, f) for f in FIELDS], name
 
 
 def test_a_name_made_elsewhere_after_the_listing_shows_at_once(mounted: Mount, second_mount: Mount,
