@@ -298,7 +298,12 @@ class Journal:
 
 
 PACKED_ATTR = "@a"
+# An InodeRow as encode_result writes it since schema 3: "@a"'s values but for mtime and
+# ctime, written as mtime - atime and ctime - mtime (a create's three times are one: 0, 0
+# instead of two more 19-digit numbers; ~35% of a create's row).
+PACKED_TIMES = "@t"
 _values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values, in INODE_FIELDS' order
+_AT, _MT, _CT = (INODE_FIELDS.index(f) for f in ("atime_ns", "mtime_ns", "ctime_ns"))
 # What an older master's retry cache lacks: its rows had fewer columns (kv, allocated), or
 # were plain JSON objects (schema 1).
 _DEFAULTS: dict[str, Any] = {"complete": 1, "lease_client": "", "acl": None, "default_acl": None,
@@ -307,9 +312,13 @@ _FIXED = INODE_FIELDS.index("default_acl") + 1   # the leading columns every pac
 
 
 def _packed(o: Any) -> Any:
-    """The encoder's default: an InodeRow as its values (encode_result), bytes as records do."""
+    """The encoder's default: an InodeRow as its values, the times as PACKED_TIMES says
+    (encode_result), bytes as records do."""
     if isinstance(o, InodeRow):
-        return {PACKED_ATTR: _values(o)}
+        values = list(_values(o))
+        values[_CT] -= values[_MT]
+        values[_MT] -= values[_AT]
+        return {PACKED_TIMES: values}
     return json_default(o)
 
 
@@ -321,7 +330,8 @@ _encode = json.JSONEncoder(separators=(",", ":"), default=_packed).encode
 def encode_result(result: Any) -> str:
     """A result as the retry cache keeps it: compact JSON where each inode's attributes (an
     InodeRow: most results carry one or two) are the list of their values in INODE_FIELDS
-    order, as ``{"@a": [...]}``: ~40% of the plain JSON (a create's 800 bytes)."""
+    order, mtime and ctime as differences (PACKED_TIMES), as ``{"@t": [...]}``: ~25% of
+    the plain JSON (a create's 800 bytes)."""
     return _encode(result)
 
 
@@ -337,7 +347,12 @@ def decode_result(text: str | None) -> Any:
 
 
 def _unpack(d: dict[str, Any]) -> Any:
-    if len(d) == 1 and PACKED_ATTR in d:
+    if len(d) == 1 and PACKED_TIMES in d:
+        values = d[PACKED_TIMES]
+        values[_MT] += values[_AT]
+        values[_CT] += values[_MT]
+        return InodeRow(*values)
+    if len(d) == 1 and PACKED_ATTR in d:   # a row written before schema 3
         return _packed_row(d[PACKED_ATTR])
     if len(d) == 1 and "__bytes" in d:   # json_default's bytes (an inode's ACL)
         return bytes.fromhex(d["__bytes"])

@@ -1,19 +1,22 @@
 """Schema 3 (master/schema.py): a schema-2 store opened by this code gets its dirents as a
 WITHOUT ROWID table in listing order and its retry cache's request ids as bytes, keeping
-every name, listing position and retry answer; a new store is made that way."""
+every name, listing position and retry answer; a new store is made that way.  The retry
+cache's results write an inode's times as differences (master/journal.py)."""
 from __future__ import annotations
 
 import sqlite3
 import stat
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from curvine_py.common.types import ROOT_INO
 from curvine_py.master import schema
-from curvine_py.master.journal import Journal, encode_result
+from curvine_py.master.journal import Journal, decode_result, encode_result
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import Mknod
+from curvine_py.master.store import InodeRow
 
 ROOT = Cred(0, 0, frozenset())
 # PRAGMA index_list of the new dirents: its primary key (the table's own b-tree, WITHOUT
@@ -116,3 +119,15 @@ def test_request_keys_are_bytes_only_for_canonical_hex() -> None:
     for other in (rid.upper(), rid[:-1], "mk-1", "", "g" * 32):
         assert schema.request_key(other) == other
     assert encode_result({"freed": []}) == '{"freed":[]}'
+
+
+def test_the_retry_cache_writes_times_as_differences() -> None:
+    """A create's three times are one: its row holds one 19-digit number, not three; times
+    in any order (atime set after mtime, ctime before) come back as they were."""
+    t = 1_796_640_249_952_646_740
+    made = InodeRow(4, 0o100644, 0, 0, 0, 1, t, t, t, 0, 4 << 20, 2, 1, 0, 1, "c", 5, None, b"\x02", 0, 0, None)
+    text = encode_result({"attr": made})
+    assert text.count(str(t)) == 1 and '"@t"' in text
+    assert decode_result(text) == {"attr": made}
+    odd = replace(made, atime_ns=t + 5, mtime_ns=t - 7, ctime_ns=t, target="x")
+    assert decode_result(encode_result({"dirs": [odd, made]})) == {"dirs": [odd, made]}
