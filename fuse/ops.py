@@ -268,7 +268,7 @@ class CurvineOps(pyfuse3.Operations):
                 raise
             if self.timed:
                 self.top_dirs.count(self.top_dirs.label_of(parent_inode), "miss")
-            if self.cfg.negative_timeout_s > 0:
+            if self.cfg.negative_timeout_s > 0 and self.vfs.kernel_may_keep_miss(parent_inode, text):
                 neg = pyfuse3.EntryAttributes()
                 neg.st_ino = 0
                 neg.entry_timeout = self.cfg.negative_timeout_s

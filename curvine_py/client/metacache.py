@@ -78,6 +78,7 @@ class MetaCache:
         self._unlisted: OrderedDict[int, float] = OrderedDict()
         self._holdoff: dict[int, float] = {}
         self._listed_at: dict[int, float] = {}    # complete by a Lookup's listing: when granted
+        self._unasked: dict[int, set[str]] = {}   # names a listing brought that no lookup answered yet
         self._lease_s = 1.0                       # the session's lease (the shortest hold-off)
         self.listings = 0           # listings asked for, and kept (lookups answered by one call)
         self.listings_kept = 0
@@ -195,6 +196,23 @@ class MetaCache:
                 del self._unlisted[parent]
             self.listings += 1
             return LISTING_MAX
+
+    def listed_miss(self, parent: int, name: str) -> bool:
+        """Was name's absence answered by parent's listing (no lease on the name itself, so
+        no push will end a negative entry the kernel keeps for it)?"""
+        with self._lock:
+            return parent in self._complete and (parent, name) not in self._names
+
+    def first_from_listing(self, parent: int, name: str) -> bool:
+        """Is this the first lookup of name since a listing brought it (counted once)?
+        A mount that checks or fetches a one-block file's block at its lookup asks the
+        master for that first one (its block comes with the answer)."""
+        with self._lock:
+            names = self._unasked.get(parent)
+            if names is None or name not in names:
+                return False
+            names.discard(name)
+            return True
 
     def unlisted(self, parent: int, refused: bool) -> None:
         """A lookup asked for parent's listing and got none: too large (or its mode cannot
@@ -321,6 +339,9 @@ class MetaCache:
     def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]]) -> None:
         """A directory's whole listing granted (lock held): its names and attributes, and
         its completeness (a name not among them does not exist)."""
+        if len(self._unasked) > UNLISTED_MAX:
+            self._unasked.clear()
+        self._unasked[parent] = {n for n, _ in entries}
         for n, a in entries:
             self._names[(parent, n)] = a.ino
             self._names.move_to_end((parent, n))
@@ -355,6 +376,7 @@ class MetaCache:
         self._complete.clear()
         self._taken.clear()
         self._listed_at.clear()
+        self._unasked.clear()
         self._forgotten.clear()
         self._dropped.clear()
 

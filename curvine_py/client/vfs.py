@@ -122,6 +122,11 @@ def replace_attr(attr: pb.Attr, **fields: Any) -> pb.Attr:
     return a
 
 
+def one_block(attr: pb.Attr) -> bool:
+    """A complete regular file of one block (the master's rule for LookupRequest.one_block)."""
+    return attr.complete and stat.S_ISREG(attr.mode) and 0 < attr.size <= attr.block_size
+
+
 def opens_for_writing(flags: int) -> bool:
     """An open that may change the file: write access, or O_TRUNC (O_RDONLY|O_TRUNC truncates)."""
     return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
@@ -353,8 +358,10 @@ class VFS:
         if cache is not None:
             hit = cache.lookup(parent, name, ident)
             if isinstance(hit, pb.Attr):
-                return self.overlay(hit)
-            if hit is not None:
+                if not (self.opens.one_block and one_block(hit) and cache.first_from_listing(parent, name)):
+                    return self.overlay(hit)
+                # else: the master's answer brings its block (fetch_ahead, stage_remote, local checks)
+            elif hit is not None:
                 raise err(errno.ENOENT)
         request = self.meta.lookup_request(parent, name, ident)
         request.one_block = self.opens.one_block
@@ -374,6 +381,12 @@ class VFS:
                 raise err(errno.ENOENT)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
+
+    def kernel_may_keep_miss(self, parent: int, name: str) -> bool:
+        """May the kernel keep a lookup's "no such name" (fuse.negative_timeout_s)?  Not one
+        a directory's listing answered: no push ends it when another mount makes the name
+        (the listing's lease ends, the name had none of its own)."""
+        return self.cache is None or not self.cache.listed_miss(self._in(parent), name)
 
     def getxattr(self, ino: int, name: str, ident: Identity) -> Op[bytes]:
         """The kernel asks for security.capability before every write(2) to a file, and

@@ -99,3 +99,22 @@ def test_a_directory_too_large_to_list_is_not_asked_again_for_a_while() -> None:
     assert c.listing_max(D.ino) == 0
     assert RELIST_MAX_S - 1 < c._unlisted[D.ino] - time.monotonic() <= RELIST_MAX_S
     assert c.listing_max(11) == LISTING_MAX   # another directory is asked for
+
+
+def test_a_miss_the_listing_answered_is_told_apart_from_a_leased_one() -> None:
+    """The kernel may keep a negative entry only for a name whose own lease a push ends."""
+    c = cache()
+    listed(c, 1, entries(2), name="asked")
+    assert c.lookup(D.ino, "asked", ROOT) is NEGATIVE and not c.listed_miss(D.ino, "asked")
+    assert c.lookup(D.ino, "other", ROOT) is NEGATIVE and c.listed_miss(D.ino, "other")
+    assert not c.listed_miss(D.ino, "f0")
+
+
+def test_each_name_of_a_listing_is_first_seen_once() -> None:
+    """A mount that fetches one-block files ahead asks the master at a name's first lookup."""
+    c = cache()
+    listed(c, 1, entries(3))
+    assert c.first_from_listing(D.ino, "f1") and not c.first_from_listing(D.ino, "f1")
+    assert not c.first_from_listing(D.ino, "missing") and not c.first_from_listing(11, "f1")
+    listed(c, 2, entries(3))                  # listed again: seen afresh
+    assert c.first_from_listing(D.ino, "f1")
