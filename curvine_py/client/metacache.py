@@ -315,7 +315,7 @@ class MetaCache:
                 self._perms[directory.ino] = directory
                 self._perms.move_to_end(directory.ino)
             if whole is not None:
-                self._keep_listing(*whole)
+                self._keep_listing(*whole, asked=name[1] if name is not None else "")
             made = name[2] if name is not None else 0
             for k in keys:
                 if k.name == LISTING and (k.ino == made or k.ino in self._taken):
@@ -336,12 +336,13 @@ class MetaCache:
                 self._taken.clear()
         return []
 
-    def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]]) -> None:
+    def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]], asked: str = "") -> None:
         """A directory's whole listing granted (lock held): its names and attributes, and
-        its completeness (a name not among them does not exist)."""
+        its completeness (a name not among them does not exist).  asked: the name whose
+        lookup brought it (answered by the master already)."""
         if len(self._unasked) > UNLISTED_MAX:
             self._unasked.clear()
-        self._unasked[parent] = {n for n, _ in entries}
+        self._unasked[parent] = {n for n, _ in entries if n != asked}
         for n, a in entries:
             self._names[(parent, n)] = a.ino
             self._names.move_to_end((parent, n))

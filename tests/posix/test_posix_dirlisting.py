@@ -42,22 +42,23 @@ def with_session(m: Mount) -> None:
                timeout=10)
 
 
-def fill(d: Path, n: int) -> list[str]:
+def fill(d: Path, n: int, empty: bool = False) -> list[str]:
+    """n files named as LMCache's chunks, holding their names (or nothing)."""
     names = [f"chunk{i:04d}.data" for i in range(n)]
     for name in names:
-        (d / name).write_bytes(name.encode())
+        (d / name).write_bytes(b"" if empty else name.encode())
     return names
 
 
 def test_a_fresh_mounts_lookups_in_a_small_directory_cost_one_master_call(mounted: Mount, second_mount: Mount,
                                                                            d: Path) -> None:
-    names = fill(d, 32)
+    names = fill(d, 32, empty=True)         # (not one-block files: see the test after this one)
     b = second_mount.path / d.name
     with_session(second_mount)
     assert b.is_dir()                       # the directory's own lookup (in its parent)
     before = lookups(second_mount)
     for name in names:                      # LMCache's lookup: one stat per chunk, then the first miss
-        assert (b / name).stat().st_size == len(name)
+        assert (b / name).stat().st_size == 0
     assert not (b / "chunk0032.data").exists()
     assert not (b / "other").exists()
     assert lookups(second_mount) - before == 1, "the directory's lookups were not answered by its listing"
@@ -70,6 +71,25 @@ def test_a_fresh_mounts_lookups_in_a_small_directory_cost_one_master_call(mounte
     for name in names[:8] + ["link"]:
         got, want = os.lstat(b / name), os.lstat(d / name)
         assert [getattr(got, f) for f in FIELDS] == [getattr(want, f) for f in FIELDS], name
+
+
+def test_one_block_files_are_asked_for_once_where_their_blocks_are_checked_at_lookups(
+        mounted: Mount, second_mount: Mount, d: Path) -> None:
+    """The mounts here check a one-block file's local block at its lookup (fuse.verify_ahead
+    with passthrough), whose block only the master's answer brings: each such name's first
+    lookup after the listing goes to the master, its later ones and the misses do not."""
+    names = fill(d, 8)
+    b = second_mount.path / d.name
+    with_session(second_mount)
+    assert b.is_dir()
+    before = lookups(second_mount)
+    for name in names:
+        assert (b / name).stat().st_size == len(name)
+    assert not (b / "missing").exists() and not (b / "other").exists()
+    assert lookups(second_mount) - before == len(names)
+    for name in names:
+        assert (b / name).stat().st_size == len(name)
+    assert lookups(second_mount) - before == len(names)
 
 
 def test_a_name_made_elsewhere_after_the_listing_shows_at_once(mounted: Mount, second_mount: Mount,

@@ -115,6 +115,7 @@ def test_each_name_of_a_listing_is_first_seen_once() -> None:
     c = cache()
     listed(c, 1, entries(3))
     assert c.first_from_listing(D.ino, "f1") and not c.first_from_listing(D.ino, "f1")
+    assert not c.first_from_listing(D.ino, "f0")   # the lookup that brought the listing
     assert not c.first_from_listing(D.ino, "missing") and not c.first_from_listing(11, "f1")
     listed(c, 2, entries(3))                  # listed again: seen afresh
     assert c.first_from_listing(D.ino, "f1")
