@@ -18,7 +18,7 @@ from pathlib import Path
 
 from curvine_py.client.metacache import LISTING_MAX
 from tests.conftest import wait_until
-from tests.posix.conftest import Mount
+from tests.posix.conftest import Mount, start_mount
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
 FIELDS = ("st_ino", "st_mode", "st_uid", "st_gid", "st_size", "st_nlink", "st_blocks", "st_mtime_ns", "st_ctime_ns")
@@ -132,3 +132,24 @@ def test_a_large_directory_keeps_its_lookups_one_name_at_a_time(mounted: Mount, 
     for name in names[:10]:                 # the names looked up are kept, one by one
         assert (b / name).exists()
     assert lookups(second_mount) - before == 11
+
+
+def test_a_miss_a_listing_answered_is_not_kept_by_the_kernel(mounted: Mount, d: Path,
+                                                              tmp_path: Path) -> None:
+    """With fuse.negative_timeout_s the kernel keeps a lookup's "no such name": only for a
+    name whose own lease a push ends, never for one the listing answered (no push would
+    end it when another mount makes the name)."""
+    fill(d, 2, empty=True)
+    c = start_mount(mounted.cluster, tmp_path / "c", tmp_path / "run", tmp_path / "c.log",
+                    MOUNT_FLAGS + ("--fuse-negative-timeout-s", "30"))
+    try:
+        with_session(c)
+        cd = c.path / d.name
+        assert (cd / "chunk0000.data").exists()          # the listing comes with this
+        before = lookups(c)
+        assert not (cd / "late").exists() and not (cd / "late").exists()   # answered by the listing
+        assert lookups(c) == before
+        (d / "late").write_bytes(b"x")
+        assert (cd / "late").stat().st_size == 1
+    finally:
+        c.stop()
