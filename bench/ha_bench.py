@@ -9,7 +9,12 @@ leader, in one run on this machine.
 Each cluster (1 master, then 3) has two workers and a mount, on loopback with free ports.
 Metadata: bench/sdk_bench.py's clients (each its own process and directory: create,
 stat, rename, unlink) and cv bench's meta workload through the mount (one thread, the
-same four ops).  KV: cv bench's kvcache workload through the mount (14 MiB chunks:
+same four ops).  The mount's stat row stats the files it has just made, so the ones
+made within the kernel's entry timeout (1 s) are answered by the kernel: with creates
+slower on three masters fewer are, and the row falls although no stat reaches a master
+(the mount answers the rest from its cache session's leases).  So one more row,
+``mount_stat_cold``: files made, the kernel's timeouts waited out, then each stat is a
+FUSE lookup.  KV: cv bench's kvcache workload through the mount (14 MiB chunks:
 x.tmp, header, payload, close, rename; then a stat and a whole read of each).
 Failover: a client creates a directory every 20 ms; the leader gets a SIGKILL; the time
 from the kill to the first create that succeeds after it is one sample; the killed
@@ -22,6 +27,7 @@ plain three masters'.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -58,7 +64,29 @@ def metadata(cluster: LocalCluster, mount: Path | None, clients: int, files: int
                                                               str(cluster.config_path)).items()}
     if mount is not None:
         out.update({f"mount_{k}": v for k, v in meta_ops(mount, Plan(workloads=["meta"], meta_files=files)).items()})
+        out["mount_stat_cold_per_s"] = stat_cold(mount, files, cluster)
     return out
+
+
+def stat_cold(mount: Path, files: int, cluster: LocalCluster) -> float:
+    """stat/s through the mount of files made before the kernel's entry and attribute
+    timeouts ran out: every stat is a FUSE lookup, whatever the creates' speed."""
+    cfg = cfgmod.Config()
+    cfgmod.load_file(cfg, cluster.config_path)
+    d = mount / "ha-stat-cold"
+    d.mkdir()
+    names = [d / f"f{i:06d}" for i in range(files)]
+    for name in names:
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    time.sleep(max(cfg.fuse.entry_timeout_s, cfg.fuse.attr_timeout_s) + 0.2)
+    start = time.perf_counter()
+    for name in names:
+        os.stat(name)
+    rate = files / max(time.perf_counter() - start, 1e-9)
+    for name in names:
+        os.unlink(name)
+    d.rmdir()
+    return rate
 
 
 def kvcache(mount: Path, files: int) -> dict[str, float]:
