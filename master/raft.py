@@ -33,7 +33,17 @@ What this module adds around it:
     master rejoins and catches up instead of refusing to start.
 - The Raft port's messages are pickles: PySyncObj encrypts them with the cluster
   secret (``password``), so a group needs ``[cluster] secret``.  With tls.enabled the
-  port also speaks mutual TLS, masters' certificates only (master/rafttls.py).
+  port also speaks mutual TLS, masters' certificates only (master/rafttls.py).  Either
+  way a message under 64 KiB goes out uncompressed (a stored zlib block, which every
+  PySyncObj reads): PySyncObj's zlib level 3 cost 50-125 us per message whatever its
+  size, and a mutation sends three on its critical path (master/rafttls.py).
+
+Where a serial mutation's time goes on three masters on one machine (docs/performance-log.md,
+"Issue 39: where a mutation's time goes on three masters"): the leader's two sends, the
+follower's receive and answer, the leader's receive, then the apply in SQLite (~0.3 ms,
+as on one master) and the handler thread's wake-up.  Every master applies every record
+(~0.45 ms of CPU on each follower), which on a shared 2-core machine competes with the
+leader's critical path.
 """
 from __future__ import annotations
 
