@@ -38,6 +38,7 @@ FAST_MASTER_FLAGS = ("--master-heartbeat-ms", "200")
 START_TIMEOUT_S = 60.0
 CV = str(Path(sys.executable).parent / "cv")  # the console script of this venv
 TEST_SECRET = "test-" + os.urandom(8).hex()
+TEST_BLOCK_SIZE = 4 << 20   # master.block_size of the clusters the tests start (not the default)
 # Read before _isolated_environment drops every CURVINE_* variable: the one a run may set
 # on purpose ("run the worker tests on threads"), forwarded to the clusters it starts.
 IO_ENGINE_ENV = "CURVINE_WORKER_IO_ENGINE"
@@ -56,6 +57,10 @@ def _isolated_environment() -> None:
         del os.environ[name]
     os.environ["CURVINE_CONF"] = os.devnull
     os.environ["CURVINE_CLUSTER_SECRET"] = TEST_SECRET
+    # The suite's files are sized for 4 MiB blocks (several blocks, cheaply); the default is
+    # 16 MiB (docs/config.md). Tests of the default itself drop this variable
+    # (tests/posix/test_posix_default_blocks.py).
+    os.environ["CURVINE_MASTER_BLOCK_SIZE"] = str(TEST_BLOCK_SIZE)
     # No daemon a test starts on its own listens on the default metrics ports (a `make run`
     # cluster here may hold them, and two standalone workers would share one): metrics off,
     # except where LocalCluster / NetCluster give each daemon its own port (their flags win).

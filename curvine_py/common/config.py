@@ -50,7 +50,9 @@ class MasterConfig:
     frame_port: int = 8996        # framed metadata channel, the clients' (docs/wire.md); 0 = ephemeral
     meta_dir: str = "./.curvine/master"
     sync: str = "normal"          # sqlite synchronous: "normal" survives process crashes, "full" power loss
-    block_size: int = 4 * MiB     # default block size of new files
+    # default block size of new files: a 14 MiB KV chunk is one block, which a mount on a
+    # replica's host hands to the kernel by passthrough (docs/kvcache.md "The default block size")
+    block_size: int = 16 * MiB
     replicas: int = 2
     vnodes: int = 64              # virtual nodes per worker on the hash ring
     heartbeat_ms: int = 1000      # how often workers heartbeat

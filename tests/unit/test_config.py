@@ -19,6 +19,7 @@ def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     f.write_text('[master]\nport = 1111\nblock_size = "8MiB"\n[worker]\ndirs = ["[MEM]/a", "/b"]\n')
     monkeypatch.setenv("CURVINE_MASTER_PORT", "2222")
     monkeypatch.setenv("CURVINE_MASTER", "m:1")
+    monkeypatch.delenv("CURVINE_MASTER_BLOCK_SIZE", raising=False)   # (the suite's 4 MiB: tests/conftest.py)
     p = argparse.ArgumentParser()
     config.add_flags(p)
     cfg = config.load(p.parse_args(["--config", str(f), "--master-rpc-threads", "3"]))
@@ -27,6 +28,13 @@ def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert cfg.client.master == "m:1"
     cfg2 = config.load(p.parse_args(["--config", str(f), "--master-port", "3333"]))
     assert cfg2.master.port == 3333
+
+
+def test_default_block_size_makes_a_kv_chunk_one_block() -> None:
+    """16 MiB: a 14 MiB KV chunk (Qwen2.5-7B's 256 tokens) written with defaults is one
+    block, which a mount on a replica's host hands to the kernel (docs/kvcache.md)."""
+    assert config.Config().master.block_size == 16 << 20
+    assert config.Config().master.block_size >= 14 * (1 << 20) + 28
 
 
 @pytest.mark.parametrize("text,value", [("4MiB", 4 << 20), ("100GB", 100 << 30), ("1.5G", 3 << 29), ("4096", 4096)])
