@@ -147,6 +147,7 @@ class CurvineOps(pyfuse3.Operations):
         self.cfg = cfg
         self.meta = meta
         meta.before_wait = self._unless_given_up
+        vfs.blocks_wanted = self._blocks_wanted
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._limiter = trio.CapacityLimiter(64)
         self._dirs: dict[int, tuple[int, Identity]] = {}
@@ -617,6 +618,22 @@ class CurvineOps(pyfuse3.Operations):
         if not self._renewing:
             self._renewing = True
             trio.lowlevel.spawn_system_task(self._renew_locks)
+
+    def _blocks_wanted(self, parent: int, name: str, ident: Identity) -> bool:
+        """VFS.blocks_wanted: a lookup a listing answered, whose one-block file's block the
+        mount checks or fetches ahead, asks for that block in a task of its own, so the
+        lookup itself costs no master call.  False off the loop (the lookup asks now)."""
+        try:
+            trio.lowlevel.spawn_system_task(self._lookup_blocks, parent, name, ident)
+        except RuntimeError:
+            return False
+        return True
+
+    async def _lookup_blocks(self, parent: int, name: str, ident: Identity) -> None:
+        try:
+            await self._do(self.vfs.lookup_blocks(parent, name, ident))
+        except Exception as e:   # (a hint only: the open asks for the block anyway)
+            log.debug("block of %r in %d not learnt ahead: %s", name, parent, e)
 
     def _gate_lock(self, ino: int) -> trio.Lock:
         """One lock call at a time on WAL index ino (client/walgate.py)."""

@@ -248,6 +248,9 @@ class VFS:
         self.opens: OpenPolicy = opens or SdkOpens()
         core.meta.dirs_listener = self._learn_dirs
         self.cache = core.meta.cache   # the mount's names and attributes under leases (client/metacache.py)
+        # The mount's (fuse/ops.py): starts lookup_blocks(parent, name, ident) beside the
+        # lookup a listing answered; False: it could not (the lookup then asks the master)
+        self.blocks_wanted: Callable[[int, str, Identity], bool] | None = None
         self.locks = MountLocks()   # the flock and POSIX locks this client holds (client/locks.py)
 
     def _root_of(self, path: str) -> int:
@@ -358,9 +361,12 @@ class VFS:
         if cache is not None:
             hit = cache.lookup(parent, name, ident)
             if isinstance(hit, pb.Attr):
-                if not (self.opens.one_block and one_block(hit) and cache.first_from_listing(parent, name)):
+                # A one-block file a listing brought, where the mount checks or fetches such
+                # files' blocks at lookups: its block is asked for beside (blocks_wanted), or
+                # now with the answer (no loop to ask from)
+                ahead = self.opens.one_block and one_block(hit) and cache.first_from_listing(parent, name)
+                if not ahead or (self.blocks_wanted is not None and self.blocks_wanted(parent, name, ident)):
                     return self.overlay(hit)
-                # else: the master's answer brings its block (fetch_ahead, stage_remote, local checks)
             elif hit is not None:
                 raise err(errno.ENOENT)
         request = self.meta.lookup_request(parent, name, ident)
@@ -381,6 +387,17 @@ class VFS:
                 raise err(errno.ENOENT)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
+
+    def lookup_blocks(self, parent: int, name: str, ident: Identity) -> Op[None]:
+        """A one-block file's block, asked for after a listing answered its lookup: what
+        that lookup's own master call would have brought for the mount's checks and
+        fetches ahead (OpenPolicy.after_lookup).  parent: the master's inode."""
+        request = self.meta.lookup_request(parent, name, ident)
+        request.one_block = request.miss_ok = True
+        with self.opens.looking_up():   # (no fetch ahead starts meanwhile, as for any lookup)
+            reply = yield from ask(Master.Lookup, request)
+        if reply.attr.ino:
+            self.opens.after_lookup(reply.attr, reply.blocks)
 
     def kernel_may_keep_miss(self, parent: int, name: str) -> bool:
         """May the kernel keep a lookup's "no such name" (fuse.negative_timeout_s)?  Not one

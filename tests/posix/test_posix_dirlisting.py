@@ -36,6 +36,12 @@ def lookups(m: Mount) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def fetched(m: Mount) -> float:
+    """Blocks the mount fetched at lookups (fuse.fetch_ahead)."""
+    found = re.search(r"^curvine_client_lookup_fetches_total (\S+)$", metrics_of(m), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def with_session(m: Mount) -> None:
     wait_until("the mount's cache session",
                lambda: re.search(r"^curvine_client_metadata_cache_sessions ([1-9]\S*)$", metrics_of(m), re.M),
@@ -77,7 +83,8 @@ def test_one_block_files_are_asked_for_once_where_their_blocks_are_checked_at_lo
         mounted: Mount, second_mount: Mount, d: Path) -> None:
     """The mounts here check a one-block file's local block at its lookup (fuse.verify_ahead
     with passthrough), whose block only the master's answer brings: each such name's first
-    lookup after the listing goes to the master, its later ones and the misses do not."""
+    lookup after the listing asks for it beside (VFS.lookup_blocks), answered meanwhile;
+    its later ones and the misses do not."""
     names = fill(d, 8)
     b = second_mount.path / d.name
     with_session(second_mount)
@@ -86,10 +93,29 @@ def test_one_block_files_are_asked_for_once_where_their_blocks_are_checked_at_lo
     for name in names:
         assert (b / name).stat().st_size == len(name)
     assert not (b / "missing").exists() and not (b / "other").exists()
-    assert lookups(second_mount) - before == len(names)
+    wait_until("the blocks asked for", lambda: lookups(second_mount) - before >= len(names), timeout=10)
     for name in names:
         assert (b / name).stat().st_size == len(name)
+    time.sleep(0.2)
     assert lookups(second_mount) - before == len(names)
+
+
+def test_a_listing_still_fetches_one_block_files_ahead(mounted: Mount, d: Path, tmp_path: Path) -> None:
+    """fuse.fetch_ahead on a host with no worker: the blocks of the files a listing answered
+    for are fetched ahead as a lookup of each would have."""
+    names = fill(d, 6)
+    c = start_mount(mounted.cluster, tmp_path / "c", tmp_path / "run", tmp_path / "c.log",
+                    MOUNT_FLAGS + ("--client-host", "no-worker-here", "--fuse-fetch-ahead", "true"))
+    try:
+        with_session(c)
+        cd = c.path / d.name
+        for name in names:
+            assert (cd / name).stat().st_size == len(name)
+        wait_until("every block fetched ahead", lambda: fetched(c) >= len(names), timeout=10)
+        for name in names:
+            assert (cd / name).read_bytes() == name.encode()
+    finally:
+        c.stop()
 
 
 def test_a_name_made_elsewhere_after_the_listing_shows_at_once(mounted: Mount, second_mount: Mount,
