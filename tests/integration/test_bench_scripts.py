@@ -42,7 +42,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "ha_bench.py": ("--small", "--json", "--tls"),
     "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
     "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
-                      "--stat-sample", "100", "--round", "100"),
+                      "--stat-sample", "100", "--round", "100", "--retry-cache-s", "2", "--events-retention-s", "2"),
     "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
     "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
     "journal_cpu.py": ("--files", "20", "--rounds", "1"),
@@ -181,6 +181,9 @@ def check_figures(script: str, out: str) -> None:
         for r in rows:   # via, files, create/s, its ratio, stat/s, its ratio, ...
             assert float(r[2].replace(",", "")) > 0 and float(r[4].replace(",", "")) > 0, out
             assert "start" in r, out
+        at_rest = [ln.split() for ln in out.splitlines() if ln.startswith("at rest ")]
+        assert [r[3] for r in at_rest] == ["200", "400"], out   # at rest, via, files, in use, the rest
+        assert all(int(r[4].replace(",", "")) > 0 for r in at_rest), out
     elif script == "fsspec_parquet.py":
         res = json.loads(out)
         readers = ("local", "mount", "fsspec") if mount_unavailable() is None else ("local", "fsspec")
