@@ -6,9 +6,12 @@ off after it or the master restarted.  So the events are rows of the replicated 
 written by the journal in the same transaction (and savepoint) as the record that caused
 them: a record that rolls back leaves none, and an acknowledged one cannot lose its
 events.  Every master of a Raft group applies the same records in the same order and
-derives the same rows, so an event's position (the table's AUTOINCREMENT key, which a
-pruned table never reuses) is the same on every master: a watcher resumes from its last
-position on whichever master leads next.
+derives the same rows, so an event's position (``next_position``: one past the newest
+row and past ``meta.events_floor``, so a table pruned empty never reuses one, across a
+restart, a Raft snapshot and a replay alike) is the same on every master: a watcher
+resumes from its last position on whichever master leads next.  Not AUTOINCREMENT, which
+wrote the ``sqlite_sequence`` table's page in every commit with an event (one WAL page in
+~12 per create, rename, unlink).
 
 What a record changed comes from temporary triggers on the journal's connection (like
 the cache sessions' ``schema.track_changes``): every name added to or removed from a
@@ -22,8 +25,9 @@ events once the op has run:
 - an evicted UFS file keeps its name (only its cached blocks go): ``EVICTED`` too;
 - a ``ReplicaChanges`` record (the leader's registry against the feed's last word, the
   ``event_hosts`` table: master/replicafeed.py): ``REPLICA_ADDED`` / ``REPLICA_LOST`` for
-  each name of the file, with the host.  A file that goes takes its ``event_hosts`` rows
-  with it (its ``removed`` or ``evicted`` says every host lost it).
+  each name of the file, with the host (stored as its id in ``hosts``, sent as its name).
+  A file that goes takes its ``event_hosts`` rows with it (its ``removed`` or ``evicted``
+  says every host lost it).
 
 Directories and files never committed make no events.  Rows are pruned by a record
 (``PruneEvents``, from the leader's housekeeping: ``master/watch.py``), never by a
@@ -47,12 +51,15 @@ CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
 REPLICA_ADDED, REPLICA_LOST = pb.EVENT_REPLICA_ADDED, pb.EVENT_REPLICA_LOST
 PRUNE_MAX_ROWS = 50_000   # rows one PruneEvents deletes at most (it holds the writer meanwhile)
 STAGE = "temp.event_names"
-_INSERT = ("INSERT INTO events(ts_ms, kind, parent, name, from_name, ino, size) VALUES (?,?,?,?,?,?,?)")
-_INSERT_HOST = ("INSERT INTO events(ts_ms, kind, parent, name, from_name, ino, size, host)"
-                " SELECT ?, ?, d.parent, d.name, '', d.ino, i.size, ? FROM dirents d JOIN inodes i ON i.ino = d.ino"
-                " WHERE d.ino=? ORDER BY d.parent, d.name")
-_READ = ("SELECT pos, kind, name, from_name, ino, size, ts_ms, host FROM events WHERE parent=? AND pos>? AND pos<=?"
-         " ORDER BY pos LIMIT ?")
+_INSERT = ("INSERT INTO events(pos, ts_ms, kind, parent, name, from_name, ino, size, host_id)"
+           " VALUES (?,?,?,?,?,?,?,?,?)")
+_NAMES_SIZE = ("SELECT d.parent, d.name, i.size FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.ino=?"
+               " ORDER BY d.parent, d.name")
+_READ = ("SELECT e.pos, e.kind, e.name, e.from_name, e.ino, e.size, e.ts_ms, ifnull(h.name, '') FROM events e"
+         " LEFT JOIN hosts h ON h.id = e.host_id WHERE e.parent=? AND e.pos>? AND e.pos<=? ORDER BY e.pos LIMIT ?")
+# the newest position pruned and the newest row's (each one b-tree's last key or a meta row)
+_BOUNDS = ("SELECT ifnull((SELECT value FROM meta WHERE key='events_floor'), 0),"
+           " ifnull((SELECT max(pos) FROM events), 0)")
 # came = 1 for a name added, 0 for one removed; the inode's mode, and whether it was ever
 # committed (no writer's lease, or a generation: blocks committed), as it was then
 _STAGED = "(came, parent, name, ino, mode, committed) VALUES ({0}, {1}.parent, {1}.name, {1}.ino," \
@@ -117,8 +124,8 @@ class EventLog:
             return
         rows = _events_of(self.conn, rec, result, staged)
         if rows:
-            ts_ms = rec.now_ns // 1_000_000
-            self.conn.executemany(_INSERT, [(ts_ms, *r) for r in rows])
+            ts_ms, pos = rec.now_ns // 1_000_000, next_position(self.conn)
+            self.conn.executemany(_INSERT, [(pos + k, ts_ms, *r, 0) for k, r in enumerate(rows)])
             self._written = True
         for ino in {r[4] for r in rows if r[0] == EVICTED or (r[0] == REMOVED and not _exists(self.conn, r[4]))}:
             # the file is gone, or its cached blocks are: no host holds it any more
@@ -206,10 +213,26 @@ def _names_of(conn: sqlite3.Connection, kind: int, ino: int) -> list[EventRow]:
 
 # ---------------------------------------------------------------------- reading
 def bounds(conn: sqlite3.Connection) -> tuple[int, int]:
-    """(floor, head): the newest position pruned (0: none) and the newest written."""
-    floor = conn.execute("SELECT value FROM meta WHERE key='events_floor'").fetchone()
-    head = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='events'").fetchone()
-    return (int(floor[0]) if floor else 0), (int(head[0]) if head else 0)
+    """(floor, head): the newest position pruned (0: none) and the newest written (the
+    floor when every event was pruned: the rows are the only other record of it)."""
+    floor, newest = conn.execute(_BOUNDS).fetchone()
+    return int(floor), max(int(floor), int(newest))
+
+
+def next_position(conn: sqlite3.Connection) -> int:
+    """The next event's position: past every row and the pruned floor, never one used
+    before.  Read from the store in the record's transaction, so every master of a group
+    (and a replay, and a master restarted or given a Raft snapshot) derives the same."""
+    return bounds(conn)[1] + 1
+
+
+def host_id(conn: sqlite3.Connection, host: str, add: bool) -> int | None:
+    """Host's id in the hosts table (added when add, in the record's transaction: ids are
+    given in record order, the same on every master); None if it has none."""
+    if add:
+        conn.execute("INSERT INTO hosts(name) VALUES (?) ON CONFLICT(name) DO NOTHING", (host,))
+    row = conn.execute("SELECT id FROM hosts WHERE name=?", (host,)).fetchone()
+    return int(row[0]) if row is not None else None
 
 
 def hosts_of(conn: sqlite3.Connection, inos: list[int]) -> dict[int, set[str]]:
@@ -217,8 +240,8 @@ def hosts_of(conn: sqlite3.Connection, inos: list[int]) -> dict[int, set[str]]:
     out: dict[int, set[str]] = {}
     for k in range(0, len(inos), 500):
         part = inos[k:k + 500]
-        for ino, host in conn.execute(f"SELECT ino, host FROM event_hosts WHERE ino IN ({','.join('?' * len(part))})",
-                                      part):
+        for ino, host in conn.execute("SELECT e.ino, h.name FROM event_hosts e JOIN hosts h ON h.id = e.host_id"
+                                      f" WHERE e.ino IN ({','.join('?' * len(part))})", part):
             out.setdefault(int(ino), set()).add(str(host))
     return out
 
@@ -236,17 +259,20 @@ class EventOps(Store):
     def op_replica_changes(self, rec: ReplicaChanges) -> Result:
         """Record each change the feed has not said yet, and its event for each of the
         file's names (a file gone meanwhile: nothing)."""
-        ts_ms, n = rec.now_ns // 1_000_000, 0
+        ts_ms, n, pos = rec.now_ns // 1_000_000, 0, next_position(self.conn)
         for c in rec.changes:
-            if not _exists(self.conn, c.ino):
-                continue
+            if not _exists(self.conn, c.ino) or (hid := host_id(self.conn, c.host, c.held)) is None:
+                continue   # (a host the feed never named held nothing)
             if c.held:
-                done = self.conn.execute("INSERT OR IGNORE INTO event_hosts(ino, host) VALUES (?,?)", (c.ino, c.host))
+                done = self.conn.execute("INSERT OR IGNORE INTO event_hosts(ino, host_id) VALUES (?,?)", (c.ino, hid))
             else:
-                done = self.conn.execute("DELETE FROM event_hosts WHERE ino=? AND host=?", (c.ino, c.host))
+                done = self.conn.execute("DELETE FROM event_hosts WHERE ino=? AND host_id=?", (c.ino, hid))
             if done.rowcount:
-                n += self.conn.execute(_INSERT_HOST, (ts_ms, REPLICA_ADDED if c.held else REPLICA_LOST, c.host,
-                                                      c.ino)).rowcount
+                kind = REPLICA_ADDED if c.held else REPLICA_LOST
+                rows = [(pos + k, ts_ms, kind, p, name, "", c.ino, size, hid)
+                        for k, (p, name, size) in enumerate(self.conn.execute(_NAMES_SIZE, (c.ino,)).fetchall())]
+                self.conn.executemany(_INSERT, rows)
+                n, pos = n + len(rows), pos + len(rows)
         return {"events": n}
 
     @applies(PruneEvents)

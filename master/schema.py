@@ -18,7 +18,9 @@ log = logging.getLogger(__name__)
 # 3: dirents is a WITHOUT ROWID table keyed by (parent, seq), the listing order, with a
 # unique index on (parent, name) (version 2: a rowid table, its (parent, name) key and a
 # third b-tree for (parent, seq)); see dirents_by_seq().  The oplog keeps a request id
-# that is 32 lowercase hex digits (the clients' uuid4) as its 16 bytes (request_key).
+# that is 32 lowercase hex digits (the clients' uuid4) as its 16 bytes (request_key).  The
+# event feed's positions are no longer AUTOINCREMENT's, and its host names are ids of a
+# hosts table (events_by_host_id).
 SCHEMA_VERSION = 3
 
 # A directory's entries: the table itself is in listing order (a readdir reads one range of
@@ -32,6 +34,21 @@ CREATE TABLE IF NOT EXISTS dirents (
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS dirents_name ON dirents(parent, name);
 CREATE INDEX IF NOT EXISTS dirents_ino ON dirents(ino);
+"""
+
+# The event feed (master/events.py).  pos is given by the journal (events.next_position:
+# past the newest row and meta.events_floor), not by AUTOINCREMENT, which writes the
+# sqlite_sequence table's page in every commit with an event.  host_id and event_hosts'
+# host_id are rows of hosts (a host name once per store, not once per event and replica).
+EVENTS = """CREATE TABLE IF NOT EXISTS events (
+  pos INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
+  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
+  size INTEGER NOT NULL, host_id INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS events_parent ON events(parent, pos);
+CREATE TABLE IF NOT EXISTS event_hosts (
+  ino INTEGER NOT NULL, host_id INTEGER NOT NULL, PRIMARY KEY (ino, host_id)
+) WITHOUT ROWID;
 """
 
 SCHEMA = """
@@ -96,16 +113,8 @@ CREATE TABLE IF NOT EXISTS ufs_files (
   dirty_ns INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ufs_files_pending ON ufs_files(dirty_ns) WHERE state = 'pending';
-CREATE TABLE IF NOT EXISTS events (
-  pos INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
-  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
-  size INTEGER NOT NULL, host TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS events_parent ON events(parent, pos);
-CREATE TABLE IF NOT EXISTS event_hosts (
-  ino INTEGER NOT NULL, host TEXT NOT NULL, PRIMARY KEY (ino, host)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS masters (
+CREATE TABLE IF NOT EXISTS hosts (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+""" + EVENTS + """CREATE TABLE IF NOT EXISTS masters (
   raft_id TEXT PRIMARY KEY, address TEXT NOT NULL, frame_port INTEGER NOT NULL, term INTEGER NOT NULL
 );
 """
@@ -179,8 +188,7 @@ def upgrade(conn: sqlite3.Connection) -> None:
     allocated_column(conn)
     if "kv" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:   # a store before KV directories
         conn.execute("ALTER TABLE inodes ADD COLUMN kv INTEGER NOT NULL DEFAULT 0")
-    if "host" not in [r[1] for r in conn.execute("PRAGMA table_info(events)")]:   # a store of the first feed
-        conn.execute("ALTER TABLE events ADD COLUMN host TEXT NOT NULL DEFAULT ''")
+    events_by_host_id(conn)
     conn.execute("BEGIN IMMEDIATE")
     for key, value in COUNTERS.items():
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
@@ -324,6 +332,55 @@ def dirents_by_seq(conn: sqlite3.Connection) -> None:
         raise
     log.info("meta.db: dirents keyed by (parent, seq) now (%d names moved) in %.2f s", moved,
              time.perf_counter() - start)
+
+
+def events_by_host_id(conn: sqlite3.Connection) -> None:
+    """Bring a store's event feed from schema 2 (events.pos AUTOINCREMENT, host names as
+    text in events and event_hosts) to EVENTS: the same rows at the same positions, each
+    host name once in hosts (ids in name order: every master of a group migrates its own
+    copy of the same rows to the same ids).  The newest position AUTOINCREMENT handed out
+    stays below every later one: it is the newest row's, or the pruned floor's (a table
+    pruned empty); a sequence past both (rows deleted by hand) becomes the floor, which
+    tells a watcher behind it that events were lost.  Once per store, at open, and after
+    a Raft snapshot of an older master (a table of events_retention_s of events)."""
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='events'").fetchone()
+    if row is None or "AUTOINCREMENT" not in row[0].upper():
+        return
+    start = time.perf_counter()
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
+    host = "e.host" if "host" in cols else "''"   # (a store of the first feed had no host column)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='events'").fetchone()
+        newest = conn.execute("SELECT ifnull(max(pos), 0) FROM events").fetchone()[0]
+        floor = conn.execute("SELECT ifnull(max(value), 0) FROM meta WHERE key='events_floor'").fetchone()[0]
+        if seq is not None and seq[0] > max(newest, floor):
+            conn.execute("INSERT INTO meta(key, value) VALUES ('events_floor', ?)"
+                         " ON CONFLICT(key) DO UPDATE SET value=excluded.value", (seq[0],))
+        conn.execute(f"INSERT OR IGNORE INTO hosts(name) SELECT name FROM (SELECT {host} AS name FROM events e"
+                     " UNION SELECT host FROM event_hosts) WHERE name != '' ORDER BY name")
+        table, index, hosts_table = [sql for sql in EVENTS.split(";") if sql.strip()]
+        conn.execute("DROP TABLE IF EXISTS events_v3")
+        conn.execute("DROP TABLE IF EXISTS event_hosts_v3")
+        conn.execute(table.replace("IF NOT EXISTS events", "events_v3"))
+        conn.execute(hosts_table.replace("IF NOT EXISTS event_hosts", "event_hosts_v3"))
+        moved = conn.execute(
+            "INSERT INTO events_v3(pos, ts_ms, kind, parent, name, from_name, ino, size, host_id)"
+            " SELECT e.pos, e.ts_ms, e.kind, e.parent, e.name, e.from_name, e.ino, e.size, ifnull(h.id, 0)"
+            f" FROM events e LEFT JOIN hosts h ON h.name = {host} ORDER BY pos").rowcount
+        conn.execute("INSERT INTO event_hosts_v3(ino, host_id) SELECT e.ino, h.id FROM event_hosts e"
+                     " JOIN hosts h ON h.name = e.host ORDER BY e.ino, h.id")
+        conn.execute("DROP TABLE events")   # (its sqlite_sequence row goes with it)
+        conn.execute("DROP TABLE event_hosts")
+        conn.execute("ALTER TABLE events_v3 RENAME TO events")
+        conn.execute("ALTER TABLE event_hosts_v3 RENAME TO event_hosts")
+        conn.execute(index)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    log.info("meta.db: the event feed's positions without AUTOINCREMENT, hosts by id (%d events moved) in %.2f s",
+             moved, time.perf_counter() - start)
 
 
 def request_key(rid: str) -> str | bytes:

@@ -108,7 +108,7 @@ def test_replica_changes_say_only_what_the_feed_has_not_said(ns: NS) -> None:
     ns.do(ReplicaChanges, changes=[HostChange(ino, "h1", False)])
     got = [(k, n) for k, _, n, _ in seen(ns, at)]
     assert got == [("added", "f"), ("added", "g"), ("added", "f"), ("added", "g"), ("lost", "f"), ("lost", "g")]
-    hosts = [r[0] for r in ns.ns.conn.execute("SELECT host FROM events WHERE pos > ? ORDER BY pos", (at,))]
+    hosts = [e.host for e in events.read_after(ns.ns.conn, d, at, head(ns), 100)]   # (stored as ids)
     assert hosts == ["h1", "h1", "h2", "h2", "h1", "h1"]
     assert events.hosts_of(ns.ns.conn, [ino]) == {ino: {"h2"}}
     ns.do(Unlink, parent=d, name="f")

@@ -252,7 +252,7 @@ def _ufs_workload(ns: NS) -> None:
 
 
 TABLES = ("inodes", "dirents", "blocks", "pending_blocks", "xattrs", "reads", "workers", "meta",
-          "ufs_mounts", "ufs_dirs", "ufs_files", "events", "event_hosts")
+          "ufs_mounts", "ufs_dirs", "ufs_files", "events", "event_hosts", "hosts")
 
 
 def _tables(n: Namespace) -> dict[str, list[tuple[Any, ...]]]:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from curvine_py.common.types import ROOT_INO
-from curvine_py.master import schema
+from curvine_py.master import events, schema
 from curvine_py.master.journal import Journal, decode_result, encode_result
 from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
@@ -131,3 +131,76 @@ def test_the_retry_cache_writes_times_as_differences() -> None:
     assert decode_result(text) == {"attr": made}
     odd = replace(made, atime_ns=t + 5, mtime_ns=t - 7, ctime_ns=t, target="x")
     assert decode_result(encode_result({"dirs": [odd, made]})) == {"dirs": [odd, made]}
+
+
+# The event feed as schema 2 kept it: AUTOINCREMENT positions, host names as text
+SCHEMA_2_EVENTS = """
+CREATE TABLE events (
+  pos INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
+  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
+  size INTEGER NOT NULL, host TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX events_parent ON events(parent, pos);
+CREATE TABLE event_hosts (ino INTEGER NOT NULL, host TEXT NOT NULL, PRIMARY KEY (ino, host)) WITHOUT ROWID;
+"""
+EVENT_ROWS = [   # pos, ts_ms, kind, parent, name, from_name, ino, size, host
+    (4, 100, 0, 9, "a", "", 20, 5, ""), (5, 101, 3, 9, "a", "", 20, 5, "hostB"),
+    (6, 102, 3, 9, "a", "", 20, 5, "hostA"), (7, 103, 0, 9, "b", "a.tmp", 21, 0, "")]
+
+
+def schema_2_events(path: str, rows: list[tuple], seq: int, floor: int) -> None:
+    """A store whose event feed is schema 2's: rows, sqlite_sequence at seq (the newest
+    position AUTOINCREMENT gave), meta.events_floor at floor; file 20 held by both hosts."""
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    conn.execute("BEGIN")
+    conn.execute("DROP TABLE events")
+    conn.execute("DROP TABLE event_hosts")
+    conn.execute("DROP TABLE hosts")
+    for sql in SCHEMA_2_EVENTS.split(";"):
+        if sql.strip():
+            conn.execute(sql)
+    conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?)", rows)
+    conn.execute("DELETE FROM sqlite_sequence WHERE name='events'")
+    conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('events', ?)", (seq,))
+    conn.executemany("INSERT INTO event_hosts VALUES (?,?)", [(20, "hostB"), (20, "hostA")])
+    conn.execute("UPDATE meta SET value=? WHERE key='events_floor'", (floor,))
+    conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_a_schema_2_event_feed_keeps_its_positions_and_hosts(tmp_path: Path) -> None:
+    path = str(tmp_path / "meta.db")
+    schema_2_events(path, EVENT_ROWS, seq=7, floor=3)
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='events'").fetchone()[0]
+    assert "AUTOINCREMENT" not in sql.upper() and "host_id" in sql
+    assert conn.execute("SELECT count(*) FROM sqlite_sequence WHERE name='events'").fetchone()[0] == 0
+    assert [tuple(r) for r in conn.execute("SELECT id, name FROM hosts")] == [(1, "hostA"), (2, "hostB")]
+    # the feed answers as before: every event at its position, with its host's name
+    got = [(e.position, e.kind, e.name, e.from_name, e.ino, e.size, e.time_ms, e.host)
+           for e in events.read_after(conn, 9, 0, 100, 100)]
+    assert got == [(p, k, n, f, i, s, t, h) for p, t, k, _, n, f, i, s, h in EVENT_ROWS]
+    assert events.bounds(conn) == (3, 7) and events.next_position(conn) == 8
+    assert events.hosts_of(conn, [20]) == {20: {"hostA", "hostB"}}
+    assert {r[1] for r in conn.execute("PRAGMA index_list(events)")} == {"events_parent"}
+    conn.close()
+    conn = schema.open_db(path)   # opened again: nothing left to migrate
+    schema.init_db(conn, 4 << 20, 2)
+    assert events.bounds(conn) == (3, 7)
+    conn.close()
+
+
+def test_a_schema_2_event_feed_pruned_empty_keeps_its_newest_position(tmp_path: Path) -> None:
+    """No rows: the floor is the newest position (what a prune leaves); a sequence past
+    the floor (rows deleted by hand) becomes the floor: positions go on past it."""
+    for seq, floor in ((7, 7), (9, 7)):
+        path = str(tmp_path / f"meta-{seq}.db")
+        schema_2_events(path, [], seq=seq, floor=floor)
+        conn = schema.open_db(path)
+        schema.init_db(conn, 4 << 20, 2)
+        assert events.next_position(conn) == seq + 1
+        assert events.bounds(conn) == (seq, seq)
+        conn.close()
