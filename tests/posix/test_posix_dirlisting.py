@@ -179,3 +179,21 @@ def test_a_miss_a_listing_answered_is_not_kept_by_the_kernel(mounted: Mount, d: 
         assert (cd / "late").stat().st_size == 1
     finally:
         c.stop()
+
+
+def test_a_directory_another_mount_keeps_adding_to_stays_true(mounted: Mount, second_mount: Mount,
+                                                               d: Path) -> None:
+    """LMCache's pattern across hosts: one mount writes chunk after chunk (a .tmp, then its
+    rename), the other looks each up as it lands, and the next one missing.  Every push
+    takes the reader's listing; it is not asked for again meanwhile (the hold-off), and
+    every answer is still right at once."""
+    b = second_mount.path / d.name
+    with_session(second_mount)
+    assert not (b / "chunk0000.data").exists()   # the listing (empty) comes with this
+    for i in range(40):
+        name = f"chunk{i:04d}.data"
+        (d / f"{name}.tmp").write_bytes(name.encode())
+        os.rename(d / f"{name}.tmp", d / name)
+        assert (b / name).read_bytes() == name.encode()
+        assert not (b / f"{name}.tmp").exists()
+        assert not (b / f"chunk{i + 1:04d}.data").exists()
