@@ -36,6 +36,7 @@ the newest position pruned, below which a watcher's position is too old.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import threading
@@ -51,11 +52,14 @@ CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
 REPLICA_ADDED, REPLICA_LOST = pb.EVENT_REPLICA_ADDED, pb.EVENT_REPLICA_LOST
 PRUNE_MAX_ROWS = 50_000   # rows one PruneEvents deletes at most (it holds the writer meanwhile)
 STAGE = "temp.event_names"
-_INSERT = ("INSERT INTO events(pos, ts_ms, kind, parent, name, from_name, ino, size, host_id)"
-           " VALUES (?,?,?,?,?,?,?,?,?)")
+_INSERT = ("INSERT INTO events(pos, ts_ms, kind, parent, name, from_name, from_prefix, ino, size, host_id)"
+           " VALUES (?,?,?,?,?,?,?,?,?,?)")
+# a row's old name whole (e: the events table; schema.EVENTS stores what follows the
+# prefix it shares with the new name)
+FROM_NAME = "CASE e.from_prefix WHEN 0 THEN e.from_name ELSE substr(e.name, 1, e.from_prefix) || e.from_name END"
 _NAMES_SIZE = ("SELECT d.parent, d.name, i.size FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.ino=?"
                " ORDER BY d.parent, d.name")
-_READ = ("SELECT e.pos, e.kind, e.name, e.from_name, e.ino, e.size, e.ts_ms, ifnull(h.name, '') FROM events e"
+_READ = (f"SELECT e.pos, e.kind, e.name, {FROM_NAME}, e.ino, e.size, e.ts_ms, ifnull(h.name, '') FROM events e"
          " LEFT JOIN hosts h ON h.id = e.host_id WHERE e.parent=? AND e.pos>? AND e.pos<=? ORDER BY e.pos LIMIT ?")
 # the newest position pruned and the newest row's (each one b-tree's last key or a meta row)
 _BOUNDS = ("SELECT ifnull((SELECT value FROM meta WHERE key='events_floor'), 0),"
@@ -125,7 +129,8 @@ class EventLog:
         rows = _events_of(self.conn, rec, result, staged)
         if rows:
             ts_ms, pos = rec.now_ns // 1_000_000, next_position(self.conn)
-            self.conn.executemany(_INSERT, [(pos + k, ts_ms, *r, 0) for k, r in enumerate(rows)])
+            self.conn.executemany(_INSERT, [(pos + k, ts_ms, kind, parent, name, *_shared(name, old), ino, size, 0)
+                                            for k, (kind, parent, name, old, ino, size) in enumerate(rows)])
             self._written = True
         for ino in {r[4] for r in rows if r[0] == EVICTED or (r[0] == REMOVED and not _exists(self.conn, r[4]))}:
             # the file is gone, or its cached blocks are: no host holds it any more
@@ -181,6 +186,14 @@ def _events_of(conn: sqlite3.Connection, rec: Record, result: Any, staged: list[
             if ino not in gone_inos:   # a UFS file: its name stays, its cached blocks went
                 out += _names_of(conn, EVICTED, ino)
     return out
+
+
+def _shared(name: str, from_name: str) -> tuple[str, int]:
+    """(what follows the prefix, its length): how a row stores from_name beside name.  A
+    rename's names share most of their characters (x.tmp -> x.data: 60 of LMCache's 62),
+    which the row would otherwise hold twice."""
+    k = len(os.path.commonprefix((name, from_name)))
+    return from_name[k:], k
 
 
 def _announced(s: _Staged) -> bool:
@@ -269,7 +282,7 @@ class EventOps(Store):
                 done = self.conn.execute("DELETE FROM event_hosts WHERE ino=? AND host_id=?", (c.ino, hid))
             if done.rowcount:
                 kind = REPLICA_ADDED if c.held else REPLICA_LOST
-                rows = [(pos + k, ts_ms, kind, p, name, "", c.ino, size, hid)
+                rows = [(pos + k, ts_ms, kind, p, name, "", 0, c.ino, size, hid)
                         for k, (p, name, size) in enumerate(self.conn.execute(_NAMES_SIZE, (c.ino,)).fetchall())]
                 self.conn.executemany(_INSERT, rows)
                 n, pos = n + len(rows), pos + len(rows)

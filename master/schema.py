@@ -40,10 +40,12 @@ CREATE INDEX IF NOT EXISTS dirents_ino ON dirents(ino);
 # past the newest row and meta.events_floor), not by AUTOINCREMENT, which writes the
 # sqlite_sequence table's page in every commit with an event.  host_id and event_hosts'
 # host_id are rows of hosts (a host name once per store, not once per event and replica).
+# A rename's old name is stored as what follows the first from_prefix characters it shares
+# with the new one (x.tmp -> x.data: "tmp" and len("x.")): the feed reads it back whole.
 EVENTS = """CREATE TABLE IF NOT EXISTS events (
   pos INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
-  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, ino INTEGER NOT NULL,
-  size INTEGER NOT NULL, host_id INTEGER NOT NULL DEFAULT 0
+  parent INTEGER NOT NULL, name TEXT NOT NULL, from_name TEXT NOT NULL, from_prefix INTEGER NOT NULL DEFAULT 0,
+  ino INTEGER NOT NULL, size INTEGER NOT NULL, host_id INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS events_parent ON events(parent, pos);
 CREATE TABLE IF NOT EXISTS event_hosts (
@@ -336,18 +338,21 @@ def dirents_by_seq(conn: sqlite3.Connection) -> None:
 
 def events_by_host_id(conn: sqlite3.Connection) -> None:
     """Bring a store's event feed from schema 2 (events.pos AUTOINCREMENT, host names as
-    text in events and event_hosts) to EVENTS: the same rows at the same positions, each
+    text in events and event_hosts, whole old names) to EVENTS: the same rows at the same
+    positions (their old names whole: from_prefix 0), each
     host name once in hosts (ids in name order: every master of a group migrates its own
     copy of the same rows to the same ids).  The newest position AUTOINCREMENT handed out
     stays below every later one: it is the newest row's, or the pruned floor's (a table
     pruned empty); a sequence past both (rows deleted by hand) becomes the floor, which
     tells a watcher behind it that events were lost.  Once per store, at open, and after
     a Raft snapshot of an older master (a table of events_retention_s of events)."""
-    row = conn.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='events'").fetchone()
-    if row is None or "AUTOINCREMENT" not in row[0].upper():
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
+    if not cols or "from_prefix" in cols:
+        return
+    if "host_id" in cols:   # (schema 3 as this session first made it, never released)
+        conn.execute("ALTER TABLE events ADD COLUMN from_prefix INTEGER NOT NULL DEFAULT 0")
         return
     start = time.perf_counter()
-    cols = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
     host = "e.host" if "host" in cols else "''"   # (a store of the first feed had no host column)
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -28,7 +28,8 @@ def ns(tmp_path: Path) -> typing.Iterator[NS]:
 
 
 def seen(ns: NS, after: int = 0) -> list[Row]:
-    rows = ns.ns.conn.execute("SELECT kind, parent, name, from_name FROM events WHERE pos > ? ORDER BY pos", (after,))
+    rows = ns.ns.conn.execute(f"SELECT kind, parent, name, {events.FROM_NAME} FROM events e WHERE pos > ? ORDER BY pos",
+                              (after,))
     return [(KIND[r[0]], r[1], r[2], r[3]) for r in rows]
 
 
@@ -115,3 +116,20 @@ def test_replica_changes_say_only_what_the_feed_has_not_said(ns: NS) -> None:
     assert events.hosts_of(ns.ns.conn, [ino]) == {ino: {"h2"}}     # g still names it
     ns.do(Unlink, parent=d, name="g")
     assert events.hosts_of(ns.ns.conn, [ino]) == {}                 # gone: its removal says every host lost it
+
+
+def test_a_renames_old_name_is_stored_as_what_it_does_not_share(ns: NS) -> None:
+    """LMCache's x.tmp -> x.data: the row holds "tmp" beside the new name, not the 62
+    characters again; the feed reads the old name back whole (and any other pair too)."""
+    d = ns.mkdir(ROOT_INO, "d")
+    chunk = "Qwen2.5-7B@1@0@9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822c@bfloat16"
+    pairs = [(f"{chunk}.tmp", f"{chunk}.data"), ("ab", "abc"), ("pqr", "pq"), ("x", "y"), ("é.tmp", "é.data")]
+    for old, _ in pairs:
+        written(ns, d, old)
+    at = head(ns)
+    for old, new in pairs:
+        ns.do(Rename, parent=d, name=old, new_parent=d, new_name=new)
+    got = [(e.from_name, e.name) for e in events.read_after(ns.ns.conn, d, at, head(ns), 100)]
+    assert got == pairs
+    stored = [tuple(r) for r in ns.ns.conn.execute("SELECT from_name, from_prefix FROM events WHERE pos > ?", (at,))]
+    assert stored == [("tmp", len(chunk) + 1), ("", 2), ("r", 2), ("x", 0), ("tmp", 2)]
