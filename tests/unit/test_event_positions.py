@@ -15,6 +15,7 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.raft import Snapshots
 from curvine_py.master.records import Commit, Create, HostChange, Mknod, PruneEvents, ReplicaChanges
 from tests.unit.test_namespace import NS
+from tests.unit.test_schema_v3 import EVENT_ROWS, schema_2_events
 
 
 def written(ns: NS, parent: int, name: str) -> int:
@@ -102,3 +103,32 @@ def test_a_follower_given_a_snapshot_of_a_table_pruned_empty_goes_on_past_it(tmp
     for j in (leader, wiped):
         j.stop()
         j.conn.close()
+
+
+def test_an_older_masters_snapshot_of_its_feed_is_migrated_and_goes_on_past_it(tmp_path: Path) -> None:
+    """A rolling upgrade: the leader still keeps schema 2's feed (AUTOINCREMENT, host
+    names); a newer follower installs its snapshot: the same events at the same positions,
+    the hosts by name, and its next event after the newest the old master gave."""
+    old = str(tmp_path / "old.db")
+    schema_2_events(old, EVENT_ROWS, seq=9, floor=3)   # (events 8 and 9 were the last ones, pruned by hand)
+    conn = schema.open_db(old)
+    conn.execute("UPDATE meta SET value = 10 WHERE key = 'raft_applied'")
+    conn.close()
+    snap = str(tmp_path / "raft.snapshot")
+    Snapshots(old, None).save(snap, ("entry", "entry", {"members"}))  # type: ignore[arg-type]
+    new = store(tmp_path / "new.db")
+    try:
+        Snapshots(str(tmp_path / "new.db"), new).load(snap)
+        assert new.raft_applied == 10
+        assert [(e.position, e.host) for e in events.read_after(new.conn, 9, 0, 100, 100)] == \
+            [(4, ""), (5, "hostB"), (6, "hostA"), (7, "")]
+        assert events.bounds(new.conn) == (9, 9) and events.hosts_of(new.conn, [20]) == {20: {"hostA", "hostB"}}
+        d = new.apply_entry(11, Mknod(parent=ROOT_INO, name="d", mode=stat.S_IFDIR | 0o755, now_ns=11).to_json())
+        made = new.apply_entry(12, Create(parent=d["attr"].ino, name="f", mode=0o644, lease_ms=60_000, client_id="c",
+                                          now_ns=12).to_json())
+        new.apply_entry(13, Commit(ino=made["attr"].ino, lease_id=made["lease_id"], size=0, release=True,
+                                   client_id="c", now_ns=13).to_json())
+        assert positions(new.conn, d["attr"].ino) == [(10, "f", "")]
+    finally:
+        new.stop()
+        new.conn.close()
