@@ -52,8 +52,11 @@ CREATED, REMOVED, EVICTED = pb.EVENT_CREATED, pb.EVENT_REMOVED, pb.EVENT_EVICTED
 REPLICA_ADDED, REPLICA_LOST = pb.EVENT_REPLICA_ADDED, pb.EVENT_REPLICA_LOST
 PRUNE_MAX_ROWS = 50_000   # rows one PruneEvents deletes at most (it holds the writer meanwhile)
 STAGE = "temp.event_names"
+# the next position (next_position) in the statement itself: no call of its own per record
+_NEXT = ("max(ifnull((SELECT max(pos) FROM events), 0),"
+         " ifnull((SELECT value FROM meta WHERE key='events_floor'), 0)) + 1")
 _INSERT = ("INSERT INTO events(pos, ts_ms, kind, parent, name, from_name, from_prefix, ino, size, host_id)"
-           " VALUES (?,?,?,?,?,?,?,?,?,?)")
+           f" VALUES ({_NEXT},?,?,?,?,?,?,?,?,?)")
 # a row's old name whole (e: the events table; schema.EVENTS stores what follows the
 # prefix it shares with the new name)
 FROM_NAME = "CASE e.from_prefix WHEN 0 THEN e.from_name ELSE substr(e.name, 1, e.from_prefix) || e.from_name END"
@@ -128,9 +131,9 @@ class EventLog:
             return
         rows = _events_of(self.conn, rec, result, staged)
         if rows:
-            ts_ms, pos = rec.now_ns // 1_000_000, next_position(self.conn)
-            self.conn.executemany(_INSERT, [(pos + k, ts_ms, kind, parent, name, *_shared(name, old), ino, size, 0)
-                                            for k, (kind, parent, name, old, ino, size) in enumerate(rows)])
+            ts_ms = rec.now_ns // 1_000_000
+            self.conn.executemany(_INSERT, [(ts_ms, kind, parent, name, *_shared(name, old), ino, size, 0)
+                                            for kind, parent, name, old, ino, size in rows])
             self._written = True
         for ino in {r[4] for r in rows if r[0] == EVICTED or (r[0] == REMOVED and not _exists(self.conn, r[4]))}:
             # the file is gone, or its cached blocks are: no host holds it any more
@@ -234,8 +237,9 @@ def bounds(conn: sqlite3.Connection) -> tuple[int, int]:
 
 def next_position(conn: sqlite3.Connection) -> int:
     """The next event's position: past every row and the pruned floor, never one used
-    before.  Read from the store in the record's transaction, so every master of a group
-    (and a replay, and a master restarted or given a Raft snapshot) derives the same."""
+    before (what _INSERT gives each row it writes, by _NEXT).  Read from the store in the
+    record's transaction, so every master of a group (and a replay, and a master
+    restarted or given a Raft snapshot) derives the same."""
     return bounds(conn)[1] + 1
 
 
@@ -272,7 +276,7 @@ class EventOps(Store):
     def op_replica_changes(self, rec: ReplicaChanges) -> Result:
         """Record each change the feed has not said yet, and its event for each of the
         file's names (a file gone meanwhile: nothing)."""
-        ts_ms, n, pos = rec.now_ns // 1_000_000, 0, next_position(self.conn)
+        ts_ms, n = rec.now_ns // 1_000_000, 0
         for c in rec.changes:
             if not _exists(self.conn, c.ino) or (hid := host_id(self.conn, c.host, c.held)) is None:
                 continue   # (a host the feed never named held nothing)
@@ -282,10 +286,10 @@ class EventOps(Store):
                 done = self.conn.execute("DELETE FROM event_hosts WHERE ino=? AND host_id=?", (c.ino, hid))
             if done.rowcount:
                 kind = REPLICA_ADDED if c.held else REPLICA_LOST
-                rows = [(pos + k, ts_ms, kind, p, name, "", 0, c.ino, size, hid)
-                        for k, (p, name, size) in enumerate(self.conn.execute(_NAMES_SIZE, (c.ino,)).fetchall())]
+                rows = [(ts_ms, kind, p, name, "", 0, c.ino, size, hid)
+                        for p, name, size in self.conn.execute(_NAMES_SIZE, (c.ino,)).fetchall()]
                 self.conn.executemany(_INSERT, rows)
-                n, pos = n + len(rows), pos + len(rows)
+                n += len(rows)
         return {"events": n}
 
     @applies(PruneEvents)
