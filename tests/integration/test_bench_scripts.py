@@ -168,7 +168,8 @@ def check_figures(script: str, out: str) -> None:
         via = ("sdk", "mount") if mount_unavailable() is None else ("sdk",)
         positive(res, *(f"{v}_{op}_per_s_{n}" for v in via for op in ops for n in ("1_master", "3_masters")))
         if mount_unavailable() is None:
-            positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")))
+            positive(res, *(f"kv_{f}_{n}" for f in ("write_GBps", "read_GBps") for n in ("1_master", "3_masters")),
+                     *(f"mount_stat_cold_per_s_{n}" for n in ("1_master", "3_masters")))
         positive(res, "failover_min_s", "failover_median_s", "failover_max_s")
         assert res["failover_kills"] == 1, res
         positive(res, *(f"sdk_{op}_per_s_{n}" for op in ops for n in ("3_masters_tls", "tls_ratio")),
