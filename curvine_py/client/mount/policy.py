@@ -37,8 +37,8 @@ class MountOpens:
         self.dir_attr_ttl = fuse.attr_timeout_s
         self.direct_reads = fuse.direct_io_reads
         self.direct_creates = fuse.direct_io_creates
-        self.local = LocalFiles(core, fuse.verify_ahead)   # files the kernel may read itself
-        self.lookups = Lookups()   # running ones: the fetches ahead start in their pauses
+        self.lookups = Lookups()   # running ones: the checks and fetches ahead start in their pauses
+        self.local = LocalFiles(core, fuse.verify_ahead, self.lookups)   # files the kernel may read itself
         self.ahead = FetchAhead(core, lookups=self.lookups) if fuse.fetch_ahead else None   # blocks fetched at lookups
         self.stage: StagedBlocks | None = None   # remote blocks staged for the kernel (start_passthrough)
 
