@@ -133,3 +133,19 @@ def test_a_renames_old_name_is_stored_as_what_it_does_not_share(ns: NS) -> None:
     assert got == pairs
     stored = [tuple(r) for r in ns.ns.conn.execute("SELECT from_name, from_prefix FROM events WHERE pos > ?", (at,))]
     assert stored == [("tmp", len(chunk) + 1), ("", 2), ("r", 2), ("x", 0), ("tmp", 2)]
+
+
+def test_prune_by_age_takes_the_oldest_positions_up_to_the_first_young_event(ns: NS) -> None:
+    """A new leader whose clock is behind wrote an older time after a newer one: the
+    window's prefix goes, never an event younger than the window (the first young one
+    stops it); the later old one goes with the next prune past it."""
+    d = ns.mkdir(ROOT_INO, "d")
+    for name, ms in (("a", 10), ("b", 20), ("c", 5), ("e", 30)):
+        made = ns.create(d, name)
+        ns.do(Commit, ino=made["attr"].ino, lease_id=made["lease_id"], size=0, release=True, now_ns=ms * 1_000_000)
+    start = events.bounds(ns.ns.conn)[1] - 4
+    ns.do(PruneEvents, before_ms=15, keep=100)
+    assert [e.name for e in events.read_after(ns.ns.conn, d, 0, 100, 10)] == ["b", "c", "e"]
+    assert events.bounds(ns.ns.conn) == (start + 1, start + 4)
+    ns.do(PruneEvents, before_ms=25, keep=100)
+    assert [e.name for e in events.read_after(ns.ns.conn, d, 0, 100, 10)] == ["e"]
