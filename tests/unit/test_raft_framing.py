@@ -100,7 +100,7 @@ def test_a_group_replicates_over_connections(tmp_path: Path) -> None:
         conf = SyncObjConf(password="secret", appendEntriesUseBatch=True, raftMinTimeout=0.4, raftMaxTimeout=0.8,
                            appendEntriesPeriod=0.05, journalFile=str(tmp_path / me.replace(":", "_")))
         nodes.append(_Node(me, [p for p in peers if p != me], conf,
-                           lambda i, text, me=me: applied[me].append(text)))
+                           lambda i, text, rec=None, me=me: applied[me].append(text)))
     try:
         deadline = time.monotonic() + 20
         leader = None
