@@ -46,6 +46,7 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
     "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
     "journal_cpu.py": ("--files", "20", "--rounds", "1"),
+    "event_feed_size.py": ("--chunks", "20"),
 }
 # under the system temp dir, removed after
 NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
@@ -198,6 +199,10 @@ def check_figures(script: str, out: str) -> None:
             positive(figs, "store_MBps", "lookup_ms", "load_ms", "load_GBps")
         for tier in ("fs on mount", "plugin"):
             positive(res[tier], "store_vs_ext4", "lookup_vs_ext4", "load_vs_ext4")
+    elif script == "event_feed_size.py":
+        assert "20 chunks, 80 events" in out, out
+        per_event = next(ln for ln in out.splitlines() if ln.startswith("per event: payload "))
+        assert float(per_event.split()[3]) > 0, out
     elif script == "journal_cpu.py":
         rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()[:1] and ln.split()[0] in
                 ("create", "allocate", "commit", "rename", "unlink")}
