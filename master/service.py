@@ -288,7 +288,28 @@ class MasterService:
                 a.ctime_ns, a.rdev, a.block_size, a.replicas, a.generation, a.allocated = r[9:15]
                 a.complete, a.kv, a.acl = bool(r[15]), bool(r[16]), r[17] > 0
             reply.listed = True
+            if request.one_block:
+                self._list_blocks(request, reply)
         return seq
+
+    def _list_blocks(self, request: pb.LookupRequest, reply: pb.AttrReply) -> None:
+        """A listing's one-block files' blocks (each in its DirEntry, as that file's own
+        Lookup with one_block gives it: a read token when the caller may read the file),
+        so the mount checks or fetches them ahead without a Lookup per file.  One SELECT
+        for the directory, then a token per block."""
+        found = self.ns.listing_blocks(request.parent)
+        reply.listing_blocks = True
+        if not found:
+            return
+        cred = cred_of(request.caller)
+        for e in reply.listing:
+            a = e.attr
+            got = found.get(a.ino)
+            if got is None:
+                continue
+            rows, acl_value = got
+            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred, R, acl_value) else None
+            e.blocks.extend(self._block_info(b, a.block_size, mode) for b in rows)
 
     def answered(self, ok: bool) -> None:
         """A call's end (group.LeaderOnly): a mutation that failed after its commit (a

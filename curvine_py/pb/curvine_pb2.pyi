@@ -163,7 +163,7 @@ class InodeRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ...) -> None: ...
 
 class AttrReply(_message.Message):
-    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted", "invalidated", "listing", "listed")
+    __slots__ = ("attr", "dirs", "blocks", "lease_seq", "wait_seq", "parent", "granted", "invalidated", "listing", "listed", "listing_blocks")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     DIRS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class AttrReply(_message.Message):
     INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     LISTING_FIELD_NUMBER: _ClassVar[int]
     LISTED_FIELD_NUMBER: _ClassVar[int]
+    LISTING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     attr: Attr
     dirs: _containers.RepeatedCompositeFieldContainer[Attr]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
@@ -184,7 +185,8 @@ class AttrReply(_message.Message):
     invalidated: _containers.RepeatedCompositeFieldContainer[CacheKey]
     listing: _containers.RepeatedCompositeFieldContainer[DirEntry]
     listed: bool
-    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., listing: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., listed: _Optional[bool] = ...) -> None: ...
+    listing_blocks: bool
+    def __init__(self, attr: _Optional[_Union[Attr, _Mapping]] = ..., dirs: _Optional[_Iterable[_Union[Attr, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., lease_seq: _Optional[int] = ..., wait_seq: _Optional[int] = ..., parent: _Optional[_Union[Attr, _Mapping]] = ..., granted: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., invalidated: _Optional[_Iterable[_Union[CacheKey, _Mapping]]] = ..., listing: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., listed: _Optional[bool] = ..., listing_blocks: _Optional[bool] = ...) -> None: ...
 
 class DirsReply(_message.Message):
     __slots__ = ("dirs", "kept", "wait_seq", "lease_seq", "granted", "attr", "invalidated")
@@ -307,18 +309,20 @@ class ReadDirRequest(_message.Message):
     def __init__(self, caller: _Optional[_Union[Caller, _Mapping]] = ..., ino: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., plus: _Optional[bool] = ...) -> None: ...
 
 class DirEntry(_message.Message):
-    __slots__ = ("name", "ino", "mode", "offset", "attr")
+    __slots__ = ("name", "ino", "mode", "offset", "attr", "blocks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     ATTR_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     ino: int
     mode: int
     offset: int
     attr: Attr
-    def __init__(self, name: _Optional[str] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ...) -> None: ...
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    def __init__(self, name: _Optional[str] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., attr: _Optional[_Union[Attr, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ...) -> None: ...
 
 class ReadDirReply(_message.Message):
     __slots__ = ("entries", "eof")
