@@ -622,7 +622,9 @@ class CurvineOps(pyfuse3.Operations):
     def _blocks_wanted(self, parent: int, name: str, ident: Identity) -> bool:
         """VFS.blocks_wanted: a lookup a listing answered, whose one-block file's block the
         mount checks or fetches ahead, asks for that block in a task of its own, so the
-        lookup itself costs no master call.  False off the loop (the lookup asks now)."""
+        lookup itself costs no master call.  False off the loop (the lookup asks now).
+        Only where the listing brought no block for it (an older master's listing:
+        MetaCache.first_from_listing); a listing with AttrReply.listing_blocks needs none."""
         try:
             trio.lowlevel.spawn_system_task(self._lookup_blocks, parent, name, ident)
         except RuntimeError:

@@ -31,6 +31,11 @@ LISTING = "/"           # the name of a directory's whole-listing key (master/se
 LISTING_MAX = 256
 RELIST_MAX_S = 30.0     # the longest a directory whose listings keep being lost goes unlisted
 UNLISTED_MAX = 4096     # directories remembered as not to be listed for now
+# A listing's one-block files' blocks (AttrReply.listing_blocks) are kept for the first
+# lookup of each name, in this many directories at most (the latest listed), for at most
+# this long (their replicas and read tokens are as of the listing; later, the master is asked)
+LISTED_BLOCKS_MAX = 64
+LISTED_BLOCKS_S = 60.0
 Key = tuple[int, str | None]
 T = typing.TypeVar("T")
 
@@ -41,6 +46,16 @@ class Who(typing.Protocol):
     uid: int
     gid: int
     groups: tuple[int, ...]
+
+
+class ListedBlocks(typing.NamedTuple):
+    """A listing's one-block files' blocks (DirEntry.blocks), minted for who (its tokens:
+    that caller's read permission), at a monotonic time: by name, with the attributes
+    they came with (a name whose attributes changed since is asked of the master)."""
+
+    who: tuple[int, int, tuple[int, ...]]
+    at: float
+    files: dict[str, tuple[pb.Attr, tuple[pb.BlockInfo, ...]]]
 
 
 class Negative:
@@ -79,6 +94,7 @@ class MetaCache:
         self._holdoff: dict[int, float] = {}
         self._listed_at: dict[int, float] = {}    # complete by a Lookup's listing: when granted
         self._unasked: dict[int, set[str]] = {}   # names a listing brought that no lookup answered yet
+        self._listed_blocks: OrderedDict[int, ListedBlocks] = OrderedDict()   # their blocks, by directory
         self._lease_s = 1.0                       # the session's lease (the shortest hold-off)
         self.listings = 0           # listings asked for, and kept (lookups answered by one call)
         self.listings_kept = 0
@@ -203,16 +219,27 @@ class MetaCache:
         with self._lock:
             return parent in self._complete and (parent, name) not in self._names
 
-    def first_from_listing(self, parent: int, name: str) -> bool:
+    def first_from_listing(self, parent: int, name: str, attr: pb.Attr | None = None,
+                           who: Who | None = None) -> bool | tuple[pb.BlockInfo, ...]:
         """Is this the first lookup of name since a listing brought it (counted once)?
-        A mount that checks or fetches a one-block file's block at its lookup asks the
-        master for that first one (its block comes with the answer)."""
+        A mount that checks or fetches a one-block file's block at its lookup needs that
+        file's block then: the listing's (a tuple, empty when it gave none for the file),
+        when it brought blocks (AttrReply.listing_blocks) minted for who, LISTED_BLOCKS_S
+        ago at most, with attr (the attributes the cache answers with) as it listed them;
+        else True: the master is asked (its Lookup's answer brings the block)."""
         with self._lock:
             names = self._unasked.get(parent)
             if names is None or name not in names:
                 return False
             names.discard(name)
-            return True
+            listed = self._listed_blocks.get(parent)
+            if listed is None or who is None or listed.who != (who.uid, who.gid, tuple(who.groups)) \
+                    or time.monotonic() - listed.at > LISTED_BLOCKS_S:
+                return True
+            got = listed.files.pop(name, None)
+            if got is None:
+                return ()
+            return got[1] if got[0] is attr else True
 
     def unlisted(self, parent: int, refused: bool) -> None:
         """A lookup asked for parent's listing and got none: too large (or its mode cannot
@@ -256,7 +283,7 @@ class MetaCache:
     def granted(self, session: int, lease_seq: int, attrs: typing.Iterable[pb.Attr],
                 name: tuple[int, str, int] | None = None, directory: pb.Attr | None = None,
                 keys: typing.Iterable[pb.CacheKey] = (),
-                listing: typing.Sequence[pb.DirEntry] | None = None) -> None:
+                listing: typing.Sequence[pb.DirEntry] | None = None, listed_for: Who | None = None) -> None:
         """A reply's lease: keep attrs, the name (parent, name, ino; ino 0 = missing) and
         the directory's mode and owner, and the listings and modes in keys (a mutation's
         reply: a new directory's, and those its own change took), when the request was
@@ -264,7 +291,9 @@ class MetaCache:
         them already (pushes and replies arrive in any order).  A listing is kept only for
         a new directory (the name's) or one a push took and no refused grant since.
         listing: a Lookup's (AttrReply.listed): the whole of name's directory, its names
-        and their attributes, which makes it complete here."""
+        and their attributes, which makes it complete here; listed_for: the caller whose
+        read tokens its one-block files' blocks hold (AttrReply.listing_blocks; None: it
+        has none), kept for those names' first lookups (first_from_listing)."""
         if not session:
             return
         keys, attrs = list(keys), tuple(attrs)
@@ -277,7 +306,11 @@ class MetaCache:
         whole = None
         if listing is not None and name is not None and directory is not None:
             parent = name[0]
-            whole = (parent, [(e.name, e.attr) for e in listing])
+            entries = [(e.name, e.attr) for e in listing]
+            blocks = None if listed_for is None else ListedBlocks(   # (the same Attr objects as entries')
+                (listed_for.uid, listed_for.gid, tuple(listed_for.groups)), time.monotonic(),
+                {n: (a, tuple(e.blocks)) for (n, a), e in zip(entries, listing) if e.blocks})
+            whole = (parent, entries, blocks)
             wanted.append((parent, LISTING))
             wanted += [(parent, n) for n, _ in whole[1]]
             wanted += [(a.ino, None) for _, a in whole[1]]
@@ -287,7 +320,7 @@ class MetaCache:
 
     def _grant(self, session: int, lease_seq: int, attrs: tuple[pb.Attr, ...], name: tuple[int, str, int] | None,
                directory: pb.Attr | None, keys: list[pb.CacheKey], wanted: list[Key],
-               whole: tuple[int, list[tuple[str, pb.Attr]]] | None = None) -> list[Key]:
+               whole: tuple[int, list[tuple[str, pb.Attr]], ListedBlocks | None] | None = None) -> list[Key]:
         """granted's work: [] when kept, else the keys whose answer no push may end (all
         of them, but for a grant a push undid: the master forgot only the keys it took,
         and pushes the rest's changes)."""
@@ -336,13 +369,20 @@ class MetaCache:
                 self._taken.clear()
         return []
 
-    def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]], asked: str = "") -> None:
+    def _keep_listing(self, parent: int, entries: list[tuple[str, pb.Attr]], blocks: ListedBlocks | None,
+                      asked: str = "") -> None:
         """A directory's whole listing granted (lock held): its names and attributes, and
-        its completeness (a name not among them does not exist).  asked: the name whose
-        lookup brought it (answered by the master already)."""
+        its completeness (a name not among them does not exist), and its one-block files'
+        blocks (None: none given).  asked: the name whose lookup brought it (answered by
+        the master already)."""
         if len(self._unasked) > UNLISTED_MAX:
             self._unasked.clear()
         self._unasked[parent] = {n for n, _ in entries if n != asked}
+        self._listed_blocks.pop(parent, None)
+        if blocks is not None:
+            self._listed_blocks[parent] = blocks
+            while len(self._listed_blocks) > LISTED_BLOCKS_MAX:
+                self._listed_blocks.popitem(last=False)
         for n, a in entries:
             self._names[(parent, n)] = a.ino
             self._names.move_to_end((parent, n))
@@ -378,6 +418,7 @@ class MetaCache:
         self._taken.clear()
         self._listed_at.clear()
         self._unasked.clear()
+        self._listed_blocks.clear()
         self._forgotten.clear()
         self._dropped.clear()
 

@@ -362,10 +362,15 @@ class VFS:
             hit = cache.lookup(parent, name, ident)
             if isinstance(hit, pb.Attr):
                 # A one-block file a listing brought, where the mount checks or fetches such
-                # files' blocks at lookups: its block is asked for beside (blocks_wanted), or
-                # now with the answer (no loop to ask from)
-                ahead = self.opens.one_block and one_block(hit) and cache.first_from_listing(parent, name)
-                if not ahead or (self.blocks_wanted is not None and self.blocks_wanted(parent, name, ident)):
+                # files' blocks at lookups: its first lookup uses the block the listing gave,
+                # or asks for it beside (blocks_wanted), or now with the answer (no loop)
+                first = cache.first_from_listing(parent, name, hit, ident) \
+                    if self.opens.one_block and one_block(hit) else False
+                if first is not True:
+                    if first is not False:
+                        self._listed_lookup(hit, first)
+                    return self.overlay(hit)
+                if self.blocks_wanted is not None and self.blocks_wanted(parent, name, ident):
                     return self.overlay(hit)
             elif hit is not None:
                 raise err(errno.ENOENT)
@@ -382,16 +387,28 @@ class VFS:
                 cache.unlisted(parent, refused=not reply.lease_seq)
             cache.granted(request.caller.session, reply.lease_seq, found, (parent, name, reply.attr.ino),
                           reply.parent if reply.HasField("parent") else None,
-                          listing=reply.listing if reply.listed else None)
+                          listing=reply.listing if reply.listed else None,
+                          listed_for=ident if reply.listing_blocks else None)
             if not reply.attr.ino:
                 raise err(errno.ENOENT)
         self.opens.after_lookup(reply.attr, reply.blocks)
         return self.overlay(reply.attr)
 
+    def _listed_lookup(self, attr: pb.Attr, blocks: typing.Sequence[pb.BlockInfo]) -> None:
+        """A one-block file's first lookup answered with its listing's attributes and block
+        (AttrReply.listing_blocks): what its own master call would have started.  Counted
+        among the lookups (an empty one), whose pause the checks and fetches ahead wait
+        for: started beside a run of stats, they slowed each one (localfiles._check)."""
+        with self.opens.looking_up():
+            pass
+        self.opens.after_lookup(attr, blocks)
+
     def lookup_blocks(self, parent: int, name: str, ident: Identity) -> Op[None]:
         """A one-block file's block, asked for after a listing answered its lookup: what
         that lookup's own master call would have brought for the mount's checks and
-        fetches ahead (OpenPolicy.after_lookup).  parent: the master's inode."""
+        fetches ahead (OpenPolicy.after_lookup).  parent: the master's inode.  Only where
+        the listing brought no block for it (an older master's; another caller's tokens;
+        attributes changed since; LISTED_BLOCKS_S old: MetaCache.first_from_listing)."""
         request = self.meta.lookup_request(parent, name, ident)
         request.one_block = request.miss_ok = True
         with self.opens.looking_up():   # (no fetch ahead starts meanwhile, as for any lookup)

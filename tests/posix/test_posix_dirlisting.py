@@ -16,9 +16,22 @@ import time
 import urllib.request
 from pathlib import Path
 
-from curvine_py.client.metacache import LISTING_MAX
-from tests.conftest import wait_until
-from tests.posix.conftest import Mount, start_mount
+import errno
+import typing
+
+import trio
+
+from curvine_py.client.cachesession import CacheSession
+from curvine_py.client.metaclient import Identity
+from curvine_py.client.metacache import LISTING_MAX, MetaCache
+from curvine_py.client.mount.policy import MountOpens
+from curvine_py.client.vfs import VFS
+from curvine_py.common.types import ROOT_INO
+from curvine_py.pb import curvine_pb2 as pb
+from curvine_py.pb.methods import Master, Method
+from tests.conftest import client_on_host, wait_until
+from tests.integration.test_verify_ahead import opens_of, settled
+from tests.posix.conftest import Mount, raises_errno, start_mount
 
 MOUNT_FLAGS = ("--fuse-attr-timeout-s", "0", "--fuse-entry-timeout-s", "0")
 FIELDS = ("st_ino", "st_mode", "st_uid", "st_gid", "st_size", "st_nlink", "st_blocks", "st_mtime_ns", "st_ctime_ns")
@@ -79,25 +92,24 @@ def test_a_fresh_mounts_lookups_in_a_small_directory_cost_one_master_call(mounte
         assert [getattr(got, f) for f in FIELDS] == [getattr(want, f) for f in FIELDS], name
 
 
-def test_one_block_files_are_asked_for_once_where_their_blocks_are_checked_at_lookups(
+def test_one_block_files_cost_one_master_call_where_their_blocks_are_checked_at_lookups(
         mounted: Mount, second_mount: Mount, d: Path) -> None:
     """The mounts here check a one-block file's local block at its lookup (fuse.verify_ahead
-    with passthrough), whose block only the master's answer brings: each such name's first
-    lookup after the listing asks for it beside (VFS.lookup_blocks), answered meanwhile;
-    its later ones and the misses do not."""
-    names = fill(d, 8)
+    with passthrough): the listing brings each one-block file's block too
+    (AttrReply.listing_blocks), so LMCache's lookup of 32 chunks and the first miss cost
+    the master one Lookup, no Lookup per file beside it (VFS.lookup_blocks)."""
+    names = fill(d, 32)
     b = second_mount.path / d.name
     with_session(second_mount)
     assert b.is_dir()
     before = lookups(second_mount)
     for name in names:
         assert (b / name).stat().st_size == len(name)
-    assert not (b / "missing").exists() and not (b / "other").exists()
-    wait_until("the blocks asked for", lambda: lookups(second_mount) - before >= len(names), timeout=10)
+    assert not (b / "chunk0032.data").exists() and not (b / "other").exists()
+    time.sleep(0.3)                           # (a Lookup asked for beside would have gone by now)
     for name in names:
         assert (b / name).stat().st_size == len(name)
-    time.sleep(0.2)
-    assert lookups(second_mount) - before == len(names)
+    assert lookups(second_mount) - before == 1, "a one-block file's block was asked for beside its stat"
 
 
 def test_a_listing_still_fetches_one_block_files_ahead(mounted: Mount, d: Path, tmp_path: Path) -> None:
@@ -109,13 +121,73 @@ def test_a_listing_still_fetches_one_block_files_ahead(mounted: Mount, d: Path, 
     try:
         with_session(c)
         cd = c.path / d.name
+        assert cd.is_dir()                       # the directory's own lookup (in its parent)
+        before = lookups(c)
         for name in names:
             assert (cd / name).stat().st_size == len(name)
         wait_until("every block fetched ahead", lambda: fetched(c) >= len(names), timeout=10)
+        assert lookups(c) - before == 1, "the blocks did not come with the listing"
         for name in names:
             assert (cd / name).read_bytes() == name.encode()
     finally:
         c.stop()
+
+
+def test_a_listings_blocks_are_checked_ahead_as_the_lookups_blocks_were(mounted: Mount, d: Path) -> None:
+    """The mount's own lookup (VFS.lookup, as fuse/ops.py drives it) on a worker's host with
+    its cache session, in this process to see its checks ahead (ShortCircuit.stats): every
+    one-block file a listing answered for is checked ahead, one master Lookup for them
+    all; and only files the caller may read carry a read token (as their own Lookup's)."""
+    names = fill(d, 8)
+    os.chmod(d / names[1], 0o600)
+    c = client_on_host(mounted.cluster, mounted.cluster.worker_host(0))
+    cache = c.core.meta.cache = MetaCache()      # (as fuse/main.py sets a mount up)
+    session = CacheSession(c.core.meta, cache).start()
+    vfs = VFS(c.core, opens=MountOpens(c.core))
+    opens_of(vfs).local.enabled = True           # (passthrough.start's, and what it starts)
+    opens_of(vfs).local.warm()
+    sc = c.core.paths.shortcircuit
+    assert sc is not None
+    asked: list[pb.LookupRequest] = []
+
+    async def call(method: Method[typing.Any, typing.Any], request: typing.Any) -> typing.Any:
+        if method is Master.Lookup:
+            asked.append(request)
+        return vfs.meta.call(method, request)
+
+    async def blocking(fn: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:
+        return fn(*args)
+
+    def stat_each(ident: Identity, *path: str) -> int:
+        async def walk() -> int:
+            ino = ROOT_INO
+            for name in path:
+                ino = (await VFS.drive(vfs.lookup(ino, name, ident), call, blocking)).ino
+            return ino
+        return trio.run(walk)
+
+    try:
+        wait_until("the cache session", lambda: cache.session, timeout=10)
+        me = vfs.meta.identity
+        parent = stat_each(me, d.name)
+        before, asked[:] = sc.stats()["ahead"], []
+        for name in names:
+            stat_each(me, d.name, name)
+        raises_errno(errno.ENOENT, stat_each, me, d.name, "chunk0008.data")
+        assert len(asked) == 1 and asked[0].one_block and asked[0].listing_max
+        settled(vfs)
+        assert sc.stats()["ahead"] == before + len(names)
+        request = vfs.meta.lookup_request(parent, names[0], Identity(4242, 4242))
+        request.one_block, request.listing_max = True, 16
+        reply = vfs.meta.call(Master.Lookup, request)   # (in the cache session: a listing needs one)
+        assert reply.listed and reply.listing_blocks
+        tokens = {e.name: [b.token for b in e.blocks] for e in reply.listing}
+        assert set(tokens) == set(names) and all(len(t) == 1 for t in tokens.values())
+        assert tokens[names[1]] == [""] and all(tokens[n][0] for n in names if n != names[1])
+    finally:
+        vfs.close()
+        session.stop()
+        c.close()
 
 
 def test_a_name_made_elsewhere_after_the_listing_shows_at_once(mounted: Mount, second_mount: Mount,

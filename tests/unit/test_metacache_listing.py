@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 
-from curvine_py.client.metacache import LISTING, LISTING_MAX, NEGATIVE, RELIST_MAX_S, MetaCache
+from curvine_py.client.metacache import (
+    LISTED_BLOCKS_MAX, LISTED_BLOCKS_S, LISTING, LISTING_MAX, NEGATIVE, RELIST_MAX_S, MetaCache,
+)
 from curvine_py.client.metaclient import Identity
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -119,3 +121,48 @@ def test_each_name_of_a_listing_is_first_seen_once() -> None:
     assert not c.first_from_listing(D.ino, "missing") and not c.first_from_listing(11, "f1")
     listed(c, 2, entries(3))                  # listed again: seen afresh
     assert c.first_from_listing(D.ino, "f1")
+
+
+def listed_with_blocks(c: MetaCache, seq: int, listing: list[pb.DirEntry], who: Identity = ROOT) -> None:
+    """D's listing from a master that puts one-block files' blocks in it (listing_blocks)."""
+    found = [e.attr for e in listing if e.name == "f0"]
+    c.granted(5, seq, found, (D.ino, "f0", found[0].ino), D, listing=listing, listed_for=who)
+
+
+def test_a_listings_blocks_answer_each_names_first_lookup() -> None:
+    """A master that lists one-block files' blocks (AttrReply.listing_blocks): a name's first
+    lookup takes its block from there, unless another caller looks it up (the tokens are
+    the lister's), its attributes changed since, or the listing is LISTED_BLOCKS_S old."""
+    c = cache()
+    listing = entries(6)
+    for i, e in enumerate(listing[:5]):
+        e.blocks.add(block_id=1000 + i, length=i, token=f"t{i}")
+    listed_with_blocks(c, 1, listing)
+
+    def first(name: str, who: Identity = ROOT) -> bool | tuple[pb.BlockInfo, ...]:
+        hit = c.lookup(D.ino, name, ROOT)
+        assert isinstance(hit, pb.Attr)
+        return c.first_from_listing(D.ino, name, hit, who)
+
+    got = first("f1")
+    assert isinstance(got, tuple) and [(b.block_id, b.token) for b in got] == [(1001, "t1")]
+    assert first("f1") is False                          # counted once
+    assert first("f5") == ()                             # listed with none: nothing to check
+    assert first("f2", Identity(4242, 4242)) is True     # another caller: the master mints its tokens
+    c.granted(5, 2, [pb.Attr(ino=103, mode=0o100644, size=7)])   # f3's attributes anew (a GetAttr, say)
+    assert first("f3") is True
+    blocks = c._listed_blocks[D.ino]
+    c._listed_blocks[D.ino] = blocks._replace(at=blocks.at - LISTED_BLOCKS_S - 1)
+    assert first("f4") is True                           # old replicas and tokens: asked again
+    listed(c, 3, entries(3))                             # an older master's listing: no blocks
+    assert first("f1") is True
+
+
+def test_listings_blocks_are_kept_for_the_latest_directories_only() -> None:
+    c = cache()
+    for d in range(LISTED_BLOCKS_MAX + 2):
+        e = pb.DirEntry(name="f0", attr=pb.Attr(ino=1000 + d, mode=0o100644, size=1))
+        e.blocks.add(block_id=d, length=1)
+        parent = pb.Attr(ino=20 + d, mode=0o040755)
+        c.granted(5, 1, [e.attr], (parent.ino, "f0", e.attr.ino), parent, listing=[e], listed_for=ROOT)
+    assert len(c._listed_blocks) == LISTED_BLOCKS_MAX and 20 not in c._listed_blocks
