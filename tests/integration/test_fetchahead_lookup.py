@@ -89,7 +89,7 @@ def test_a_fetch_ahead_waits_while_a_lookup_runs(far_vfs: VFS, client: Client, r
     step = next(running)       # b's lookup is at the master (the mount awaits its reply)
     assert step[0] is Master.Lookup
     ino_a = lookup(far_vfs, f"{remote_dir}/a").ino   # a's lookup, over while b's runs
-    time.sleep(0.3)            # many pauses' worth (fetchahead.QUIET_S)
+    time.sleep(0.3)            # many pauses' worth (lookups.QUIET_S)
     assert started(far_vfs) == [False]                 # a's fetch queued, not begun
     try:
         running.send(far_vfs.meta.call(*step))          # the master's reply: b's lookup is over

@@ -33,11 +33,12 @@ import threading
 import time
 import typing
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.mount.localfiles import one_block
+from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.reader import CachedBlock, FileReader, start_fetch
 from curvine_py.pb import curvine_pb2 as pb
 
@@ -50,55 +51,6 @@ log = logging.getLogger(__name__)
 LIMIT = 8       # blocks queued or held at most: a 1,925-token prompt is 8 chunks
 IN_FLIGHT = 1   # fetches at once: in lookup order, so the first chunk read is the first in
 STALE_S = 2.0   # a held block not opened for this long makes room for a newer lookup's
-QUIET_S = 0.002   # fetches ahead start once no lookup has run for this long (and none runs)
-
-
-class Lookups:
-    """The mount's lookups in flight and when the last one ended, so that fetches ahead
-    start in a pause of them only (wait_quiet), never beside them.  The VFS's lookup runs
-    its call to the master inside ``with lookups:`` (MountOpens.looking_up); an open
-    (MountOpens.opened) says the reads have begun, which ends the pause's wait early."""
-
-    def __init__(self, quiet_s: float = QUIET_S) -> None:
-        self.quiet_s = quiet_s
-        self._cond = threading.Condition(threading.Lock())
-        self._running = 0
-        self._ended = 0.0      # time.monotonic() when the last lookup ended
-        self._opened = False   # an open came since the last lookup ended
-
-    def __enter__(self) -> None:
-        with self._cond:
-            self._running += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._running -= 1
-            self._ended = time.monotonic()
-            self._opened = False
-
-    def opened(self) -> None:
-        """A file was opened: once no lookup runs, fetches need not wait out quiet_s."""
-        with self._cond:
-            if not self._opened:
-                self._opened = True
-                self._cond.notify_all()
-
-    def wait_quiet(self, stop: Callable[[], bool]) -> None:
-        """Return once no lookup runs and either none ended in the last quiet_s or a file
-        was opened since, or once stop() (asked at least every quiet_s).  A background
-        thread's wait: a lookup never wakes it, it looks again when the pause would be long
-        enough."""
-        with self._cond:
-            while not stop():
-                if self._running:
-                    left = self.quiet_s
-                elif self._opened:
-                    return
-                else:
-                    left = self._ended + self.quiet_s - time.monotonic()
-                    if left <= 0:
-                        return
-                self._cond.wait(left)
 
 
 def fetchable(core: ClientCore, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> pb.BlockInfo | None:

@@ -23,16 +23,15 @@ import stat
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from curvine_py.client.mount.checker import Checker
+from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.core import ClientCore
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
 from curvine_py.pb.methods import Master
 
-if TYPE_CHECKING:   # (fetchahead imports this module)
-    from curvine_py.client.mount.fetchahead import Lookups
 
 log = logging.getLogger(__name__)
 

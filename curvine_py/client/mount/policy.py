@@ -18,8 +18,9 @@ import typing
 
 from curvine_py.client.core import ClientCore
 from curvine_py.client.mount import staging
-from curvine_py.client.mount.fetchahead import FetchAhead, Lookups
+from curvine_py.client.mount.fetchahead import FetchAhead
 from curvine_py.client.mount.localfiles import LocalFiles
+from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.mount.staging import Staged, StagedBlocks
 from curvine_py.client.reader import FileReader
 from curvine_py.pb import curvine_pb2 as pb

@@ -37,7 +37,7 @@ Two fetches at once, where FetchAhead runs one: a staged read costs the mount no
 the reader waits for the fetches alone (one 14 MiB fetch over the test hosts' veth took
 9-12 ms while the reader read in ~2, and waited), and two from alternate workers were
 faster in 3 alternated runs of bench/compare (docs/performance-log.md "Session 21").
-As FetchAhead's, a lookup's fetch starts in a pause of the lookups only (fetchahead.Lookups):
+As FetchAhead's, a lookup's fetch starts in a pause of the lookups only (lookups.Lookups):
 the staging thread waits for it, and an open meanwhile takes the fetch over.
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, Lookups, fetchable
+from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
+from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.mount.localfiles import one_block
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
