@@ -7,7 +7,7 @@ every chunk opened first, then read whole.  On 4 network-namespace hosts: master
 workers on 1 and 2, the writer mount on host 1, fresh reader mounts on host 2 (a replica
 is local: short-circuit or FUSE passthrough) and on host 3 (no worker: the network), two
 reader processes in a row on host 3 (the second one used to hang).  Settings: the defaults
-(4 MiB blocks) and docs/config.md's KV settings (16 MiB blocks on the writer, direct-I/O
+(16 MiB blocks since 2026-12-07; 4 MiB before) and docs/config.md's KV settings (16 MiB blocks on the writer, direct-I/O
 reads), and 16 MiB blocks read through default mounts (kvdir: a KV directory's chunks,
 `--settings defaults,kv,kvdir`), for 14 MiB and 32 MiB chunks.  The same runs go against
 a local directory of the same disk (the peer: what the disk and page cache give these
