@@ -301,15 +301,18 @@ class MasterService:
         reply.listing_blocks = True
         if not found:
             return
-        cred = cred_of(request.caller)
+        cred, mint, replicas = cred_of(request.caller), self.tokens.mint, self.registry.replicas
         for e in reply.listing:
             a = e.attr
             got = found.get(a.ino)
             if got is None:
                 continue
             rows, acl_value = got
-            mode = READ if posix.allowed(a.mode, a.uid, a.gid, cred, R, acl_value) else None
-            e.blocks.extend(self._block_info(b, a.block_size, mode) for b in rows)
+            readable = posix.allowed(a.mode, a.uid, a.gid, cred, R, acl_value)
+            for b in rows:   # (_block_info's, added in place: no BlockInfo built and copied)
+                e.blocks.add(block_id=b.block_id, offset=b.idx * a.block_size, length=b.length,
+                             checksum=b.checksum, workers=replicas(b.block_id),
+                             token=mint(b.block_id, READ) if readable else "")
 
     def answered(self, ok: bool) -> None:
         """A call's end (group.LeaderOnly): a mutation that failed after its commit (a
