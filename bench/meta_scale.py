@@ -7,6 +7,7 @@ the cold start of a master and the catch-up of a wiped follower at each size.
         [--clients 4] [--per-dir 1000] [--window 10000] [--stat-sample 5000] [--repeats 3]
         [--follower-max 100000 | --no-follower] [--retry-cache-s S] [--events-retention-s S]
         [--keep] [--dir DIR] [--json]
+    .venv/bin/python bench/meta_scale.py --lmcache-files 2000 [--retry-cache-s S] [--events-retention-s S]
 
 Each --via gets its own local cluster (1 master, 1 worker; with `mount`, the cluster's
 FUSE mount), and the namespace grows in it from one size to the next:
@@ -43,6 +44,10 @@ FUSE mount), and the namespace grows in it from one size to the next:
   stopped, its directory wiped, and it is started again: the time until its applied
   index reaches the leader's commit index (log replay, or the snapshot past
   master.snapshot_entries).  The group's own create and stat rates are rows of the table.
+
+--lmcache-files N measures only meta.db at rest for N files written the way LMCache's
+fs:// connector writes its chunks (62-character names; `.tmp` put, rename to `.data`, read
+once; 2 workers, so two replicas and a block each): bytes per file by table and index.
 
 The table has a row per way and size: rates with their ratio to the first size's (the
 issue's target: at 10^6 within 20% of 10^4, i.e. a ratio >= 0.8), RSS, meta.db, and the
@@ -327,6 +332,84 @@ def at_rest(path: Path, timeout: float, events: bool) -> dict[str, typing.Any]:
     return store_pages(path)
 
 
+# ---------------------------------------------------------------------- LMCache's files at rest
+LMCACHE_NAME_LEN = 62    # a chunk's name as LMCache's fs:// connector writes it (issue 39 section 2)
+LMCACHE_BYTES = 4096     # each file's bytes: one block, like a 14 MiB chunk under a 16 MiB block size
+
+
+def lmcache_name(i: int) -> str:
+    """File i's final name: `<model>@<world>@<rank>@<hash>@<dtype>.data`, 62 characters."""
+    digest = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=17).hexdigest()[:33]
+    name = f"Qwen2.5-7B@1@0@{digest}@bfloat16.data"
+    assert len(name) == LMCACHE_NAME_LEN
+    return name
+
+
+def reads_recorded(path: Path) -> int:
+    """Files whose last read the master wrote down: the inodes' last_read column, or the
+    reads table of a store before it (so the same run measures either)."""
+    import sqlite3
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]
+        sql = ("SELECT count(*) FROM inodes WHERE last_read != 0" if "last_read" in cols
+               else "SELECT count(*) FROM reads")
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def lmcache_files(n: int, work: Path, args: argparse.Namespace) -> dict[str, typing.Any]:
+    """n files written as LMCache writes its chunks, through the SDK, into a cluster of 2
+    workers (2 replicas): put `<name>.tmp`, rename to `<name>.data`, read it once.  meta.db
+    at rest: once the retry cache and the events were pruned (1 s each unless given), the
+    reads written down (every eviction.READS_FLUSH_S) and both replicas announced
+    (event_hosts).  Returns the store before and at rest (by table, store_pages)."""
+    retry_s = args.retry_cache_s if args.retry_cache_s is not None else 1.0
+    events_s = args.events_retention_s if args.events_retention_s is not None else 1.0
+    flags = ["--master-retry-cache-s", str(retry_s), "--master-events-retention-s", str(events_s)]
+    cluster = LocalCluster(work / "lmcache", workers=2, die_with_parent=True, extra_master_flags=flags)
+    cluster.start(timeout=120)
+    client = _sdk_client(str(cluster.config_path), cluster.master_address)
+    try:
+        db = cluster.meta_dir(0) / "meta.db"
+        client.mkdir("/kv")
+        wait = retry_s + events_s + 60
+        before = at_rest(db, wait, True)
+        payload = b"k" * LMCACHE_BYTES
+        t = time.monotonic()
+        for i in range(n):
+            name = f"/kv/{lmcache_name(i)}"
+            client.put_bytes(name[:-len(".data")] + ".tmp", payload)
+            client.rename(name[:-len(".data")] + ".tmp", name)
+            if client.get_bytes(name) != payload:
+                raise RuntimeError(f"{name} read back wrong")
+            if (i + 1) % 500 == 0:
+                progress("lmcache", f"{i + 1:,} files ({(i + 1) / (time.monotonic() - t):,.0f}/s)")
+
+        def settled() -> bool:
+            return reads_recorded(db) >= n and store_pages(db)["by_name"].get("event_hosts", 0) > 0
+        poll("the reads and the replicas to be written down", settled, wait)
+        after = at_rest(db, wait, True)
+        return {"via": "lmcache", "files": float(n), "store_before": before, "store_at_rest": after}
+    finally:
+        client.close()
+        cluster.stop()
+
+
+def show_lmcache(row: dict[str, typing.Any]) -> str:
+    """meta.db's bytes per file at rest, by table and index (the largest first), above the
+    store before the files."""
+    n = row["files"]
+    before, after = row["store_before"], row["store_at_rest"]
+    grown = {k: b - before["by_name"].get(k, 0) for k, b in after["by_name"].items()}
+    cells = [(k.replace("sqlite_autoindex_", "pk:"), f"{b / n:.1f}")
+             for k, b in sorted(grown.items(), key=lambda kv: -kv[1]) if b]
+    cells.append(("in use", f"{(after['used_bytes'] - before['used_bytes']) / n:.1f}"))
+    return (f"LMCache's files at rest: {int(n):,} files, {LMCACHE_NAME_LEN}-character names, .tmp put, rename,"
+            f" read, 2 replicas\n" + output.table(cells, headers=("table / index", "B/file"), right={1}))
+
+
 # ---------------------------------------------------------------------- a mount for stats
 class FreshMount:
     """A second mount of the cluster (`cv mount`), which has looked up nothing yet."""
@@ -550,6 +633,24 @@ def sizes_arg(text: str) -> list[int]:
     return sizes
 
 
+def lmcache_main(args: argparse.Namespace, work: Path) -> int:
+    """--lmcache-files: that run alone."""
+    if args.lmcache_files < 1:
+        raise SystemExit("--lmcache-files must be positive")
+    try:
+        row = lmcache_files(args.lmcache_files, work, args)
+    finally:
+        if args.keep:
+            print(f"cluster kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        output.print_json(row)
+    else:
+        print(show_lmcache(row))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=sizes_arg, default=[10_000, 100_000, 1_000_000],
@@ -571,11 +672,16 @@ def main() -> int:
                     " its config's): given, meta.db is measured at rest too, once the cache was pruned")
     ap.add_argument("--events-retention-s", type=float,
                     help="the master's event feed window (master.events_retention_s; default its config's)")
+    ap.add_argument("--lmcache-files", type=int, metavar="N",
+                    help="instead: N files written as LMCache writes its chunks (2 workers; .tmp put, rename, read)"
+                    " and meta.db's bytes per file at rest by table")
     ap.add_argument("--seed", type=int, default=39)
     ap.add_argument("--keep", action="store_true", help="keep the clusters' directories (printed)")
     ap.add_argument("--dir", help="where the clusters live (default: a temp dir under the current dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.lmcache_files is not None:
+        return lmcache_main(args, Path(tempfile.mkdtemp(prefix="meta-scale-", dir=args.dir or ".")).absolute())
     ways = [v.strip() for v in args.via.split(",") if v.strip()]
     if not ways or set(ways) - {"sdk", "mount"}:
         ap.error("--via takes sdk, mount or sdk,mount")
