@@ -346,13 +346,13 @@ def lmcache_name(i: int) -> str:
 
 
 def reads_recorded(path: Path) -> int:
-    """Files whose last read the master wrote down: the inodes' last_read column, or the
+    """Files whose last read the master wrote down: the inodes' last_read_ms column, or the
     reads table of a store before it (so the same run measures either)."""
     import sqlite3
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]
-        sql = ("SELECT count(*) FROM inodes WHERE last_read != 0" if "last_read" in cols
+        sql = ("SELECT count(*) FROM inodes WHERE last_read_ms != 1 << 40" if "last_read_ms" in cols
                else "SELECT count(*) FROM reads")
         return int(conn.execute(sql).fetchone()[0])
     finally:

@@ -16,7 +16,7 @@ and replayable, and the freed blocks are deleted on the workers by the usual del
 orders in heartbeat replies.
 
 Last reads are noted in memory on every read open (no journal write per open) and
-written to the ``reads`` table by an op every ``READS_FLUSH_S`` and before each
+written to the inodes' ``last_read_ms`` column by an op every ``READS_FLUSH_S`` and before each
 eviction decision, so LRU order survives a master restart to within that window.
 """
 from __future__ import annotations
@@ -36,6 +36,9 @@ from curvine_py.master.capacity import Capacity
 from curvine_py.master.pinleases import PinLeases
 from curvine_py.master.records import Evict, LastRead, RecordReads, Submit, Victim
 from curvine_py.master.workers import Registry
+
+# a file's last read in ns, 0 if never read (schema.NEVER_READ_MS)
+_LAST_READ_NS = f"coalesce(nullif(i.last_read_ms, {schema.NEVER_READ_MS}), 0) * 1000000"
 
 log = logging.getLogger(__name__)
 READS_FLUSH_S = 10.0
@@ -209,8 +212,8 @@ class Evictor:
     def _candidates(self) -> Any:
         """Complete, unleased regular files, least recently used first."""
         return self.conn.execute(
-            "SELECT i.ino, i.generation, max(i.mtime_ns, coalesce(r.last_read_ns, 0)) AS recency"
-            " FROM inodes i LEFT JOIN reads r ON r.ino = i.ino"
+            f"SELECT i.ino, i.generation, max(i.mtime_ns, {_LAST_READ_NS}) AS recency"
+            " FROM inodes i"
             " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0 AND i.nlink > 0"
             " ORDER BY recency", (_FMT, _REG))
 
@@ -336,8 +339,8 @@ class Evictor:
             # years old), and one with nothing cached has nothing to free.
             for ino, generation, mtime, in_ufs in self.conn.execute(
                     "SELECT i.ino, i.generation, CASE WHEN f.ino IS NULL THEN i.mtime_ns"
-                    " ELSE max(i.mtime_ns, coalesce(r.last_read_ns, 0)) END, f.ino IS NOT NULL"
-                    " FROM inodes i LEFT JOIN ufs_files f ON f.ino = i.ino LEFT JOIN reads r ON r.ino = i.ino"
+                    f" ELSE max(i.mtime_ns, {_LAST_READ_NS}) END, f.ino IS NOT NULL"
+                    " FROM inodes i LEFT JOIN ufs_files f ON f.ino = i.ino"
                     " WHERE (i.mode & ?) = ? AND i.complete = 1 AND i.lease_id = 0", (_FMT, _REG)):
                 ttl = policies.ttl_s(ino)
                 if ttl is not None and mtime + ttl * 1_000_000_000 <= now and not policies.pinned(ino) \

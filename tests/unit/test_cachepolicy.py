@@ -9,6 +9,7 @@ import pytest
 
 from curvine_py.common.errors import CurvineError
 from curvine_py.common.types import ROOT_INO
+from curvine_py.master import schema
 from curvine_py.master.cachepolicy import PIN, TIER, TTL, Policies, parse_ttl
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import (
@@ -93,5 +94,8 @@ def test_evict_spares_pinned_and_open_files(ns: NS) -> None:
     w = ns.create(ROOT_INO, "w")["attr"].ino        # open for writing (lease held)
     r = ns.do(Evict, victims=[Victim(p, ns.ns.inode(p).generation), Victim(w, ns.ns.inode(w).generation)])
     assert r["evicted"] == []
-    ns.do(RecordReads, reads=[LastRead(p, 123), LastRead(999999, 5)])
-    assert [tuple(r) for r in ns.ns.conn.execute("SELECT ino, last_read_ns FROM reads")] == [(p, 123)]
+    ns.do(RecordReads, reads=[LastRead(p, 1_800_000_000_123_456_789), LastRead(999999, 5)])
+    assert [tuple(r) for r in ns.ns.conn.execute("SELECT ino, last_read_ms FROM inodes WHERE last_read_ms != ?",
+                                                 (schema.NEVER_READ_MS,))] == [(p, 1_800_000_000_123)]
+    ns.do(RecordReads, reads=[LastRead(p, 1_700_000_000_000_000_000)])   # an older read (another flush): kept
+    assert ns.ns.conn.execute("SELECT last_read_ms FROM inodes WHERE ino=?", (p,)).fetchone()[0] == 1_800_000_000_123

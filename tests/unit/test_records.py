@@ -251,7 +251,7 @@ def _ufs_workload(ns: NS) -> None:
     ns.do(UfsUmount, path="/m", force=True)
 
 
-TABLES = ("inodes", "dirents", "blocks", "pending_blocks", "xattrs", "reads", "workers", "meta",
+TABLES = ("inodes", "dirents", "blocks", "pending_blocks", "xattrs", "workers", "meta",
           "ufs_mounts", "ufs_dirs", "ufs_files", "events", "event_hosts", "hosts")
 
 

@@ -204,3 +204,30 @@ def test_a_schema_2_event_feed_pruned_empty_keeps_its_newest_position(tmp_path: 
         assert events.next_position(conn) == seq + 1
         assert events.bounds(conn) == (seq, seq)
         conn.close()
+
+
+def test_a_reads_table_moves_into_the_inodes_last_read(tmp_path: Path) -> None:
+    """A store (or an older master's Raft snapshot) with the reads table of last reads (ns)
+    gets them as the inodes' last_read_ms, and the table goes; a read recorded for a file
+    gone since moves nowhere."""
+    path = str(tmp_path / "meta.db")
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    j = Journal(Namespace(conn, 4 << 20, 2))
+    a, b = (mknod(j, ROOT_INO, n, stat.S_IFREG | 0o644) for n in ("a", "b"))
+    j.stop()
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name='reads'").fetchone() is None
+    conn.execute("BEGIN")   # back to the old form: no column, a row per read file
+    conn.execute("ALTER TABLE inodes DROP COLUMN last_read_ms")
+    conn.execute("CREATE TABLE reads (ino INTEGER PRIMARY KEY, last_read_ns INTEGER NOT NULL)")
+    conn.executemany("INSERT INTO reads VALUES (?, ?)", [(a, 1_700_000_000_123_456_789), (999_999, 5)])
+    conn.execute("COMMIT")
+    conn.close()
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name='reads'").fetchone() is None
+    got = dict(conn.execute("SELECT ino, last_read_ms FROM inodes WHERE ino IN (?, ?)", (a, b)).fetchall())
+    assert got == {a: 1_700_000_000_123, b: schema.NEVER_READ_MS}
+    schema.init_db(conn, 4 << 20, 2)   # once: a second open changes nothing
+    assert conn.execute("SELECT last_read_ms FROM inodes WHERE ino=?", (a,)).fetchone()[0] == 1_700_000_000_123
+    conn.close()
