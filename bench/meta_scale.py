@@ -345,16 +345,17 @@ def lmcache_name(i: int) -> str:
     return name
 
 
-def reads_recorded(path: Path) -> int:
-    """Files whose last read the master wrote down: the inodes' last_read_ms column, or the
-    reads table of a store before it (so the same run measures either)."""
+def reads_and_replicas(path: Path) -> tuple[int, int]:
+    """Files whose last read the master wrote down (the inodes' last_read_ms column, or the
+    reads table of a store before it: the same run measures either) and event_hosts' rows
+    (a file's replicas as the feed announced them)."""
     import sqlite3
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]
         sql = ("SELECT count(*) FROM inodes WHERE last_read_ms != 1 << 40" if "last_read_ms" in cols
                else "SELECT count(*) FROM reads")
-        return int(conn.execute(sql).fetchone()[0])
+        return int(conn.execute(sql).fetchone()[0]), int(conn.execute("SELECT count(*) FROM event_hosts").fetchone()[0])
     finally:
         conn.close()
 
@@ -388,7 +389,8 @@ def lmcache_files(n: int, work: Path, args: argparse.Namespace) -> dict[str, typ
                 progress("lmcache", f"{i + 1:,} files ({(i + 1) / (time.monotonic() - t):,.0f}/s)")
 
         def settled() -> bool:
-            return reads_recorded(db) >= n and store_pages(db)["by_name"].get("event_hosts", 0) > 0
+            reads, replicas = reads_and_replicas(db)
+            return reads >= n and replicas >= 2 * n
         poll("the reads and the replicas to be written down", settled, wait)
         after = at_rest(db, wait, True)
         return {"via": "lmcache", "files": float(n), "store_before": before, "store_at_rest": after}

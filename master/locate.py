@@ -62,7 +62,16 @@ Found = tuple[Any, ...]   # the call's fields' values (_FIELDS or _BRIEF), then 
 
 def _names_sql(fields: tuple[str, ...]) -> str:
     return ("SELECT d.name, " + ", ".join(f"i.{f}" for f in fields) + ", i.complete"
-            " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name IN ({})")
+            " FROM dirents d INDEXED BY dirents_name JOIN inodes i ON i.ino = d.ino"
+            " WHERE d.parent=?1 AND name_key(d.name) IN ({keys})"
+            " AND +d.name IN ({names})")
+
+
+def _in_names(n: int) -> dict[str, str]:
+    """The IN lists of _NAMES for n names (parameters ?2 to ?n+1): their keys (found in
+    dirents_name), then the names themselves."""
+    marks = [f"?{k}" for k in range(2, n + 2)]
+    return {"keys": ",".join(f"name_key({m})" for m in marks), "names": ",".join(marks)}
 
 
 _NAMES = {_FIELDS: _names_sql(_FIELDS), _BRIEF: _names_sql(_BRIEF)}
@@ -74,7 +83,9 @@ _NAMES = {_FIELDS: _names_sql(_FIELDS), _BRIEF: _names_sql(_BRIEF)}
 # of two (the padding NULL matches nothing) so a few statements stay compiled.
 _S_IFMT, _S_IFREG, _S_IFLNK = 0o170000, stat.S_IFREG, stat.S_IFLNK
 _WHOLE = ("WITH v(k, n) AS (VALUES {}) SELECT v.k, CASE WHEN (i.mode & %d) = %d THEN -i.ino ELSE i.ino END"
-          " FROM v CROSS JOIN dirents d ON d.parent = ? AND d.name = v.n JOIN inodes i ON i.ino = d.ino"
+          " FROM v CROSS JOIN dirents d INDEXED BY dirents_name"
+          " ON d.parent = ? AND name_key(d.name) = name_key(v.n) AND +d.name = v.n"
+          " JOIN inodes i ON i.ino = d.ino"
           " WHERE ((i.mode & %d) = %d AND i.complete AND i.size > 0) OR (i.mode & %d) = %d"
           % (_S_IFMT, _S_IFLNK, _S_IFMT, _S_IFREG, _S_IFMT, _S_IFLNK))
 _WHOLE_SQL: dict[int, str] = {}
@@ -252,7 +263,7 @@ class Locator:
         cur.row_factory = None   # plain tuples: no Row, no dict per name
         for k in range(0, len(names), _CHUNK):
             part = names[k:k + _CHUNK]
-            for r in cur.execute(_NAMES[fields].format(",".join("?" * len(part))), (d.ino, *part)):
+            for r in cur.execute(_NAMES[fields].format(**_in_names(len(part))), (d.ino, *part)):
                 found[r[0]] = r[1:]
         for i, name in items:
             row = found.get(name)

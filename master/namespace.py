@@ -34,7 +34,9 @@ from curvine_py.master.posix import R, W, X, Cred
 from curvine_py.master.records import (
     Link, Mknod, Record, RegisterWorker, Removexattr, Rename, Rmdir, Setattr, Setxattr, Unlink,
 )
-from curvine_py.master.store import INODE_COLS, INODE_FIELDS, RETURNING, BlockRow, InodeRow, Result, to_u64
+from curvine_py.master.schema import NAME_AT
+from curvine_py.master.store import (DELETE_NAME, INODE_COLS, INODE_FIELDS, RETURNING, BlockRow, InodeRow, Result,
+                                     to_u64)
 from curvine_py.master.ufsops import UfsOps
 
 MAX_SYMLINKS = 40
@@ -69,8 +71,11 @@ _values = operator.attrgetter(*INODE_FIELDS)   # an InodeRow's values in INODE_C
 _N = len(INODE_FIELDS)
 # A directory's row and one name's inode in it (NULLs: no such name), for _writable_dir_and_child.
 _DIR_AND_CHILD = ("SELECT " + ", ".join([f"d.{c}" for c in INODE_FIELDS] + [f"i.{c}" for c in INODE_FIELDS]) +
-                  " FROM inodes d LEFT JOIN dirents e ON e.parent = d.ino AND e.name = ?"
-                  " LEFT JOIN inodes i ON i.ino = e.ino WHERE d.ino = ?")
+                  " FROM inodes d LEFT JOIN dirents e INDEXED BY dirents_name ON e.parent = d.ino"
+                  " AND name_key(e.name) = name_key(?1)"
+                  " AND +e.name = ?1 LEFT JOIN inodes i ON i.ino = e.ino WHERE d.ino = ?2")
+# a name's inode (an exchange)
+_SET_INO = "UPDATE dirents SET ino=?1 WHERE " + NAME_AT.format(a=2, b=3)
 _TOUCH = "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?"
 _TOUCH_RETURNING = f"{_TOUCH} RETURNING {INODE_COLS}"
 _READDIR = ("SELECT d.name, d.seq, d.ino, i.mode FROM dirents d JOIN inodes i ON i.ino = d.ino"
@@ -419,7 +424,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         self._check_removable(cred, d, victim)
         if _kept(rec.keep, victim):
             return {"freed": [], "kept": True}
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
+        self.conn.execute(DELETE_NAME, (rec.parent, rec.name))
         freed = self._drop_link(victim, now)
         return {"freed": freed, "dirs": [self._touched(rec.parent, now)]}
 
@@ -439,7 +444,7 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         if not self.is_empty_dir(victim.ino):
             raise err(errno.ENOTEMPTY)
         self._check_removable(cred, d, victim)
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (rec.parent, rec.name))
+        self.conn.execute(DELETE_NAME, (rec.parent, rec.name))
         freed = self._delete_inode(victim.ino, victim)
         return {"freed": freed, "dirs": [self._touched(rec.parent, now, -1)]}
 
@@ -496,10 +501,10 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
                 links[dp] -= 1
             elif _kept(rec.keep, dst):
                 return {"freed": [], "kept": True}
-            self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (dp, dn))
+            self.conn.execute(DELETE_NAME, (dp, dn))
             freed = self._drop_link(dst, now)
         # the entry moves in one statement (the change triggers see its old and its new name)
-        self.conn.execute("UPDATE dirents SET parent=?, name=?, seq=? WHERE parent=? AND name=?",
+        self.conn.execute("UPDATE dirents SET parent=?1, name=?2, seq=?3 WHERE " + NAME_AT.format(a=4, b=5),
                           (dp, dn, self.counter("next_seq"), sp, sn))
         self.conn.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src.ino))
         return {"freed": freed, "dirs": [self._touched(ino, now, delta) for ino, delta in links.items()]}
@@ -514,8 +519,8 @@ class Namespace(UfsOps, FileOps, CacheOps, GroupOps, EventOps):
         for a, b in ((src, dp), (dst, sp)):
             if stat.S_ISDIR(a.mode) and self._is_ancestor(a.ino, b) and sp != dp:
                 raise err(errno.EINVAL, "cannot move a directory into itself")
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (dst.ino, sp, rec.name))
-        self.conn.execute("UPDATE dirents SET ino=? WHERE parent=? AND name=?", (src.ino, dp, rec.new_name))
+        self.conn.execute(_SET_INO, (dst.ino, sp, rec.name))
+        self.conn.execute(_SET_INO, (src.ino, dp, rec.new_name))
         if sp != dp:
             delta = int(stat.S_ISDIR(src.mode)) - int(stat.S_ISDIR(dst.mode))
             self._touch_dir(sp, now, -delta)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from curvine_py.common.errors import err
 from curvine_py.common.types import ROOT_INO
+from curvine_py.master.schema import NAME_AT
 
 if TYPE_CHECKING:
     from curvine_py.master.sessions import Barrier, Key
@@ -129,7 +130,11 @@ INODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(InodeRow))
 INODE_COLS = ", ".join(INODE_FIELDS)
 # A name's inode in one statement (a lookup, and every mutation's checks of its names).
 CHILD = ("SELECT " + ", ".join(f"i.{c}" for c in INODE_FIELDS) +
-         " FROM dirents d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name=?")
+         " FROM dirents d INDEXED BY dirents_name JOIN inodes i ON i.ino = d.ino"
+         " WHERE d.parent=?1 AND name_key(d.name)=name_key(?2)"
+         " AND +d.name=?2")
+# Delete name ?2 of directory ?1 (schema.NAME_IS: found by its key in dirents_name)
+DELETE_NAME = "DELETE FROM dirents WHERE " + NAME_AT.format(a=1, b=2)
 INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino=?"
 # UPDATE ... RETURNING (SQLite 3.35+) takes a counter's values in one statement, not two.
 RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)

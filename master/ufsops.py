@@ -24,7 +24,8 @@ from curvine_py.common.policy import TTL
 from curvine_py.common.types import DIR_SIZE, ROOT_INO
 from curvine_py.master.handlers import applies
 from curvine_py.master.records import UfsFree, UfsMount, UfsRefresh, UfsState, UfsSyncDir, UfsUmount
-from curvine_py.master.store import UFS_DIR_COLS, UFS_FILE_COLS, InodeRow, Result, Row, Store, UfsDirRow, UfsFileRow
+from curvine_py.master.store import (DELETE_NAME, UFS_DIR_COLS, UFS_FILE_COLS, InodeRow, Result, Row, Store, UfsDirRow,
+                                     UfsFileRow)
 
 PERSISTED, PENDING, FAILED = "persisted", "pending", "failed"
 FILE_MODE, DIR_MODE = stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755
@@ -127,7 +128,7 @@ class UfsOps(Store):
             if stat.S_ISDIR(row.mode):
                 freed += self._clear_dir(child, now)
                 self._touch_dir(ino, now, -1)
-            self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (ino, name))
+            self.conn.execute(DELETE_NAME, (ino, name))
             freed += self._drop_link(row, now)
         return freed
 
@@ -228,7 +229,7 @@ class UfsOps(Store):
                 return []
             self._touch_dir(parent, now)
             freed = []
-        self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (parent, name))
+        self.conn.execute(DELETE_NAME, (parent, name))
         return freed + self._drop_link(row, now)
 
     def _all_persisted(self, ino: int) -> bool:
@@ -256,7 +257,7 @@ class UfsOps(Store):
             freed: list[int] = []
             for parent, name in self.conn.execute("SELECT parent, name FROM dirents WHERE ino=?",
                                                   (row.ino,)).fetchall():
-                self.conn.execute("DELETE FROM dirents WHERE parent=? AND name=?", (parent, name))
+                self.conn.execute(DELETE_NAME, (parent, name))
                 self._touch_dir(parent, now)
                 freed += self._drop_link(self.inode(row.ino), now) if self._exists(row.ino) else []
             return {"freed": freed, "gone": True}

@@ -133,6 +133,44 @@ def test_meta_db_stays_small_and_gives_space_back(cluster_factory: Factory) -> N
         client.close()
 
 
+LMCACHE_FILES = 1000
+
+
+def test_lmcache_files_at_rest_cost_at_most_300_bytes(cluster_factory: Factory) -> None:
+    """LMCache's chunks as its fs:// connector writes them (62-character names, `.tmp` put,
+    rename to `.data`, read once), two workers: a block, two replicas (event_hosts) and a
+    last read each.  At rest (retry cache and events pruned, the reads and the replicas
+    written down) each costs <= 300 bytes: 319.5 before the reads moved into the inodes and
+    dirents_name held keys instead of names (bench/meta_scale.py --lmcache-files)."""
+    c = cluster_factory(workers=2, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-retry-cache-s", "1",
+                                                       "--master-events-retention-s", "1"))
+    db = Store(c.meta_dir(0) / "meta.db")
+    client = Client(master=c.master_address, config=client_config(c))
+    try:
+        client.mkdir("/kv")
+        wait_until("an empty retry cache", lambda: db.q("SELECT count(*) FROM oplog")[0] == 0, 10)
+        start = db.used()
+        for _ in range(LMCACHE_FILES):
+            name = f"/kv/Qwen2.5-7B@1@0@{os.urandom(16).hex()}0@bfloat16"
+            assert len(name) - len("/kv/") + len(".data") == 62
+            client.put_bytes(f"{name}.tmp", b"k" * 4096)
+            client.rename(f"{name}.tmp", f"{name}.data")
+            assert client.get_bytes(f"{name}.data") == b"k" * 4096
+        read = f"SELECT count(*) FROM inodes WHERE last_read_ms != {schema.NEVER_READ_MS}"
+        wait_until("the reads written down", lambda: db.q(read)[0] >= LMCACHE_FILES, 30)
+        wait_until("both replicas of every file announced",
+                   lambda: db.q("SELECT count(*) FROM event_hosts")[0] >= 2 * LMCACHE_FILES, 15)
+        wait_until("the retry cache and the events pruned",
+                   lambda: db.q("SELECT (SELECT count(*) FROM oplog) + (SELECT count(*) FROM events)")[0] == 0, 15)
+        per_file = (db.used() - start) / LMCACHE_FILES
+        by_table = db.q("SELECT group_concat(name || ' ' || b, ', ') FROM (SELECT name, sum(pgsize) / "
+                        f"{LMCACHE_FILES} AS b FROM dbstat GROUP BY name HAVING b >= 8 ORDER BY b DESC)")[0]
+        print(f"\n{LMCACHE_FILES} LMCache files: {per_file:.1f} B/file at rest ({by_table}; whole pages)")
+        assert per_file <= AT_REST_MAX, f"{per_file:.0f} bytes per LMCache file at rest ({by_table})"
+    finally:
+        client.close()
+
+
 SCHEMA_1_OPLOG = """
 CREATE TABLE oplog (
   seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,

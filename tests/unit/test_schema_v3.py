@@ -4,6 +4,7 @@ every name, listing position and retry answer; a new store is made that way.  Th
 cache's results write an inode's times as differences (master/journal.py)."""
 from __future__ import annotations
 
+import errno
 import sqlite3
 import stat
 import uuid
@@ -17,6 +18,7 @@ from curvine_py.master.namespace import Namespace
 from curvine_py.master.posix import Cred
 from curvine_py.master.records import Mknod
 from curvine_py.master.store import InodeRow
+from tests.unit.test_namespace import errno_of
 
 ROOT = Cred(0, 0, frozenset())
 # PRAGMA index_list of the new dirents: its primary key (the table's own b-tree, WITHOUT
@@ -230,4 +232,62 @@ def test_a_reads_table_moves_into_the_inodes_last_read(tmp_path: Path) -> None:
     assert got == {a: 1_700_000_000_123, b: schema.NEVER_READ_MS}
     schema.init_db(conn, 4 << 20, 2)   # once: a second open changes nothing
     assert conn.execute("SELECT last_read_ms FROM inodes WHERE ino=?", (a,)).fetchone()[0] == 1_700_000_000_123
+    conn.close()
+
+
+def test_names_are_found_by_their_key_and_compared_in_the_row(tmp_path: Path) -> None:
+    """dirents_name holds (parent, name_key(name)), not the name; every statement that finds
+    a name compares the name too, so names that share a key (here all of them: name_key
+    made constant on a new store) are never lost or confused."""
+    from curvine_py.master import locate
+    from curvine_py.master.records import Create, Link, Rename, Unlink
+    conn = schema.open_db(str(tmp_path / "meta.db"))
+    schema.init_db(conn, 4 << 20, 2)
+    assert "name_key(name)" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
+    conn.create_function("name_key", 1, lambda name: 7, deterministic=True)   # before any name is stored
+    ns = Namespace(conn, 4 << 20, 2)
+    j = Journal(ns)
+    try:
+        d = mknod(j, ROOT_INO, "d", stat.S_IFDIR | 0o755)
+        inos = {n: mknod(j, d, n, stat.S_IFREG | 0o644) for n in ("a", "b", "c", "e.tmp")}
+        assert {n: ns.lookup(ROOT, d, n).ino for n in inos} == inos
+        made = j.submit(Create(cred=ROOT, parent=d, name="a", mode=0o644, lease_ms=1000, client_id="c",
+                               exclusive=False))
+        assert made["attr"].ino == inos["a"]   # an existing name, not a second one
+        j.submit(Rename(cred=ROOT, parent=d, name="e.tmp", new_parent=d, new_name="e.data"))
+        j.submit(Rename(cred=ROOT, parent=d, name="b", new_parent=d, new_name="c"))   # replaces c
+        j.submit(Link(cred=ROOT, ino=inos["a"], new_parent=d, new_name="a2"))
+        j.submit(Unlink(cred=ROOT, parent=d, name="a"))
+        assert {r[0]: r[1] for r in conn.execute("SELECT name, ino FROM dirents WHERE parent=?", (d,))} == \
+            {"c": inos["b"], "e.data": inos["e.tmp"], "a2": inos["a"]}
+        assert ns.lookup(ROOT, d, "c").ino == inos["b"] and ns.lookup(ROOT, d, "a2").ino == inos["a"]
+        assert [errno_of(lambda: ns.lookup(ROOT, d, gone)) for gone in ("a", "b", "e.tmp")] == [errno.ENOENT] * 3
+        # Locate's two statements: the names it asks for, in a directory of colliding keys
+        rows = conn.execute(locate._NAMES[locate._BRIEF].format(**locate._in_names(3)), (d, "c", "x", "a2")).fetchall()
+        assert sorted((r[0], r[1]) for r in rows) == [("a2", inos["a"]), ("c", inos["b"])]
+        link = int(j.submit(Mknod(cred=ROOT, parent=d, name="s", mode=stat.S_IFLNK | 0o777, target="c"))["attr"].ino)
+        found = conn.execute(locate._whole_sql(4), ("x", "e.data", "s", None, d)).fetchall()
+        assert [tuple(r) for r in found] == [(2, -link)]   # a symlink answers; empty files are no whole chunks
+    finally:
+        j.stop()
+
+
+def test_a_name_index_of_the_names_themselves_is_rebuilt_on_keys(tmp_path: Path) -> None:
+    """A store whose dirents_name is the unique (parent, name) index (schema 3 as first made)
+    gets the key index at open, every name still found."""
+    path = str(tmp_path / "meta.db")
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    j = Journal(Namespace(conn, 4 << 20, 2))
+    made = {f"f{i:03d}": mknod(j, ROOT_INO, f"f{i:03d}", stat.S_IFREG | 0o644) for i in range(30)}
+    j.stop()
+    conn.execute("DROP INDEX dirents_name")
+    conn.execute("CREATE UNIQUE INDEX dirents_name ON dirents(parent, name)")
+    conn.close()
+    conn = schema.open_db(path)
+    schema.init_db(conn, 4 << 20, 2)
+    assert "name_key(name)" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
+    ns = Namespace(conn, 4 << 20, 2)
+    assert {n: ns.lookup(ROOT, ROOT_INO, n).ino for n in made} == made
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
