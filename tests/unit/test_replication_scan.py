@@ -8,7 +8,7 @@ import time
 
 from curvine_py.common.security import BlockTokens
 from curvine_py.master.replication import Replicator
-from curvine_py.master.schema import SCHEMA
+from curvine_py.master.schema import SCHEMA, name_key
 
 
 class _Registry:
@@ -24,6 +24,7 @@ class _Registry:
 
 def _db(nblocks: int) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
+    conn.create_function("name_key", 1, name_key, deterministic=True)   # (dirents_name's key: schema.open_db does this)
     conn.executescript(SCHEMA)
     conn.execute("INSERT INTO inodes (ino, mode, uid, gid, atime_ns, mtime_ns, ctime_ns, replicas) "
                  "VALUES (5, 33188, 0, 0, 0, 0, 0, 2)")
