@@ -580,7 +580,8 @@ def incremental_vacuum_on(conn: sqlite3.Connection) -> None:
     path = conn.execute("PRAGMA database_list").fetchone()[2]
     if live > VACUUM_AT_OPEN_MAX_BYTES:
         log.warning("%s holds %d MB and does not give freed space back (it was made before auto_vacuum): "
-                    "stop the master and run: sqlite3 %s 'PRAGMA auto_vacuum=INCREMENTAL; VACUUM'",
+                    "stop the master and run: sqlite3 %s 'DROP INDEX dirents_name; PRAGMA auto_vacuum=INCREMENTAL;"
+                    " VACUUM' (the sqlite3 shell lacks name_key: the master makes that index again at open)",
                     path, live >> 20, path)
         return
     start, before = time.perf_counter(), conn.execute("PRAGMA page_count").fetchone()[0] * page
