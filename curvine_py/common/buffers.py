@@ -66,8 +66,62 @@ class PoolStats:
                 f"free={self.free} waiters={self.waiters} holders={self.holders} reclaims={self.reclaims}")
 
 
+class Budget:
+    """Bytes of buffers that several pools of one client hold together at most
+    (client.buffer_pool_bytes): a mount reading 16 MiB blocks also keeps the 4 MiB pool of
+    its windows (client/reader.py), and each pool sized to the whole key held up to twice it.
+
+    A pool that would pass the total first drops buffers the other pools have free (made
+    for a block size nobody reads now), then asks their idle holders for one (reclaim).
+    Each pool may still make its floor of buffers past it (at least FLOOR: one being
+    filled, one shipped): a pool never starves because another holds the whole budget."""
+
+    FLOOR = 2
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._used = 0
+        self._lock = threading.Lock()
+        self._pools: weakref.WeakSet[BufferPool] = weakref.WeakSet()
+
+    @property
+    def used(self) -> int:
+        """Bytes of the buffers the pools have made and not dropped."""
+        with self._lock:
+            return self._used
+
+    def join(self, pool: BufferPool) -> None:
+        with self._lock:
+            self._pools.add(pool)
+
+    def take(self, size: int, pool: BufferPool, floor: bool = False) -> bool:
+        """Room for a new buffer of pool's: within the total (or under the pool's floor),
+        else after dropping a free buffer of another pool; False: no room now."""
+        while True:
+            with self._lock:
+                if floor or self._used + size <= self.total:
+                    self._used += size
+                    return True
+                others = [p for p in self._pools if p is not pool]
+            if not any(p.drop_free() for p in others):
+                return False
+
+    def give(self, size: int) -> None:
+        """A buffer of size was dropped."""
+        with self._lock:
+            self._used -= size
+
+    def reclaim_elsewhere(self, pool: BufferPool, requester: object | None) -> bool:
+        """Ask the other pools' idle holders for a buffer (it goes back to their free list,
+        and the next take drops it); True if one gave (or will)."""
+        with self._lock:
+            others = [p for p in self._pools if p is not pool]
+        return any(p.reclaim_own(requester) for p in others)
+
+
 class BufferPool:
-    """Fixed-size buffers, handed out as memoryviews; grows up to max_buffers.
+    """Fixed-size buffers, handed out as memoryviews; grows up to max_buffers (and, with a
+    budget, while the client's pools together stay within it: Budget).
 
     When every buffer is out, a waiter does not simply sleep: buffers held between
     requests by idle holders (a fetched block no read pins, a part-filled block of a
@@ -80,9 +134,12 @@ class BufferPool:
 
     RECHECK_S = 0.05   # a waiter asks the holders again this often (one may have gone idle)
 
-    def __init__(self, size: int, max_buffers: int = 64) -> None:
+    def __init__(self, size: int, max_buffers: int = 64, budget: Budget | None = None,
+                 floor: int = 0) -> None:
         self.size = size
         self.max_buffers = max_buffers
+        self.budget = budget
+        self.floor = max(Budget.FLOOR, floor)   # buffers it may make past a full budget
         self._free: deque[mmap.mmap] = deque()
         self._count = 0
         self._waiters = 0
@@ -90,6 +147,8 @@ class BufferPool:
         self._cond = threading.Condition()
         self._cheap: weakref.WeakSet[Holder] = weakref.WeakSet()   # readers: a drop costs a refetch
         self._dear: weakref.WeakSet[Holder] = weakref.WeakSet()    # writers: a spill costs a ship
+        if budget is not None:
+            budget.join(self)
 
     def acquire(self, requester: object | None = None) -> mmap.mmap:
         """A buffer, waiting (and reclaiming from idle holders other than requester) if
@@ -117,7 +176,31 @@ class BufferPool:
             if self._count >= self.max_buffers:
                 return None
             self._count += 1
+            floor = self._count <= self.floor
+        if self.budget is not None and not self.budget.take(self.size, self, floor):
+            with self._cond:
+                self._count -= 1
+            return None
         return mmap.mmap(-1, self.size)
+
+    def drop_free(self) -> bool:
+        """Unmap one free buffer and give its bytes back to the budget (another pool needs
+        the room); False: none free."""
+        with self._cond:
+            if not self._free:
+                return False
+            buf = self._free.pop()
+            self._count -= 1
+        try:
+            buf.close()
+        except BufferError:   # still viewed somewhere: not really free, keep it
+            with self._cond:
+                self._free.append(buf)
+                self._count += 1
+            return False
+        if self.budget is not None:
+            self.budget.give(self.size)
+        return True
 
     def acquire_or_reclaim(self, requester: object | None = None) -> mmap.mmap | None:
         """A free or new buffer, else one taken back from an idle holder other than
@@ -169,7 +252,14 @@ class BufferPool:
             self._dear.discard(holder)
 
     def _reclaim(self, requester: object | None) -> bool:
-        """Ask idle holders, cheap ones first, for one buffer; True if one gave (or will)."""
+        """Ask idle holders, cheap ones first, for one buffer, then (a budget full of other
+        pools' buffers) the other pools' idle holders; True if one gave (or will)."""
+        if self.reclaim_own(requester):
+            return True
+        return self.budget is not None and self.budget.reclaim_elsewhere(self, requester)
+
+    def reclaim_own(self, requester: object | None) -> bool:
+        """Ask this pool's idle holders, cheap ones first, for one buffer."""
         with self._cond:
             holders = [*self._cheap, *self._dear]
         for h in holders:
