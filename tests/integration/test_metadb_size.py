@@ -148,7 +148,7 @@ def test_lmcache_files_at_rest_cost_at_most_300_bytes(cluster_factory: Factory) 
     client = Client(master=c.master_address, config=client_config(c))
     try:
         client.mkdir("/kv")
-        wait_until("an empty retry cache", lambda: db.q("SELECT count(*) FROM oplog")[0] == 0, 10)
+        wait_until("an empty retry cache", lambda: db.q("SELECT count(*) FROM oplog")[0] == 0, 30)
         start = db.used()
         for _ in range(LMCACHE_FILES):
             name = f"/kv/Qwen2.5-7B@1@0@{os.urandom(16).hex()}0@bfloat16"
@@ -157,11 +157,11 @@ def test_lmcache_files_at_rest_cost_at_most_300_bytes(cluster_factory: Factory) 
             client.rename(f"{name}.tmp", f"{name}.data")
             assert client.get_bytes(f"{name}.data") == b"k" * 4096
         read = f"SELECT count(*) FROM inodes WHERE last_read_ms != {schema.NEVER_READ_MS}"
-        wait_until("the reads written down", lambda: db.q(read)[0] >= LMCACHE_FILES, 30)
+        wait_until("the reads written down", lambda: db.q(read)[0] >= LMCACHE_FILES, 90)
         wait_until("both replicas of every file announced",
-                   lambda: db.q("SELECT count(*) FROM event_hosts")[0] >= 2 * LMCACHE_FILES, 15)
+                   lambda: db.q("SELECT count(*) FROM event_hosts")[0] >= 2 * LMCACHE_FILES, 60)
         wait_until("the retry cache and the events pruned",
-                   lambda: db.q("SELECT (SELECT count(*) FROM oplog) + (SELECT count(*) FROM events)")[0] == 0, 15)
+                   lambda: db.q("SELECT (SELECT count(*) FROM oplog) + (SELECT count(*) FROM events)")[0] == 0, 60)
         per_file = (db.used() - start) / LMCACHE_FILES
         by_table = db.q("SELECT group_concat(name || ' ' || b, ', ') FROM (SELECT name, sum(pgsize) / "
                         f"{LMCACHE_FILES} AS b FROM dbstat GROUP BY name HAVING b >= 8 ORDER BY b DESC)")[0]
