@@ -341,10 +341,20 @@ def test_a_kernel_invalidation_waiting_on_a_cut_off_lookup_never_holds_the_stop(
     cut-off lookup stayed unanswered until the connection's end, which the notifier's
     write to /dev/fuse prevented: both processes stayed in D state for good (fusectl not
     mounted).  Now the stop answers it EIO, the kernel drops the lock, the invalidation
-    returns, and the daemon unmounts and exits with no abort needed."""
+    returns, and the daemon unmounts and exits with no abort needed.  The mount's root holds
+    more names than a lookup brings as a listing (metacache.LISTING_MAX): with a listing the
+    mount would answer the missing name itself, and nothing would wait on the master."""
+    from curvine_py.client.metacache import LISTING_MAX
     from curvine_py.fuse.watchdog import MountCheck, ensure_fusectl
+    from curvine_py.sdk import Client
+    from tests.conftest import client_config
     mnt = daemons.mountpoint()
-    p = daemons.foreground(mnt, "--client-retry-s", "30", "--fuse-kernel-invalidation", "true")
+    sub = f"/unlisted-{os.urandom(3).hex()}"
+    with Client(config=client_config(daemons.cluster)) as sdk:
+        sdk.mkdir(sub)
+        for i in range(LISTING_MAX + 1):
+            sdk.put_bytes(f"{sub}/f{i}", b"")
+    p = daemons.foreground(mnt, "--client-retry-s", "30", "--fuse-kernel-invalidation", "true", "--subdir", sub)
     conn = MountCheck.find(str(mnt))
     assert conn is not None
     log = daemons.tmp / f"{mnt.name}.fg.log"
