@@ -43,9 +43,15 @@ def local_copy(mounted, data: bytes) -> Path:
 
 
 def held(path: Path) -> bool:
-    """Does anyone but us have the file open (the kernel's backing file, a reader)?"""
-    with unshared(str(path)) as alone:
-        return not alone
+    """Does anyone but us have the file open (the kernel's backing file, a reader)?
+
+    A block file that is gone (an earlier test's unlink, deleted by the worker between
+    the listing and this open) is held by nobody."""
+    try:
+        with unshared(str(path)) as alone:
+            return not alone
+    except FileNotFoundError:
+        return False
 
 
 def let_go(path: Path, timeout: float = 10.0) -> bool:
