@@ -21,6 +21,7 @@ import typing
 from collections import OrderedDict
 from collections.abc import Callable
 
+from curvine_py.client import metrics
 from curvine_py.pb import curvine_pb2 as pb
 
 MAX_ENTRIES = 200_000   # names and attributes kept (the least recently granted go first)
@@ -246,6 +247,7 @@ class MetaCache:
         answer lookups: an ACL), asked again after RELIST_MAX_S; or refused (a change
         there raced with it: churn), after a hold-off."""
         with self._lock:
+            metrics.listing("refused" if refused else "too_large")
             if refused:
                 self._lost(parent)
             else:
@@ -258,6 +260,8 @@ class MetaCache:
         now = time.monotonic()
         last = self._holdoff.get(parent, 0.0)
         granted = self._listed_at.pop(parent, None)
+        if granted is not None:   # a Lookup's listing, kept till now
+            metrics.listing("lost")
         short = granted is None or now - granted < 2 * max(last, self._lease_s)
         holdoff = min(max(self._lease_s, 2 * last), RELIST_MAX_S) if short and last else self._lease_s
         self._holdoff[parent] = holdoff
@@ -335,6 +339,7 @@ class MetaCache:
                     self._taken.discard(ino)
                     self._complete.discard(ino)
                 if whole is not None:
+                    metrics.listing("stale")
                     self._lost(whole[0])
                 return taken
             for a in attrs:
@@ -395,6 +400,7 @@ class MetaCache:
         self._listed_at[parent] = time.monotonic()
         self._unlisted.pop(parent, None)
         self.listings_kept += 1
+        metrics.listing("listed")
 
     def own_change(self, session: int, seq: int, keys: typing.Iterable[pb.CacheKey]) -> None:
         """A mutation of this mount's own, made in session: its invalidation of what this

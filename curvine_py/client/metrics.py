@@ -65,6 +65,25 @@ for _access in ("read", "write"):   # exported at 0 from the start, as the other
     TOKEN_RENEWALS.labels(_access)
 _meta_children: dict[str, typing.Any] = {}
 
+# What became of the directory listings the mount's metadata cache asked for at lookups
+# (client/metacache.py, LookupRequest.listing_max), and of those it kept: churn (refused,
+# stale, lost) is what its hold-off is for, too_large what LISTING_MAX leaves out.
+LISTINGS = Counter("curvine_client_metadata_cache_listings",
+                   "Directory listings asked for at lookups, by outcome: listed (kept: the directory's "
+                   "lookups are answered by the mount), too_large (none given: more names than the mount "
+                   "asks for, or a mode the mount cannot check), refused (none given: a change there raced "
+                   "with it), stale (given, but a change pushed before it arrived undid it: not kept), lost "
+                   "(kept, then taken by a change in its directory)", ["outcome"])
+LISTING_OUTCOMES = ("listed", "too_large", "refused", "stale", "lost")
+_listing_children = {_outcome: LISTINGS.labels(_outcome) for _outcome in LISTING_OUTCOMES}
+
+
+def listing(outcome: str) -> None:
+    """Count one of LISTING_OUTCOMES (in a mount that serves metrics: a call, not a
+    Counter, so that the cache's code that counts stays one line)."""
+    if on:
+        _listing_children[outcome].inc()
+
 
 def meta_seconds(method: str) -> typing.Any:
     """The latency histogram child of one metadata method (cached: one dict lookup a call)."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from curvine_py.client import metrics
 from curvine_py.client.metacache import (
     LISTED_BLOCKS_MAX, LISTED_BLOCKS_S, LISTING, LISTING_MAX, NEGATIVE, RELIST_MAX_S, MetaCache,
 )
@@ -166,3 +169,27 @@ def test_listings_blocks_are_kept_for_the_latest_directories_only() -> None:
         parent = pb.Attr(ino=20 + d, mode=0o040755)
         c.granted(5, 1, [e.attr], (parent.ino, "f0", e.attr.ino), parent, listing=[e], listed_for=ROOT)
     assert len(c._listed_blocks) == LISTED_BLOCKS_MAX and 20 not in c._listed_blocks
+
+
+def listing_counts() -> dict[str, float]:
+    """curvine_client_metadata_cache_listings_total by outcome, as a scrape would read it."""
+    return {o: metrics.LISTINGS.labels(o)._value.get() for o in metrics.LISTING_OUTCOMES}
+
+
+def test_each_listings_outcome_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """listed, lost (a push took it), too_large and refused (the master gave none), stale
+    (given, but a push had undid it): one each; nothing in a mount without metrics."""
+    monkeypatch.setattr(metrics, "on", True)
+    before = listing_counts()
+    c = cache()
+    listed(c, 1, entries(4))
+    push(c, 1, (D.ino, LISTING))              # another mount's change takes it
+    push(c, 3, (D.ino, "f1"))                 # handled before the next reply (lease_seq 3) came
+    listed(c, 3, entries(4))
+    c.unlisted(11, refused=False)
+    c.unlisted(12, refused=True)
+    after = listing_counts()
+    assert {o: after[o] - before[o] for o in after} == dict.fromkeys(metrics.LISTING_OUTCOMES, 1)
+    monkeypatch.setattr(metrics, "on", False)
+    listed(cache(), 1, entries(4))
+    assert listing_counts() == after
