@@ -1,11 +1,13 @@
 """The SQLite schema of the master's durable store (docs/formats.md explains every column)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sqlite3
 import stat
 import time
+import typing
 
 import xxhash
 
@@ -14,6 +16,21 @@ from curvine_py.common.types import DIR_SIZE, ROOT_INO
 from curvine_py.master import acl
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> typing.Iterator[None]:
+    """One write transaction (BEGIN IMMEDIATE: the write lock taken at its start, not at
+    its first write), committed at the block's end, rolled back on any exception (which
+    goes on): every migration below is all or nothing."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
 
 # 2: the oplog keeps request id -> result only (version 1 stored every record's JSON in an
 # `op` column, and a row for records without a request id); see migrate().
@@ -191,14 +208,13 @@ def init_db(conn: sqlite3.Connection, block_size: int, replicas: int, now_ns: in
     the root's times (the clock's by default; 0 for a master of a Raft group, whose
     replicas must hold the same root: the group's first LeaderAnnounce sets them)."""
     upgrade(conn)
-    conn.execute("BEGIN IMMEDIATE")
-    if conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
-        now = time.time_ns() if now_ns is None else now_ns
-        conn.execute(
-            "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns,"
-            " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
-    conn.execute("COMMIT")
+    with _immediate(conn):
+        if conn.execute("SELECT 1 FROM inodes WHERE ino=?", (ROOT_INO,)).fetchone() is None:
+            now = time.time_ns() if now_ns is None else now_ns
+            conn.execute(
+                "INSERT INTO inodes(ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns,"
+                " block_size, replicas) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, DIR_SIZE, 2, now, now, now, block_size, replicas))
     keep_counts(conn)
     incremental_vacuum_on(conn)
 
@@ -219,10 +235,9 @@ def upgrade(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE inodes ADD COLUMN kv INTEGER NOT NULL DEFAULT 0")
     events_by_host_id(conn)
     reads_in_inodes(conn)
-    conn.execute("BEGIN IMMEDIATE")
-    for key, value in COUNTERS.items():
-        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
-    conn.execute("COMMIT")
+    with _immediate(conn):
+        for key, value in COUNTERS.items():
+            conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
 
 # Counts kept by triggers in the meta table, so that Report, StatFs and /metrics read one
@@ -241,8 +256,7 @@ def keep_counts(conn: sqlite3.Connection) -> None:
     one made before them, or a Raft snapshot of a master before them installed into this
     one (the backup replaces the schema, triggers included).  The triggers run inside each
     mutation's transaction, on every master of a group alike, so the counts stay exact."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         for key, (table, rows) in COUNTS.items():
             for event, row, delta in (("INSERT", "NEW", "+ 1"), ("DELETE", "OLD", "- 1")):
                 when = f" WHEN {rows.replace('ROW.', row + '.')}" if rows else ""
@@ -252,10 +266,6 @@ def keep_counts(conn: sqlite3.Connection) -> None:
                 where = f" WHERE {rows.replace('ROW.', '')}" if rows else ""
                 total = conn.execute(f"SELECT count(*) FROM {table}{where}").fetchone()[0]
                 conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (key, total))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def count(conn: sqlite3.Connection, key: str) -> int:
@@ -311,8 +321,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     if "op" not in [r[1] for r in conn.execute("PRAGMA table_info(oplog)")]:
         return
     start = time.perf_counter()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         conn.execute("CREATE TABLE oplog_v2 (seq INTEGER PRIMARY KEY, request_id TEXT NOT NULL,"
                      " ts_ms INTEGER NOT NULL, result TEXT NOT NULL)")
         kept = conn.execute("INSERT INTO oplog_v2(seq, request_id, ts_ms, result) SELECT seq, request_id, ts_ms,"
@@ -322,10 +331,6 @@ def migrate(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE INDEX oplog_req ON oplog(request_id) WHERE request_id != ''")
         conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', 2)"
                      " ON CONFLICT(key) DO UPDATE SET value=excluded.value")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: the oplog now keeps request ids and results only (%d retry-cache rows kept) in %.2f s",
              kept, time.perf_counter() - start)
 
@@ -343,8 +348,7 @@ def dirents_by_seq(conn: sqlite3.Connection) -> None:
         return
     start = time.perf_counter()
     triggers = conn.execute("SELECT sql FROM sqlite_temp_master WHERE type='trigger' AND tbl_name='dirents'").fetchall()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         table, *indexes = [sql for sql in DIRENTS.split(";") if sql.strip()]
         conn.execute("DROP TABLE IF EXISTS dirents_v3")
         conn.execute(table.replace("IF NOT EXISTS dirents", "dirents_v3"))
@@ -356,10 +360,6 @@ def dirents_by_seq(conn: sqlite3.Connection) -> None:
             conn.execute(sql)
         for (sql,) in triggers:   # stored as "CREATE TRIGGER ...": TEMP again, or it would land in main
             conn.execute(re.sub(r"^\s*CREATE\s+TRIGGER\b", "CREATE TEMP TRIGGER", sql, count=1, flags=re.IGNORECASE))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: dirents keyed by (parent, seq) now (%d names moved) in %.2f s", moved,
              time.perf_counter() - start)
 
@@ -375,14 +375,9 @@ def names_by_key(conn: sqlite3.Connection) -> None:
         return
     start = time.perf_counter()
     index = next(sql for sql in DIRENTS.split(";") if "dirents_name" in sql)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         conn.execute("DROP INDEX dirents_name")
         conn.execute(index)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: dirents_name on (parent, name_key(name)) now in %.2f s", time.perf_counter() - start)
 
 
@@ -404,8 +399,7 @@ def events_by_host_id(conn: sqlite3.Connection) -> None:
         return
     start = time.perf_counter()
     host = "e.host" if "host" in cols else "''"   # (a store of the first feed had no host column)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='events'").fetchone()
         newest = conn.execute("SELECT ifnull(max(pos), 0) FROM events").fetchone()[0]
         floor = conn.execute("SELECT ifnull(max(value), 0) FROM meta WHERE key='events_floor'").fetchone()[0]
@@ -430,10 +424,6 @@ def events_by_host_id(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE events_v3 RENAME TO events")
         conn.execute("ALTER TABLE event_hosts_v3 RENAME TO event_hosts")
         conn.execute(index)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: the event feed's positions without AUTOINCREMENT, hosts by id (%d events moved) in %.2f s",
              moved, time.perf_counter() - start)
 
@@ -453,8 +443,7 @@ def reads_in_inodes(conn: sqlite3.Connection) -> None:
     has_column = "last_read_ms" in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]
     if has_column and not has_reads:
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         if not has_column:
             conn.execute(f"ALTER TABLE inodes ADD COLUMN last_read_ms INTEGER NOT NULL DEFAULT {NEVER_READ_MS}")
         if has_reads:
@@ -464,10 +453,6 @@ def reads_in_inodes(conn: sqlite3.Connection) -> None:
                 " WHERE ino IN (SELECT ino FROM reads)").rowcount
             conn.execute("DROP TABLE reads")
             log.info("meta.db: %d last reads moved into the inodes' last_read_ms", moved)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def request_key(rid: str) -> str | bytes:
@@ -492,17 +477,12 @@ def request_keys(conn: sqlite3.Connection) -> None:
     row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     if row is not None and row[0] >= SCHEMA_VERSION:   # (none: a new store, or one from before the key)
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         rows = conn.execute("SELECT seq, request_id FROM oplog WHERE typeof(request_id) = 'text'"
                             " AND length(request_id) = 32").fetchall()
         keys = [(key, seq) for seq, rid in rows if isinstance(key := request_key(rid), bytes)]
         conn.executemany("UPDATE oplog SET request_id=? WHERE seq=?", keys)
         conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION,))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: schema %d (%d retry-cache request ids stored as bytes)", SCHEMA_VERSION, len(keys))
 
 
@@ -513,8 +493,7 @@ def acl_columns(conn: sqlite3.Connection) -> None:
     are dropped with a warning.  At open, and after a Raft snapshot from an older master."""
     if "acl" in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         conn.execute("ALTER TABLE inodes ADD COLUMN acl BLOB")
         conn.execute("ALTER TABLE inodes ADD COLUMN default_acl BLOB")
         rows = conn.execute("SELECT ino, name, value FROM xattrs WHERE name IN (?, ?)", acl.NAMES).fetchall()
@@ -528,10 +507,6 @@ def acl_columns(conn: sqlite3.Connection) -> None:
                 column = "acl" if name == acl.ACCESS else "default_acl"
                 conn.execute(f"UPDATE inodes SET {column}=? WHERE ino=?", (parsed.to_bytes(), ino))
         conn.execute("DELETE FROM xattrs WHERE name IN (?, ?)", acl.NAMES)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     log.info("meta.db: inodes have ACL columns now (%d ACL xattrs moved into them)", len(rows))
 
 
@@ -553,18 +528,13 @@ def allocated_column(conn: sqlite3.Connection) -> None:
     """Give a store (a new one, one made before st_blocks counted blocks, or such a
     master's Raft snapshot) the inodes' ``allocated`` column, summed once from its
     blocks, and the triggers that keep it."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(conn):
         if "allocated" not in [r[1] for r in conn.execute("PRAGMA table_info(inodes)")]:
             conn.execute("ALTER TABLE inodes ADD COLUMN allocated INTEGER NOT NULL DEFAULT 0")
             conn.execute("UPDATE inodes SET allocated = (SELECT sum(length) FROM blocks b WHERE b.ino = inodes.ino)"
                          " WHERE ino IN (SELECT DISTINCT ino FROM blocks)")
         for name, body in ALLOCATED_TRIGGERS.items():
             conn.execute(f"CREATE TRIGGER IF NOT EXISTS {name} {body}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def incremental_vacuum_on(conn: sqlite3.Connection) -> None:
