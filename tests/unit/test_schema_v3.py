@@ -4,12 +4,16 @@ every name, listing position and retry answer; a new store is made that way.  Th
 cache's results write an inode's times as differences (master/journal.py)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import sqlite3
 import stat
+import typing
 import uuid
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from curvine_py.common.types import ROOT_INO
 from curvine_py.master import events, schema
@@ -43,12 +47,37 @@ def names(conn: sqlite3.Connection) -> list[tuple[int, int, str, int]]:
     return [tuple(r) for r in conn.execute("SELECT parent, seq, name, ino FROM dirents ORDER BY parent, seq")]
 
 
+def opened(path: str | Path) -> sqlite3.Connection:
+    """The store at path as a master opens it: made if new, migrated if older."""
+    conn = schema.open_db(str(path))
+    schema.init_db(conn, 4 << 20, 2)
+    return conn
+
+
+@contextlib.contextmanager
+def rewound(conn: sqlite3.Connection, old: str, drop: tuple[str, ...] = (),
+            version: int | None = None) -> typing.Iterator[sqlite3.Connection]:
+    """Put conn's store back in an older form, in one transaction: drop the tables drop,
+    run old's statements (that form's tables), let the block fill them, set
+    meta.schema_version to version (if given); then close conn."""
+    conn.execute("BEGIN")
+    for table in drop:
+        conn.execute(f"DROP TABLE {table}")
+    for sql in old.split(";"):
+        if sql.strip():
+            conn.execute(sql)
+    yield conn
+    if version is not None:
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
+    conn.execute("COMMIT")
+    conn.close()
+
+
 def schema_2_store(path: str) -> tuple[list[tuple[int, int, str, int]], str]:
     """A store as a schema-2 master left it: a directory of 50 files made through the
     journal (so the retry cache has rows), then dirents and the oplog's ids put back in
     version 2's form.  Returns its names and one retried request's id."""
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(path)
     j = Journal(Namespace(conn, 4 << 20, 2))
     rid = uuid.uuid4().hex
     d = mknod(j, ROOT_INO, "d", stat.S_IFDIR | 0o755, rid)
@@ -56,22 +85,14 @@ def schema_2_store(path: str) -> tuple[list[tuple[int, int, str, int]], str]:
         mknod(j, d, f"f{i:03d}", stat.S_IFREG | 0o644)
     j.stop()
     made = names(conn)
-    conn.execute("BEGIN")
-    conn.execute("DROP TABLE dirents")
-    for sql in SCHEMA_2_DIRENTS.split(";"):
-        if sql.strip():
-            conn.execute(sql)
-    conn.executemany("INSERT INTO dirents(parent, seq, name, ino) VALUES (?,?,?,?)", made)
-    conn.execute("UPDATE oplog SET request_id = lower(hex(request_id)) WHERE typeof(request_id) = 'blob'")
-    conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
-    conn.execute("COMMIT")
-    conn.close()
+    with rewound(conn, SCHEMA_2_DIRENTS, drop=("dirents",), version=2):
+        conn.executemany("INSERT INTO dirents(parent, seq, name, ino) VALUES (?,?,?,?)", made)
+        conn.execute("UPDATE oplog SET request_id = lower(hex(request_id)) WHERE typeof(request_id) = 'blob'")
     return made, rid
 
 
 def test_a_new_store_is_schema_3(tmp_path: Path) -> None:
-    conn = schema.open_db(str(tmp_path / "meta.db"))
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(tmp_path / "meta.db")
     sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents'").fetchone()[0]
     assert "WITHOUT ROWID" in sql
     assert {r[1] for r in conn.execute("PRAGMA index_list(dirents)")} == DIRENTS_KEYS
@@ -109,8 +130,7 @@ def test_a_schema_2_store_is_migrated_at_open(tmp_path: Path) -> None:
         j.stop()
         conn.close()
     # opened again: nothing left to migrate
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(path)
     assert len(names(conn)) == len(made) + 1
     conn.close()
 
@@ -153,30 +173,18 @@ EVENT_ROWS = [   # pos, ts_ms, kind, parent, name, from_name, ino, size, host
 def schema_2_events(path: str, rows: list[tuple], seq: int, floor: int) -> None:
     """A store whose event feed is schema 2's: rows, sqlite_sequence at seq (the newest
     position AUTOINCREMENT gave), meta.events_floor at floor; file 20 held by both hosts."""
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
-    conn.execute("BEGIN")
-    conn.execute("DROP TABLE events")
-    conn.execute("DROP TABLE event_hosts")
-    conn.execute("DROP TABLE hosts")
-    for sql in SCHEMA_2_EVENTS.split(";"):
-        if sql.strip():
-            conn.execute(sql)
-    conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?)", rows)
-    conn.execute("DELETE FROM sqlite_sequence WHERE name='events'")
-    conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('events', ?)", (seq,))
-    conn.executemany("INSERT INTO event_hosts VALUES (?,?)", [(20, "hostB"), (20, "hostA")])
-    conn.execute("UPDATE meta SET value=? WHERE key='events_floor'", (floor,))
-    conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
-    conn.execute("COMMIT")
-    conn.close()
+    with rewound(opened(path), SCHEMA_2_EVENTS, drop=("events", "event_hosts", "hosts"), version=2) as conn:
+        conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?)", rows)
+        conn.execute("DELETE FROM sqlite_sequence WHERE name='events'")
+        conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('events', ?)", (seq,))
+        conn.executemany("INSERT INTO event_hosts VALUES (?,?)", [(20, "hostB"), (20, "hostA")])
+        conn.execute("UPDATE meta SET value=? WHERE key='events_floor'", (floor,))
 
 
 def test_a_schema_2_event_feed_keeps_its_positions_and_hosts(tmp_path: Path) -> None:
     path = str(tmp_path / "meta.db")
     schema_2_events(path, EVENT_ROWS, seq=7, floor=3)
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(path)
     sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='events'").fetchone()[0]
     assert "AUTOINCREMENT" not in sql.upper() and "host_id" in sql
     assert conn.execute("SELECT count(*) FROM sqlite_sequence WHERE name='events'").fetchone()[0] == 0
@@ -189,8 +197,7 @@ def test_a_schema_2_event_feed_keeps_its_positions_and_hosts(tmp_path: Path) -> 
     assert events.hosts_of(conn, [20]) == {20: {"hostA", "hostB"}}
     assert {r[1] for r in conn.execute("PRAGMA index_list(events)")} == {"events_parent"}
     conn.close()
-    conn = schema.open_db(path)   # opened again: nothing left to migrate
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(path)   # opened again: nothing left to migrate
     assert events.bounds(conn) == (3, 7)
     conn.close()
 
@@ -201,8 +208,7 @@ def test_a_schema_2_event_feed_pruned_empty_keeps_its_newest_position(tmp_path: 
     for seq, floor in ((7, 7), (9, 7)):
         path = str(tmp_path / f"meta-{seq}.db")
         schema_2_events(path, [], seq=seq, floor=floor)
-        conn = schema.open_db(path)
-        schema.init_db(conn, 4 << 20, 2)
+        conn = opened(path)
         assert events.next_position(conn) == seq + 1
         assert events.bounds(conn) == (seq, seq)
         conn.close()
@@ -213,20 +219,16 @@ def test_a_reads_table_moves_into_the_inodes_last_read(tmp_path: Path) -> None:
     gets them as the inodes' last_read_ms, and the table goes; a read recorded for a file
     gone since moves nowhere."""
     path = str(tmp_path / "meta.db")
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(path)
     j = Journal(Namespace(conn, 4 << 20, 2))
     a, b = (mknod(j, ROOT_INO, n, stat.S_IFREG | 0o644) for n in ("a", "b"))
     j.stop()
     assert conn.execute("SELECT 1 FROM sqlite_master WHERE name='reads'").fetchone() is None
-    conn.execute("BEGIN")   # back to the old form: no column, a row per read file
-    conn.execute("ALTER TABLE inodes DROP COLUMN last_read_ms")
-    conn.execute("CREATE TABLE reads (ino INTEGER PRIMARY KEY, last_read_ns INTEGER NOT NULL)")
-    conn.executemany("INSERT INTO reads VALUES (?, ?)", [(a, 1_700_000_000_123_456_789), (999_999, 5)])
-    conn.execute("COMMIT")
-    conn.close()
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    # back to the old form: no column, a row per read file
+    with rewound(conn, "ALTER TABLE inodes DROP COLUMN last_read_ms;"
+                 " CREATE TABLE reads (ino INTEGER PRIMARY KEY, last_read_ns INTEGER NOT NULL)"):
+        conn.executemany("INSERT INTO reads VALUES (?, ?)", [(a, 1_700_000_000_123_456_789), (999_999, 5)])
+    conn = opened(path)
     assert conn.execute("SELECT 1 FROM sqlite_master WHERE name='reads'").fetchone() is None
     got = dict(conn.execute("SELECT ino, last_read_ms FROM inodes WHERE ino IN (?, ?)", (a, b)).fetchall())
     assert got == {a: 1_700_000_000_123, b: schema.NEVER_READ_MS}
@@ -241,8 +243,7 @@ def test_names_are_found_by_their_key_and_compared_in_the_row(tmp_path: Path) ->
     made constant on a new store) are never lost or confused."""
     from curvine_py.master import locate
     from curvine_py.master.records import Create, Link, Rename, Unlink
-    conn = schema.open_db(str(tmp_path / "meta.db"))
-    schema.init_db(conn, 4 << 20, 2)
+    conn = opened(tmp_path / "meta.db")
     assert "name_key(name)" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
     conn.create_function("name_key", 1, lambda name: 7, deterministic=True)   # before any name is stored
     ns = Namespace(conn, 4 << 20, 2)
@@ -272,22 +273,52 @@ def test_names_are_found_by_their_key_and_compared_in_the_row(tmp_path: Path) ->
         j.stop()
 
 
+def names_indexed_whole(path: str, files: int) -> dict[str, int]:
+    """A store of files files in its root whose dirents_name is the unique (parent, name)
+    index (schema 3 as first made); returns their inodes by name."""
+    conn = opened(path)
+    j = Journal(Namespace(conn, 4 << 20, 2))
+    made = {f"f{i:03d}": mknod(j, ROOT_INO, f"f{i:03d}", stat.S_IFREG | 0o644) for i in range(files)}
+    j.stop()
+    with rewound(conn, "DROP INDEX dirents_name; CREATE UNIQUE INDEX dirents_name ON dirents(parent, name)"):
+        pass
+    return made
+
+
 def test_a_name_index_of_the_names_themselves_is_rebuilt_on_keys(tmp_path: Path) -> None:
     """A store whose dirents_name is the unique (parent, name) index (schema 3 as first made)
     gets the key index at open, every name still found."""
     path = str(tmp_path / "meta.db")
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
-    j = Journal(Namespace(conn, 4 << 20, 2))
-    made = {f"f{i:03d}": mknod(j, ROOT_INO, f"f{i:03d}", stat.S_IFREG | 0o644) for i in range(30)}
-    j.stop()
-    conn.execute("DROP INDEX dirents_name")
-    conn.execute("CREATE UNIQUE INDEX dirents_name ON dirents(parent, name)")
-    conn.close()
-    conn = schema.open_db(path)
-    schema.init_db(conn, 4 << 20, 2)
+    made = names_indexed_whole(path, 30)
+    conn = opened(path)
     assert "name_key(name)" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
     ns = Namespace(conn, 4 << 20, 2)
     assert {n: ns.lookup(ROOT, ROOT_INO, n).ino for n in made} == made
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_a_migration_that_fails_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    """Each migration is one transaction (schema._immediate): one that fails halfway (here
+    names_by_key's new index: name_key raises on the rows it indexes, after the old index
+    was dropped) leaves the old index, and the connection out of any transaction; the
+    next open migrates."""
+    path = str(tmp_path / "meta.db")
+    made = names_indexed_whole(path, 3)
+
+    def no_key(name: str | None) -> int:
+        raise RuntimeError(f"no key for {name!r}")
+
+    conn = schema.open_db(path)
+    conn.create_function("name_key", 1, no_key, deterministic=True)
+    with pytest.raises(sqlite3.OperationalError):
+        schema.init_db(conn, 4 << 20, 2)
+    assert not conn.in_transaction
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
+    assert "UNIQUE" in sql and "name_key" not in sql
+    conn.close()
+    conn = opened(path)
+    assert "name_key(name)" in conn.execute("SELECT sql FROM sqlite_master WHERE name='dirents_name'").fetchone()[0]
+    ns = Namespace(conn, 4 << 20, 2)
+    assert {n: ns.lookup(ROOT, ROOT_INO, n).ino for n in made} == made
     conn.close()
