@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.client import metrics
-from curvine_py.client.mount.localfiles import one_block
+from curvine_py.client.mount.localfiles import local_replica, one_block
 from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.reader import CachedBlock, FileReader, start_fetch
 from curvine_py.pb import curvine_pb2 as pb
@@ -59,8 +59,13 @@ def fetchable(core: ClientCore, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -
     short-circuit), and a read token where the cluster uses them (without one the caller
     may not read the file: its open will fail)."""
     block = one_block(attr, blocks)
-    if block is None or core.paths.local_replica(block) is not None:
+    if block is None or local_replica(core, block) is not None:
         return None
+    return readable(core, block)
+
+
+def readable(core: ClientCore, block: pb.BlockInfo) -> pb.BlockInfo | None:
+    """block, unless the cluster uses read tokens and it carries none (fetchable's last test)."""
     return None if core.cfg.cluster.secret and not block.token else block
 
 
@@ -93,8 +98,11 @@ class FetchAhead:
         """Queue the looked-up file's block if it qualifies, its fetch to start in the next
         pause of the lookups (never waits: this runs on the mount's event loop)."""
         block = fetchable(self.core, attr, blocks)
-        if block is None:
-            return
+        if block is not None:
+            self.fetch_ahead(attr, block)
+
+    def fetch_ahead(self, attr: pb.Attr, block: pb.BlockInfo) -> None:
+        """after_lookup for a block known fetchable (MountOpens.after_lookup tells once)."""
         pool = self.core.buffer_pool(attr.block_size or self.core.cfg.master.block_size)
         if block.length > pool.size:
             return

@@ -21,7 +21,7 @@ import logging
 import os
 import stat
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 
 AHEAD_QUEUE = 16       # checks queued or running at most; later lookups leave theirs to the open
 AHEAD_SEEN = 4096      # file versions remembered as checked ahead (bounded LRU)
+
+
+def local_replica(core: ClientCore, block: pb.BlockInfo) -> pb.WorkerAddress | None:
+    """The block's replica on this host when local reads are on: BlockPaths.local_replica's
+    answer without ordering every replica first (placement puts at most one on a host).
+    Asked at every lookup of a one-block file, where that ordering cost ~13 us of the
+    ~60 us a listed lookup took in the mount (bench/kv_lookup.py --replica-host)."""
+    sc = core.paths.shortcircuit
+    if sc is None:
+        return None
+    return next((a for a in core.workers.of(block) if sc.serves(a)), None)
 
 
 def one_block(attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
@@ -60,7 +71,9 @@ class LocalFiles:
         self._closed = False
         self._lock = threading.Lock()
         self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._queued = 0
+        self._queued = 0          # checks queued or running
+        self._todo: deque[pb.BlockInfo] = deque()   # queued, in lookup order
+        self._draining = False    # the checks' thread takes them (_drain)
         self._pool: ThreadPoolExecutor | None = None
         self._checker = Checker()     # hashes at idle priority in a process of its own
 
@@ -70,7 +83,7 @@ class LocalFiles:
         if not self.enabled or self.core.paths.shortcircuit is None:
             return None
         block = one_block(attr, blocks, flags)
-        return block if block is not None and self.core.paths.local_replica(block) is not None else None
+        return block if block is not None and local_replica(self.core, block) is not None else None
 
     def warm(self) -> None:
         """Ahead of the first open: what the checks need of this host's workers, and the
@@ -80,6 +93,10 @@ class LocalFiles:
             return
         if self.ahead:
             self._checker.start()
+            with self._lock:   # its thread too: started at a fresh mount's first check, it cost that lookup ~0.1 ms
+                pool = None if self._closed else self._thread()
+            if pool is not None:
+                pool.submit(int)
         try:
             ring = self.core.meta.call(Master.GetRing, pb.Empty())
         except CurvineError as e:
@@ -99,20 +116,48 @@ class LocalFiles:
         if not (self.wanted and stat.S_ISREG(attr.mode)):
             return
         block = self.block_of(attr, blocks)
-        if block is None:
+        if block is not None:
+            self.check_ahead(attr, block)
+
+    def check_ahead(self, attr: pb.Attr, block: pb.BlockInfo) -> None:
+        """Queue the check of a looked-up file's only block, which has a replica here
+        (block_of's answer), unless checked ahead already or AHEAD_QUEUE are queued.  On
+        the mount's event loop at every lookup of a run of stats, so it only appends to
+        the queue: one thread, started once per run (not a task submitted per check, ~10
+        us each), takes the checks in order in the lookups' pause."""
+        if not self.wanted:
             return
         key = (attr.ino, attr.generation)
         with self._lock:
-            if key in self._seen or self._queued >= AHEAD_QUEUE:
+            if self._closed or key in self._seen or self._queued >= AHEAD_QUEUE:
                 return
             self._seen[key] = None
             while len(self._seen) > AHEAD_SEEN:
                 self._seen.popitem(last=False)
             self._queued += 1
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead")
-            pool = self._pool
-        pool.submit(self._check, block)
+            self._todo.append(block)
+            if self._draining:
+                return
+            self._draining = True
+            pool = self._thread()
+        pool.submit(self._drain)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """(lock held) The checks' thread (made once)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-ahead")
+        return self._pool
+
+    def _drain(self) -> None:
+        """(the checks' thread) Check the queued blocks in lookup order, each in a pause
+        of the lookups, until none is left."""
+        while True:
+            with self._lock:
+                if not self._todo:
+                    self._draining = False
+                    return
+                block = self._todo.popleft()
+            self._check(block)
 
     def _check(self, block: pb.BlockInfo) -> None:
         # Not beside the lookups: LMCache stats a prompt's chunks, then opens them; with
@@ -125,7 +170,7 @@ class LocalFiles:
             if self._closed:
                 return
             self._checker.idle()      # again: an open waiting for the last check lent it normal priority
-            sc, addr = self.core.paths.shortcircuit, self.core.paths.local_replica(block)
+            sc, addr = self.core.paths.shortcircuit, local_replica(self.core, block)
             if sc is not None and addr is not None:
                 # a failure is logged there; the open tries again
                 sc.verify(addr, block, self._checker.sums, self._checker.boost)
