@@ -56,7 +56,7 @@ class ListedBlocks(typing.NamedTuple):
 
     who: tuple[int, int, tuple[int, ...]]
     at: float
-    files: dict[str, tuple[pb.Attr, tuple[pb.BlockInfo, ...]]]
+    files: dict[str, tuple[pb.Attr, typing.Sequence[pb.BlockInfo]]]
 
 
 class Negative:
@@ -221,10 +221,10 @@ class MetaCache:
             return parent in self._complete and (parent, name) not in self._names
 
     def first_from_listing(self, parent: int, name: str, attr: pb.Attr | None = None,
-                           who: Who | None = None) -> bool | tuple[pb.BlockInfo, ...]:
+                           who: Who | None = None) -> bool | typing.Sequence[pb.BlockInfo]:
         """Is this the first lookup of name since a listing brought it (counted once)?
         A mount that checks or fetches a one-block file's block at its lookup needs that
-        file's block then: the listing's (a tuple, empty when it gave none for the file),
+        file's block then: the listing's (a sequence, empty when it gave none for the file),
         when it brought blocks (AttrReply.listing_blocks) minted for who, LISTED_BLOCKS_S
         ago at most, with attr (the attributes the cache answers with) as it listed them;
         else True: the master is asked (its Lookup's answer brings the block)."""
@@ -310,10 +310,9 @@ class MetaCache:
         whole = None
         if listing is not None and name is not None and directory is not None:
             parent = name[0]
-            entries = [(e.name, e.attr) for e in listing]
-            blocks = None if listed_for is None else ListedBlocks(   # (the same Attr objects as entries')
-                (listed_for.uid, listed_for.gid, tuple(listed_for.groups)), time.monotonic(),
-                {n: (a, tuple(e.blocks)) for (n, a), e in zip(entries, listing) if e.blocks})
+            entries, files = _intake(listing, listed_for is not None)
+            blocks = None if listed_for is None else ListedBlocks(
+                (listed_for.uid, listed_for.gid, tuple(listed_for.groups)), time.monotonic(), files)
             whole = (parent, entries, blocks)
             wanted.append((parent, LISTING))
             wanted += [(parent, n) for n, _ in whole[1]]
@@ -427,6 +426,24 @@ class MetaCache:
         self._listed_blocks.clear()
         self._forgotten.clear()
         self._dropped.clear()
+
+
+def _intake(listing: typing.Sequence[pb.DirEntry], with_blocks: bool
+            ) -> tuple[list[tuple[str, pb.Attr]], dict[str, tuple[pb.Attr, typing.Sequence[pb.BlockInfo]]]]:
+    """A listing's (name, attributes), and (with_blocks) its one-block files' attributes
+    (the same objects) and blocks (the reply's own repeated field, not a copy), by name:
+    in one pass over it.  At a fresh mount's first stat in a directory of 32 chunks, a
+    second pass and a tuple of blocks per file cost ~22 of its ~37 us (steady state)."""
+    entries: list[tuple[str, pb.Attr]] = []
+    files: dict[str, tuple[pb.Attr, typing.Sequence[pb.BlockInfo]]] = {}
+    for e in listing:
+        n, a = e.name, e.attr
+        entries.append((n, a))
+        if with_blocks:
+            blocks = e.blocks
+            if blocks:
+                files[n] = (a, blocks)
+    return entries, files
 
 
 def may_search(d: pb.Attr, ident: Who) -> bool:
