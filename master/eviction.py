@@ -42,6 +42,7 @@ _LAST_READ_NS = f"coalesce(nullif(i.last_read_ms, {schema.NEVER_READ_MS}), 0) * 
 
 log = logging.getLogger(__name__)
 READS_FLUSH_S = 10.0
+STOP_FLUSH_S = 2.0   # a stopping master waits this long at most for its last reads to commit
 MAX_VICTIMS = 2000        # files per evict op (a pass repeats while still above the watermark)
 _FMT, _REG = 0o170000, 0o100000   # S_IFMT, S_IFREG
 
@@ -81,9 +82,26 @@ class Evictor:
         self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._last_flush_at_stop()
+
+    def _last_flush_at_stop(self) -> None:
+        """Record the reads not yet recorded, waiting STOP_FLUSH_S at most: when a whole
+        group is stopped at once the other masters are gone, no majority commits the
+        record, and the submit would hold the stop for its full COMMIT_WAIT_S (10 s per
+        `cv cluster stop`).  The reads only order eviction: losing a few seconds' is harmless."""
+        if not self.leading():
+            return
+        flusher = threading.Thread(target=self._flush_quietly, name="evictor-last-reads", daemon=True)
+        flusher.start()
+        flusher.join(STOP_FLUSH_S)
+        if flusher.is_alive():
+            log.warning("stopping: the last reads (eviction order) not recorded within %g s (no majority?)",
+                        STOP_FLUSH_S)
+
+    def _flush_quietly(self) -> None:
         try:
             self.flush_reads()
-        except Exception:   # the journal may be gone already
+        except Exception:   # the journal may be gone already; no majority
             pass
 
     def kick(self) -> None:
