@@ -6,7 +6,9 @@ in place of vLLM's GPU kernels (tests/kvclients/lmcache_driver.py, run in the LM
 venv ``make lmcache-deps`` builds).  Pod A's process stores through a mount on a
 worker's host (a replica written by short-circuit) or on a host with none; pod B's fresh
 process, on the other worker's host, looks the prefix up, retrieves it through
-LMCache and reads every chunk file directly, every byte checked.  At default settings.
+LMCache and reads every chunk file directly, every byte checked.  At default settings,
+the block size too (16 MiB, not the suite's 4 MiB pin): a chunk is one block, with a
+replica on pod B's host, as in a deployment with defaults.
 
 Pod A's process also starts children all through the store (``--spawn-children``: vLLM
 starts workers, LMCache's telemetry runs py-cpuinfo in a subprocess), each closing its
@@ -38,6 +40,13 @@ def _missing() -> str | None:
         return f"real LMCache is not installed ({PYTHON}: `make lmcache-deps`, log .venv/lmcache-install.log)"
     probe = subprocess.run([str(PYTHON), "-c", "import lmcache, torch"], capture_output=True, text=True)
     return None if probe.returncode == 0 else f"LMCache does not import: {probe.stderr.strip()[-300:]}"
+
+
+@pytest.fixture(autouse=True)
+def _default_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemons this test starts inherit the environment: without the suite's pin
+    (tests/conftest.py TEST_BLOCK_SIZE) they make blocks of the default size."""
+    monkeypatch.delenv("CURVINE_MASTER_BLOCK_SIZE", raising=False)
 
 
 def drive(c: NetCluster, host: int, *args: str) -> dict[str, typing.Any]:
