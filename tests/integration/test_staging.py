@@ -147,9 +147,9 @@ def test_a_lookup_without_a_read_token_stages_nothing(stage_vfs: VFS, client: Cl
     tokenless.CopyFrom(reply.blocks[0])
     tokenless.token = ""
     stage = stage_of(stage_vfs)
-    stage.after_lookup(reply.attr, [tokenless])
+    opens_of(stage_vfs).after_lookup(reply.attr, [tokenless])
     assert not stage._table and not stage._later
-    stage.after_lookup(reply.attr, list(reply.blocks))     # the same lookup with a token is staged
+    opens_of(stage_vfs).after_lookup(reply.attr, list(reply.blocks))   # the same lookup with a token is staged
     assert [e.ino for e in stage._table.values()] == [reply.attr.ino]
 
 

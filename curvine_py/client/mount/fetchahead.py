@@ -33,11 +33,9 @@ import threading
 import time
 import typing
 from collections import OrderedDict
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from curvine_py.client import metrics
-from curvine_py.client.mount.localfiles import local_replica, one_block
 from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.reader import CachedBlock, FileReader, start_fetch
 from curvine_py.pb import curvine_pb2 as pb
@@ -53,19 +51,9 @@ IN_FLIGHT = 1   # fetches at once: in lookup order, so the first chunk read is t
 STALE_S = 2.0   # a held block not opened for this long makes room for a newer lookup's
 
 
-def fetchable(core: ClientCore, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> pb.BlockInfo | None:
-    """A looked-up file's block worth fetching before its open: a one-block file's
-    (one_block) with no replica on this host (a local one is read by passthrough or
-    short-circuit), and a read token where the cluster uses them (without one the caller
-    may not read the file: its open will fail)."""
-    block = one_block(attr, blocks)
-    if block is None or local_replica(core, block) is not None:
-        return None
-    return readable(core, block)
-
-
 def readable(core: ClientCore, block: pb.BlockInfo) -> pb.BlockInfo | None:
-    """block, unless the cluster uses read tokens and it carries none (fetchable's last test)."""
+    """block, unless the cluster uses read tokens and it carries none: without one the
+    caller may not read the file (its open will fail), so nothing is fetched ahead."""
     return None if core.cfg.cluster.secret and not block.token else block
 
 
@@ -94,15 +82,10 @@ class FetchAhead:
         self._kicked = False    # a _dispatch is queued or waits for a pause of the lookups
         self._starter: ThreadPoolExecutor | None = None   # runs _dispatch (made at the first lookup queued)
 
-    def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
-        """Queue the looked-up file's block if it qualifies, its fetch to start in the next
-        pause of the lookups (never waits: this runs on the mount's event loop)."""
-        block = fetchable(self.core, attr, blocks)
-        if block is not None:
-            self.fetch_ahead(attr, block)
-
     def fetch_ahead(self, attr: pb.Attr, block: pb.BlockInfo) -> None:
-        """after_lookup for a block known fetchable (MountOpens.after_lookup tells once)."""
+        """Queue a looked-up one-block file's block, which has no replica here and may be
+        read (MountOpens.after_lookup tells once), its fetch to start in the next pause of
+        the lookups (never waits: this runs on the mount's event loop)."""
         pool = self.core.buffer_pool(attr.block_size or self.core.cfg.master.block_size)
         if block.length > pool.size:
             return

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -109,15 +108,6 @@ class LocalFiles:
     def wanted(self) -> bool:
         """Lookups should ask the master for a one-block file's block (LookupRequest.one_block)."""
         return self.ahead and self.enabled
-
-    def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
-        """A lookup found attr (and, for a one-block file, its block): if the kernel may
-        read that file from a local block file, check the file in the background."""
-        if not (self.wanted and stat.S_ISREG(attr.mode)):
-            return
-        block = self.block_of(attr, blocks)
-        if block is not None:
-            self.check_ahead(attr, block)
 
     def check_ahead(self, attr: pb.Attr, block: pb.BlockInfo) -> None:
         """Queue the check of a looked-up file's only block, which has a replica here

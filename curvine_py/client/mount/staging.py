@@ -55,7 +55,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
-from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S, fetchable
+from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S
 from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.mount.localfiles import local_replica, one_block
 from curvine_py.client.reader import fetch_block
@@ -151,16 +151,11 @@ class StagedBlocks:
             return None
         return block
 
-    def after_lookup(self, attr: pb.Attr, blocks: Sequence[pb.BlockInfo]) -> None:
-        """Stage a looked-up file's block in the background, or remember it for when an
-        open takes one of the AHEAD_LIMIT staged before it (never waits: this runs on the
-        mount's event loop)."""
-        block = fetchable(self.core, attr, blocks)
-        if block is not None:
-            self.stage_ahead(attr, block)
-
     def stage_ahead(self, attr: pb.Attr, block: pb.BlockInfo) -> None:
-        """after_lookup for a block known fetchable (MountOpens.after_lookup tells once)."""
+        """Stage a looked-up one-block file's block, which has no replica here and may be
+        read (MountOpens.after_lookup tells once), in the background, or remember it for
+        when an open takes one of the AHEAD_LIMIT staged before it (never waits: this runs
+        on the mount's event loop)."""
         if block.length > self.budget:
             return
         with self._lock:
