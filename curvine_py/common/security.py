@@ -68,6 +68,16 @@ def token_expired(e: BaseException) -> bool:
     return isinstance(e, CurvineError) and e.errno == errno.EKEYEXPIRED
 
 
+def _keyed_sha256(key: bytes) -> tuple[typing.Any, typing.Any]:
+    """HMAC-SHA256's inner and outer hashes with key absorbed (RFC 2104): the MAC of m is
+    outer.copy() fed inner.copy() fed m's digest, hmac.new(key, m, sha256)'s value."""
+    block = 64   # SHA-256's block size
+    if len(key) > block:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(block, b"\0")
+    return (hashlib.sha256(bytes(b ^ 0x36 for b in key)), hashlib.sha256(bytes(b ^ 0x5C for b in key)))
+
+
 class BlockTokens:
     """Mint and check block tokens for one cluster secret.
 
@@ -80,6 +90,10 @@ class BlockTokens:
         if ttl_s <= 0 or grace_s < 0:
             raise ValueError(f"block token ttl {ttl_s} s must be positive and grace {grace_s} s not negative")
         self._key = secret.encode()
+        # HMAC-SHA256's two hashes keyed once (RFC 2104): a MAC copies them (~0.7 us here)
+        # instead of hmac.new keying anew (~5.5 us), most of the master's cost of the read
+        # tokens of a Lookup's listing (32 one-block files: a token each)
+        self._keyed = _keyed_sha256(self._key) if self._key else None
         self.ttl_s = ttl_s
         self.grace_s = grace_s
         self._clock = clock
@@ -95,6 +109,23 @@ class BlockTokens:
         if expiry is None:
             expiry = int(self._clock() + self.ttl_s + 0.999)
         return f"{mode}{expiry}.{self._mac(block_id, mode, expiry)}"
+
+    def minter(self, mode: str) -> typing.Callable[[int], str]:
+        """mint(block_id, mode) for many blocks at once (a Lookup's listing): one expiry
+        for all of them, and no per-call look-ups of the mode and the clock."""
+        if self._keyed is None:
+            return lambda block_id: ""
+        expiry = int(self._clock() + self.ttl_s + 0.999)
+        inner, outer = self._keyed
+        head, tail = f"{mode}{expiry}.", f":{mode}:{expiry}".encode()
+
+        def mint(block_id: int) -> str:
+            i = inner.copy()
+            i.update(b"%d%s" % (block_id, tail))
+            o = outer.copy()
+            o.update(i.digest())
+            return head + o.hexdigest()[:_MAC_LEN]
+        return mint
 
     def check(self, token: str, block_id: int, write: bool) -> None:
         """Raise TokenRefused unless token grants this access (a write token also grants
@@ -129,8 +160,13 @@ class BlockTokens:
         return True
 
     def _mac(self, block_id: int, mode: str, expiry: int) -> str:
-        msg = f"{block_id}:{mode}:{expiry}".encode()
-        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:_MAC_LEN]
+        assert self._keyed is not None
+        inner, outer = self._keyed
+        i = inner.copy()
+        i.update(f"{block_id}:{mode}:{expiry}".encode())
+        o = outer.copy()
+        o.update(i.digest())
+        return o.hexdigest()[:_MAC_LEN]
 
 
 class SecretCheck(grpc.ServerInterceptor):
