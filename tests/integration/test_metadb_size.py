@@ -142,8 +142,12 @@ def test_lmcache_files_at_rest_cost_at_most_300_bytes(cluster_factory: Factory) 
     last read each.  At rest (retry cache and events pruned, the reads and the replicas
     written down) each costs <= 300 bytes: 319.5 before the reads moved into the inodes and
     dirents_name held keys instead of names (bench/meta_scale.py --lmcache-files)."""
+    # worker_timeout_s is also the new leader's wait before its first replica events
+    # (master/replicafeed.py): 30 s by default, which the test would otherwise wait out;
+    # 5 s, as the fault suite uses, is still 25 heartbeats
     c = cluster_factory(workers=2, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-retry-cache-s", "1",
-                                                       "--master-events-retention-s", "1"))
+                                                       "--master-events-retention-s", "1",
+                                                       "--master-worker-timeout-s", "5"))
     db = Store(c.meta_dir(0) / "meta.db")
     client = Client(master=c.master_address, config=client_config(c))
     try:
