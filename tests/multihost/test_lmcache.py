@@ -10,6 +10,13 @@ LMCache and reads every chunk file directly, every byte checked.  At default set
 the block size too (16 MiB, not the suite's 4 MiB pin): a chunk is one block, with a
 replica on pod B's host, as in a deployment with defaults.
 
+One prompt per test, of 8,325 tokens: 32 whole 256-token chunks and a last one of 133
+tokens, the last chunk's shape of the 1,925-token reference prompt (7 whole + 133).  The
+tests stored a 1,925- and an 8,192-token prompt before, four driver processes (each
+importing torch) per test for the same two shapes of chunk file; 33 chunks (455 MiB) still
+fit LMCache's 0.5 GB CPU buffer (the driver's default ``--cpu-gb``), which a put that
+dropped a chunk would show (the file count is asserted).
+
 Pod A's process also starts children all through the store (``--spawn-children``: vLLM
 starts workers, LMCache's telemetry runs py-cpuinfo in a subprocess), each closing its
 inherited copies of the chunk files: the FLUSH behind the lost writes.  Before the fix
@@ -33,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "lmcache" / "bin" / "python"
 DRIVER = ROOT / "tests" / "kvclients" / "lmcache_driver.py"
 RUN_TIMEOUT_S = 300
+TOKENS = 8192 + 133     # 33 chunk files, the last one partial
 
 
 def _missing() -> str | None:
@@ -70,7 +78,7 @@ def test_real_lmcache_pod_a_to_pod_b_byte_exact(net_cluster: NetCluster, tmp_pat
     c = net_cluster
     a = c.mount(writer_host, tmp_path / "a")
     b = c.mount(2, tmp_path / "b")
-    for tokens, seed in ((1925, 7), (8192, 11)):
+    for tokens, seed in ((TOKENS, 7),):
         d = f"kv-{tokens}"
         put = drive(c, writer_host, "put", "--dir", str(a / d), "--tokens", str(tokens), "--seed", str(seed),
                     "--spawn-children")
@@ -100,7 +108,7 @@ def test_real_lmcache_through_the_plugin_host_to_host_byte_exact(net_cluster: Ne
     def plugin(host: int, base: str) -> tuple[str, str]:
         return "--curvine", json.dumps({"base_path": f"/{base}", "config": str(c.config_path),
                                         "host": c.hosts[host].name})
-    for tokens, seed in ((1925, 5), (8192, 13)):
+    for tokens, seed in ((TOKENS, 5),):
         base = f"kvplugin-{tokens}"
         put = drive(c, 3, "put", *plugin(3, base), "--dir", str(a / base), "--tokens", str(tokens),
                     "--seed", str(seed))
