@@ -33,7 +33,7 @@ from curvine_py.master.journal import CHANGES_KEY, Journal
 from curvine_py.master.loadjobs import LoadJobs
 from curvine_py.master.locate import Locator
 from curvine_py.master.locks import LockCall, LockTable
-from curvine_py.master.namespace import Namespace
+from curvine_py.master.namespace import LISTED_BLOCK, Namespace
 from curvine_py.master.store import BlockRow, InodeRow, Result, UfsFileRow
 from curvine_py.master.placement import Placement
 from curvine_py.master.records import (
@@ -269,16 +269,22 @@ class MasterService:
         attributes, and the listing key, which every name change there takes), when it has
         at most listing_max names (and LISTING_MAX): the mount answers its next lookups
         there, hits and misses, itself.  0: no listing (too large, or changed since epoch:
-        the caller grants the name alone)."""
-        parent = request.parent
-        listing = self.ns.listing(parent, min(request.listing_max, LISTING_MAX))
+        the caller grants the name alone).  With one_block, each complete one-block file's
+        block too (_listed_blocks)."""
+        parent, most = request.parent, min(request.listing_max, LISTING_MAX)
+        if request.one_block:
+            listing = self.ns.listing_with_blocks(parent, most)
+        else:
+            listing = self.ns.listing(parent, most)
         if listing is None:
             return 0
         more: list[Key] = [(parent, LISTING)]
         more += [(parent, r[0]) for r in listing]
         more += [(r[1], None) for r in listing]
         seq = self.sessions.grant(request.caller.session, keys + more, epoch)
-        if seq:
+        if seq and request.one_block:
+            self._listed_blocks(request, listing, reply)
+        elif seq:
             # Filled in place, in namespace.LISTING_COLUMNS' order: a third of the time of
             # building an Attr and a DirEntry per name and copying them in
             add = reply.listing.add
@@ -287,32 +293,43 @@ class MasterService:
                 a.ino, a.mode, a.uid, a.gid, a.size, a.nlink, a.atime_ns, a.mtime_ns = r[1:9]
                 a.ctime_ns, a.rdev, a.block_size, a.replicas, a.generation, a.allocated = r[9:15]
                 a.complete, a.kv, a.acl = bool(r[15]), bool(r[16]), r[17] > 0
-            reply.listed = True
-            if request.one_block:
-                self._list_blocks(request, reply)
+        reply.listed = bool(seq)
         return seq
 
-    def _list_blocks(self, request: pb.LookupRequest, reply: pb.AttrReply) -> None:
-        """A listing's one-block files' blocks (each in its DirEntry, as that file's own
-        Lookup with one_block gives it: a read token when the caller may read the file),
-        so the mount checks or fetches them ahead without a Lookup per file.  One SELECT
-        for the directory, then a token per block."""
-        found = self.ns.listing_blocks(request.parent)
-        reply.listing_blocks = True
-        if not found:
-            return
-        cred, mint, replicas = cred_of(request.caller), self.tokens.mint, self.registry.replicas
-        for e in reply.listing:
-            a = e.attr
-            got = found.get(a.ino)
-            if got is None:
+    def _listed_blocks(self, request: pb.LookupRequest, listing: list[tuple[Any, ...]], reply: pb.AttrReply) -> None:
+        """The listing (namespace.listing_with_blocks' rows) with its one-block files'
+        blocks, each in its DirEntry, as that file's own Lookup with one_block gives it (a
+        read token when the caller may read the file): the mount checks or fetches them
+        ahead without a Lookup per file.  One pass over the rows, each entry filled in
+        place; a token per block, all of one expiry; a file's readability judged once per
+        (mode, uid, gid) when it has no ACL.  A fresh mount's first stat waits for this."""
+        cred, mint, replicas = cred_of(request.caller), self.tokens.minter(READ), self.registry.replicas
+        judged: dict[tuple[int, int, int], bool] = {}   # (mode, uid, gid) -> readable, files without an ACL
+        add, name = reply.listing.add, None
+        e: Any = None   # (the DirEntry of the row's name)
+        for r in listing:
+            if r[0] != name:   # (a file of two blocks comes twice, one row after the other)
+                name = r[0]
+                e = add(name=name)
+                a = e.attr
+                a.ino, a.mode, a.uid, a.gid, a.size, a.nlink, a.atime_ns, a.mtime_ns = r[1:9]
+                a.ctime_ns, a.rdev, a.block_size, a.replicas, a.generation, a.allocated = r[9:15]
+                a.complete, a.kv, a.acl = bool(r[15]), bool(r[16]), r[17] > 0
+            idx, bid, length, checksum, acl_value = r[LISTED_BLOCK:]
+            if bid is None:
                 continue
-            rows, acl_value = got
-            readable = posix.allowed(a.mode, a.uid, a.gid, cred, R, acl_value)
-            for b in rows:   # (_block_info's, added in place: no BlockInfo built and copied)
-                e.blocks.add(block_id=b.block_id, offset=b.idx * a.block_size, length=b.length,
-                             checksum=b.checksum, workers=replicas(b.block_id),
-                             token=mint(b.block_id, READ) if readable else "")
+            readable: bool | None
+            if acl_value:
+                readable = posix.allowed(r[2], r[3], r[4], cred, R, bytes(acl_value))
+            else:
+                who = r[2:5]
+                readable = judged.get(who)
+                if readable is None:
+                    readable = judged[who] = posix.allowed(r[2], r[3], r[4], cred, R)
+            e.blocks.add(block_id=bid, offset=idx * r[11], length=length,   # (_block_info's, in place)
+                         checksum=(checksum + (1 << 64)) if checksum < 0 else checksum,
+                         workers=replicas(bid), token=mint(bid) if readable else "")
+        reply.listing_blocks = True
 
     def answered(self, ok: bool) -> None:
         """A call's end (group.LeaderOnly): a mutation that failed after its commit (a
