@@ -164,11 +164,19 @@ class Sessions:
             s = self._sessions.get(sid)
             if s is None or s.push is None or s.expired(now) or epoch < self._floor:
                 return 0
-            if any(self._changed.get(k, 0) > epoch for k in keys):
+            changed = self._changed.get
+            if any(changed(k, 0) > epoch for k in keys):
                 return 0
+            # (a listing grants ~2 keys per name: the set made only for a key no one holds,
+            # and the session's keys added in one call)
+            holders = self._holders
             for k in keys:
-                self._holders.setdefault(k, set()).add(sid)
-                s.keys.add(k)
+                h = holders.get(k)
+                if h is None:
+                    holders[k] = {sid}
+                else:
+                    h.add(sid)
+            s.keys.update(keys)
             return s.sent + 1
 
     # ------------------------------------------------------------------ changes
