@@ -38,11 +38,12 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "metrics_cost.py": ("--files", "2", "--size", "1MiB", "--meta", "20", "--rounds", "1", "--json"),
     "random_reads.py": ("--size", "64MiB", "--reads", "20", "--json"),
     "ufs_libs.py": ("--size", "16MiB", "--runs", "1", "--libs", "opendal,boto3", "--json"),
-    "ufs_bench.py": ("--quick", "--json"),
+    # --quick is 64 MiB and 4 KV chunks; 2 MiB objects and one 14 MiB chunk run every phase too
+    "ufs_bench.py": ("--quick", "--size", "16MiB", "--kv-chunks", "1", "--json"),
     "ha_bench.py": ("--small", "--json", "--tls"),
     "kv_lookup.py": ("--rounds", "1", "--files", "2", "--size", "1MiB", "--settings", "ahead", "--json"),
-    "meta_scale.py": ("--sizes", "200,400", "--via", "sdk", "--no-follower", "--clients", "2",
-                      "--stat-sample", "100", "--round", "100", "--retry-cache-s", "2", "--events-retention-s", "2"),
+    "meta_scale.py": ("--sizes", "20,40", "--via", "sdk", "--no-follower", "--clients", "2",
+                      "--stat-sample", "10", "--round", "20", "--retry-cache-s", "1", "--events-retention-s", "1"),
     "fsspec_parquet.py": ("--size", "4MiB", "--row-group", "1MiB", "--rounds", "1", "--json"),
     "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
     "journal_cpu.py": ("--files", "20", "--rounds", "1"),
@@ -179,12 +180,12 @@ def check_figures(script: str, out: str) -> None:
         positive(json.loads(out)["ahead"], "lookup_median_ms", "read_median_ms")
     elif script == "meta_scale.py":
         rows = [ln.split() for ln in out.splitlines() if ln.startswith("sdk ")]
-        assert [r[1] for r in rows] == ["200", "400"], out
+        assert [r[1] for r in rows] == ["20", "40"], out
         for r in rows:   # via, files, create/s, its ratio, stat/s, its ratio, ...
             assert float(r[2].replace(",", "")) > 0 and float(r[4].replace(",", "")) > 0, out
             assert "start" in r, out
         at_rest = [ln.split() for ln in out.splitlines() if ln.startswith("at rest ")]
-        assert [r[3] for r in at_rest] == ["200", "400"], out   # at rest, via, files, in use, the rest
+        assert [r[3] for r in at_rest] == ["20", "40"], out   # at rest, via, files, in use, the rest
         assert all(int(r[4].replace(",", "")) > 0 for r in at_rest), out
     elif script == "fsspec_parquet.py":
         res = json.loads(out)
