@@ -4,7 +4,7 @@ A real worker data server and local write socket, real connections: tokens minte
 a past expiry are refused with EKEYEXPIRED, forged ones (another MAC, block, mode or
 expiry) with EACCES.  Another uid (a forked child that dropped to nobody) can neither
 use the local write socket nor reach block files.  Then a real cluster whose tokens
-live 2 s: an SDK read and write, and a FUSE mount's, that span several token lives.
+live 1 s: an SDK read and write, and a FUSE mount's, that span several token lives.
 """
 from __future__ import annotations
 
@@ -224,17 +224,19 @@ def test_another_uid_cannot_use_the_local_write_socket_nor_reach_block_files(
         allowed.close()
 
 
-# ---------------------------------------------------------------- a real cluster, tokens of 2 s
+# ---------------------------------------------------------------- a real cluster, tokens of 1 s
 
-TTL_ENV = {"CURVINE_SECURITY_BLOCK_TOKEN_TTL_S": "2", "CURVINE_SECURITY_BLOCK_TOKEN_GRACE_S": "0",
+TTL_ENV = {"CURVINE_SECURITY_BLOCK_TOKEN_TTL_S": "1", "CURVINE_SECURITY_BLOCK_TOKEN_GRACE_S": "0",
            # every byte over the data channel, where tokens are checked
            "CURVINE_CLIENT_SHORT_CIRCUIT": "false", "CURVINE_CLIENT_SHORT_CIRCUIT_WRITES": "false",
            "CURVINE_FUSE_PASSTHROUGH": "false", "CURVINE_FUSE_DIRECT_IO": "true",
            # one block fetched per read: each pause is followed by a fetch with a stale token
            "CURVINE_CLIENT_READ_AHEAD_BLOCKS": "0", "CURVINE_CLIENT_BLOCK_SIZE": "1MiB"}
-PAUSE_S = 3.2      # past a token's life (2 s, rounded up to the second, no grace)
+# past a token's longest life: 1 s, its expiry rounded up to the second (at most 2 s), no
+# grace (2 s tokens and 3.2 s pauses before: 9 pauses, 9 s more, the same refusals and renewals)
+PAUSE_S = 2.2
 BLOCKS = 2         # a pause before each: the second block's token is the one the first's renewal
-                   # brought, stale by the next pause (a third block repeated that, 3.2 s a pause)
+                   # brought, stale by the next pause (a third block repeated that, 2.2 s a pause)
 
 
 def renewals(access: str) -> float:
@@ -243,7 +245,7 @@ def renewals(access: str) -> float:
 
 @pytest.fixture(scope="module")
 def short_tokens(tmp_path_factory: pytest.TempPathFactory) -> typing.Iterator[LocalCluster]:
-    """A cluster whose tokens live 2 s, with a mount where FUSE runs (one for both tests)."""
+    """A cluster whose tokens live 1 s (1-2 s from their minting), with a mount where FUSE runs (one for both tests)."""
     base = tmp_path_factory.mktemp("tokens")
     c = LocalCluster(base / "cluster", workers=2, mount=str(base / "mnt") if fuse_available() else None,
                      die_with_parent=True, extra_master_flags=FAST_MASTER_FLAGS, env=TTL_ENV).start(timeout=60)
