@@ -8,6 +8,7 @@ with LMCache's ``fs`` adapter on a mount of the same pool, both ways.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ RUN_TIMEOUT_S = 300
 MiB = 1 << 20
 
 
+@functools.cache   # the probe imports torch (~3.5 s): once per session, not once per test
 def _missing() -> str | None:
     if not PYTHON.exists():
         return f"real LMCache is not installed ({PYTHON}: `make lmcache-deps`)"
