@@ -24,6 +24,7 @@ every run of this test had 1 MiB runs of zeros (8 of 8 runs by hand, 1-8 bad chu
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -43,6 +44,7 @@ RUN_TIMEOUT_S = 300
 TOKENS = 8192 + 133     # 33 chunk files, the last one partial
 
 
+@functools.cache   # the probe imports torch (~3.5 s): once per session, not once per test
 def _missing() -> str | None:
     if not PYTHON.exists():
         return f"real LMCache is not installed ({PYTHON}: `make lmcache-deps`, log .venv/lmcache-install.log)"
