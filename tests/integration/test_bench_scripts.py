@@ -48,9 +48,10 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "kv_native.py": ("--keys", "2", "--data-size-kb", "1024", "--rounds", "1", "--json"),
     "journal_cpu.py": ("--files", "20", "--rounds", "1"),
     "event_feed_size.py": ("--chunks", "20"),
+    "listing_cost.py": ("--files", "4", "--calls", "20", "--rounds", "1"),
 }
 # under the system temp dir, removed after
-NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py"}
+NO_DIR = {"meta_rpc_bench.py", "kv_concurrency.py", "ufs_libs.py", "kv_lookup.py", "listing_cost.py"}
 MOUNTS = {"mount_bench.py", "eviction_bench.py", "kv_concurrency.py", "metrics_cost.py", "random_reads.py",
           "ufs_bench.py", "kv_lookup.py", "kv_native.py"}
 NETNS = {"kv_concurrency.py"}           # network-namespace hosts (curvine_py/testing/testhosts.py)
@@ -212,6 +213,10 @@ def check_figures(script: str, out: str) -> None:
             assert float(r[1]) > 0 and float(r[4]) > 0 and float(r[5]) > 0, out
     elif script == "worker_bench.py":
         assert "round 0 (fresh files): write A->B" in out and " GB/s" in out, out
+    elif script == "listing_cost.py":
+        rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()[:2] and ln.split()[1] == "median"}
+        assert set(rows) == {"plain", "one_block", "listing", "listing+blocks"}, out
+        assert all(float(r[2]) > 0 for r in rows.values()), out
     else:
         raise AssertionError(f"no figures check for {script}")
 
