@@ -1,7 +1,7 @@
 """The work a lookup starts ahead of an open, made cheap for a run of stats
-(client/mount/policy.py MountOpens.after_lookup, localfiles.local_replica,
+(client/mount/policy.py MountOpens.after_lookup, BlockPaths.local_replica,
 LocalFiles.check_ahead), through a real local cluster and the mount's own lookup: whether a
-block is local is answered as BlockPaths.local_replica answers it, and a run of lookups
+block is local is answered by the replicas' hosts without ordering them, and a run of lookups
 queues its checks in lookup order for one thread, which runs them all in the pause after
 the run."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ import os
 import time
 import typing
 
-from curvine_py.client.mount.localfiles import local_replica
 from tests.conftest import client_config
 from curvine_py.sdk import Client
 from tests.integration.test_verify_ahead import ONE_BLOCK, lookup, mount_vfs, opens_of, settled
@@ -23,13 +22,14 @@ def test_a_local_replica_is_the_one_block_paths_reads_locally(shared_cluster: "L
                                                               local_client: Client, remote_dir: str) -> None:
     local_client.put_bytes(f"{remote_dir}/chunk", os.urandom(ONE_BLOCK))
     block = local_client.core.meta.block_locations(local_client.stat(f"{remote_dir}/chunk").ino).blocks[0]
-    here = local_replica(local_client.core, block)
-    assert here is not None and here == local_client.core.paths.local_replica(block)
+    paths = local_client.core.paths
+    here = paths.local_replica(block)
+    assert here is not None and here.host == paths.host and here == paths.replica_order(block)[0]
     cfg = client_config(shared_cluster)
     cfg.client.host = "no-worker-here"
     with Client(master=shared_cluster.master_address, config=cfg) as far:
         far.core.workers.learn([here])
-        assert local_replica(far.core, block) is None and far.core.paths.local_replica(block) is None
+        assert far.core.paths.local_replica(block) is None
 
 
 def test_a_run_of_lookups_queues_its_checks_for_one_thread(local_client: Client, remote_dir: str) -> None:

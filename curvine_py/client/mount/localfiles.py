@@ -38,17 +38,6 @@ AHEAD_QUEUE = 16       # checks queued or running at most; later lookups leave t
 AHEAD_SEEN = 4096      # file versions remembered as checked ahead (bounded LRU)
 
 
-def local_replica(core: ClientCore, block: pb.BlockInfo) -> pb.WorkerAddress | None:
-    """The block's replica on this host when local reads are on: BlockPaths.local_replica's
-    answer without ordering every replica first (placement puts at most one on a host).
-    Asked at every lookup of a one-block file, where that ordering cost ~13 us of the
-    ~60 us a listed lookup took in the mount (bench/kv_lookup.py --replica-host)."""
-    sc = core.paths.shortcircuit
-    if sc is None:
-        return None
-    return next((a for a in core.workers.of(block) if sc.serves(a)), None)
-
-
 def one_block(attr: pb.Attr, blocks: Sequence[pb.BlockInfo], flags: int = 0) -> pb.BlockInfo | None:
     """The file's only block when the file is complete and exactly that block (not empty),
     and not opened O_DIRECT (a backing file would be read with it, which needs aligned
@@ -82,7 +71,7 @@ class LocalFiles:
         if not self.enabled or self.core.paths.shortcircuit is None:
             return None
         block = one_block(attr, blocks, flags)
-        return block if block is not None and local_replica(self.core, block) is not None else None
+        return block if block is not None and self.core.paths.local_replica(block) is not None else None
 
     def warm(self) -> None:
         """Ahead of the first open: what the checks need of this host's workers, and the
@@ -160,7 +149,7 @@ class LocalFiles:
             if self._closed:
                 return
             self._checker.idle()      # again: an open waiting for the last check lent it normal priority
-            sc, addr = self.core.paths.shortcircuit, local_replica(self.core, block)
+            sc, addr = self.core.paths.shortcircuit, self.core.paths.local_replica(block)
             if sc is not None and addr is not None:
                 # a failure is logged there; the open tries again
                 sc.verify(addr, block, self._checker.sums, self._checker.boost)

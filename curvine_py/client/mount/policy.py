@@ -20,7 +20,7 @@ import typing
 from curvine_py.client.core import ClientCore
 from curvine_py.client.mount import staging
 from curvine_py.client.mount.fetchahead import FetchAhead, readable
-from curvine_py.client.mount.localfiles import LocalFiles, local_replica, one_block
+from curvine_py.client.mount.localfiles import LocalFiles, one_block
 from curvine_py.client.mount.lookups import Lookups
 from curvine_py.client.mount.staging import Staged, StagedBlocks
 from curvine_py.client.reader import FileReader
@@ -70,11 +70,12 @@ class MountOpens:
         """A one-block file looked up: its local block checked ahead, or its remote one
         fetched or staged ahead.  On the mount's event loop at each stat of a run (most
         answered by a listing, VFS._listed_lookup), so whether the block is local is asked
-        once here, not by each of them: ~40-65 us -> ~10 per lookup (docs/kvcache.md)."""
+        once here (BlockPaths.local_replica), not by each of them: ~40-65 us -> ~10 per
+        lookup (docs/kvcache.md)."""
         block = one_block(attr, blocks)
         if block is None or not stat.S_ISREG(attr.mode):
             return
-        if local_replica(self.core, block) is not None:
+        if self.core.paths.local_replica(block) is not None:
             if self.local.enabled:   # (LocalFiles.block_of's test; the kernel reads it by passthrough)
                 self.local.check_ahead(attr, block)
             return

@@ -57,7 +57,7 @@ from curvine_py.client import metrics
 from curvine_py.client.core import ClientCore
 from curvine_py.client.mount.fetchahead import LIMIT as AHEAD_LIMIT, STALE_S
 from curvine_py.client.mount.lookups import Lookups
-from curvine_py.client.mount.localfiles import local_replica, one_block
+from curvine_py.client.mount.localfiles import one_block
 from curvine_py.client.reader import fetch_block
 from curvine_py.common.errors import CurvineError
 from curvine_py.pb import curvine_pb2 as pb
@@ -147,7 +147,7 @@ class StagedBlocks:
         one with no replica here (a local one is read from its block file:
         client/mount/localfiles.py) that fits the budget."""
         block = one_block(attr, blocks, flags)
-        if block is None or block.length > self.budget or local_replica(self.core, block) is not None:
+        if block is None or block.length > self.budget or self.core.paths.local_replica(block) is not None:
             return None
         return block
 
