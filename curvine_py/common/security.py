@@ -116,15 +116,10 @@ class BlockTokens:
         if self._keyed is None:
             return lambda block_id: ""
         expiry = int(self._clock() + self.ttl_s + 0.999)
-        inner, outer = self._keyed
-        head, tail = f"{mode}{expiry}.", f":{mode}:{expiry}".encode()
+        head, tail, mac = f"{mode}{expiry}.", f":{mode}:{expiry}".encode(), self._hmac
 
         def mint(block_id: int) -> str:
-            i = inner.copy()
-            i.update(b"%d%s" % (block_id, tail))
-            o = outer.copy()
-            o.update(i.digest())
-            return head + o.hexdigest()[:_MAC_LEN]
+            return head + mac(b"%d%s" % (block_id, tail))
         return mint
 
     def check(self, token: str, block_id: int, write: bool) -> None:
@@ -160,10 +155,14 @@ class BlockTokens:
         return True
 
     def _mac(self, block_id: int, mode: str, expiry: int) -> str:
+        return self._hmac(f"{block_id}:{mode}:{expiry}".encode())
+
+    def _hmac(self, msg: bytes) -> str:
+        """hmac.new(key, msg, sha256)'s hex digest, cut to _MAC_LEN, from the hashes keyed once."""
         assert self._keyed is not None
         inner, outer = self._keyed
         i = inner.copy()
-        i.update(f"{block_id}:{mode}:{expiry}".encode())
+        i.update(msg)
         o = outer.copy()
         o.update(i.digest())
         return o.hexdigest()[:_MAC_LEN]
