@@ -51,6 +51,8 @@ class Daemons:
         self.run_dir = tmp / "run"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CURVINE_")}
         self.env["CURVINE_RUN_DIR"] = str(self.run_dir)
+        # and they run in tmp: from the checkout, a ./.curvine/curvine.toml that `make run`
+        # left (its cluster's TLS and secret) would be their default config
         if cluster.secret:   # the daemons talk to a cluster that checks its secret
             self.env["CURVINE_CLUSTER_SECRET"] = cluster.secret
         self.mountpoints: list[Path] = []
@@ -64,8 +66,8 @@ class Daemons:
 
     def run_main(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """python -m curvine_py.fuse.main ARGS (daemonizing unless --foreground)."""
-        return subprocess.run([PY, "-m", "curvine_py.fuse.main", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run([PY, "-m", "curvine_py.fuse.main", *args], env=self.env, cwd=self.tmp,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def mount(self, mnt: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         return self.run_main(str(mnt), "--master", self.cluster.master_address, *extra)
@@ -73,7 +75,7 @@ class Daemons:
     def foreground(self, mnt: Path, *extra: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{mnt.name}.fg.log", "ab")
         p = subprocess.Popen([PY, "-m", "curvine_py.fuse.main", str(mnt), "--master", self.cluster.master_address,
-                              "--foreground", *extra], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                              "--foreground", *extra], env=self.env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
         self.procs.append(p)
         deadline = time.monotonic() + 30
@@ -84,7 +86,7 @@ class Daemons:
         return p
 
     def umount(self, mnt: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PY, "-c", UMOUNT, str(mnt)], env=self.env, capture_output=True, text=True,
+        return subprocess.run([PY, "-c", UMOUNT, str(mnt)], env=self.env, cwd=self.tmp, capture_output=True, text=True,
                               timeout=timeout)
 
     def paths(self, mnt: Path) -> tuple[Path, Path]:
@@ -430,7 +432,8 @@ def test_cv_mount_daemon_logs_to_its_log_file(daemons: Daemons) -> None:
     log = daemons.tmp / "cv-mount.log"
     cv = str(Path(PY).parent / "cv")
     r = subprocess.run([cv, "mount", str(mnt), "--master", daemons.cluster.master_address, "--log-file", str(log)],
-                       env=daemons.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                       env=daemons.env, cwd=daemons.tmp, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     try:
         assert wait_until(lambda: log.exists() and "mounted" in log.read_text(), 10), log.read_text()
