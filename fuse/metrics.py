@@ -46,6 +46,8 @@ class TopDirs:
         self._top: dict[int, str] = {}
         self._labels: set[str] = set()
         self._children: dict[tuple[str, str], typing.Any] = {}
+        for result in ("hit", "miss"):   # exported at 0 from the start: a dashboard's rate shows 0, not "no data"
+            self._children[("/", result)] = LOOKUPS.labels("/", result)
 
     def label_of(self, parent: int) -> str:
         """The dir label of a lookup in parent: "/" in the root itself (no file name ever
