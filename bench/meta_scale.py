@@ -364,7 +364,7 @@ def lmcache_files(n: int, work: Path, args: argparse.Namespace) -> dict[str, typ
     """n files written as LMCache writes its chunks, through the SDK, into a cluster of 2
     workers (2 replicas): put `<name>.tmp`, rename to `<name>.data`, read it once.  meta.db
     at rest: once the retry cache and the events were pruned (1 s each unless given), the
-    reads written down (every eviction.READS_FLUSH_S) and both replicas announced
+    reads written down (every master.reads_flush_s) and both replicas announced
     (event_hosts).  Returns the store before and at rest (by table, store_pages)."""
     retry_s = args.retry_cache_s if args.retry_cache_s is not None else 1.0
     events_s = args.events_retention_s if args.events_retention_s is not None else 1.0

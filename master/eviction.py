@@ -16,7 +16,7 @@ and replayable, and the freed blocks are deleted on the workers by the usual del
 orders in heartbeat replies.
 
 Last reads are noted in memory on every read open (no journal write per open) and
-written to the inodes' ``last_read_ms`` column by an op every ``READS_FLUSH_S`` and before each
+written to the inodes' ``last_read_ms`` column by an op every ``master.reads_flush_s`` and before each
 eviction decision, so LRU order survives a master restart to within that window.
 """
 from __future__ import annotations
@@ -41,7 +41,6 @@ from curvine_py.master.workers import Registry
 _LAST_READ_NS = f"coalesce(nullif(i.last_read_ms, {schema.NEVER_READ_MS}), 0) * 1000000"
 
 log = logging.getLogger(__name__)
-READS_FLUSH_S = 10.0
 STOP_FLUSH_S = 2.0   # a stopping master waits this long at most for its last reads to commit
 MAX_VICTIMS = 2000        # files per evict op (a pass repeats while still above the watermark)
 _FMT, _REG = 0o170000, 0o100000   # S_IFMT, S_IFREG
@@ -127,7 +126,7 @@ class Evictor:
         if now - self._last_sweep >= self.cfg.ttl_sweep_s:
             self._last_sweep = now
             self.sweep_ttl()
-        if now - self._last_flush >= READS_FLUSH_S:
+        if now - self._last_flush >= self.cfg.reads_flush_s:
             self.flush_reads()
 
     @property

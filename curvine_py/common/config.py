@@ -75,6 +75,7 @@ class MasterConfig:
     evict_low: float = 0.8        # eviction stops below this fraction
     evict_interval_s: float = 1.0  # how often usage is checked (an allocation past evict_high checks at once)
     ttl_sweep_s: float = 60.0     # how often files past their user.curvine.ttl are removed
+    reads_flush_s: float = 10.0   # how often the last reads noted in memory are written down (LRU order)
     metrics_port: int = 9000      # Prometheus /metrics (docs/metrics.md); 0 = off
     # Three (or five) masters replicating the journal by Raft (docs/ha.md); "" = one master, no Raft.
     ip: str = "127.0.0.1"         # address clients, workers and the other masters reach this master at

@@ -145,18 +145,15 @@ def test_lmcache_files_at_rest_cost_at_most_300_bytes(cluster_factory: Factory) 
     # worker_timeout_s is also the new leader's wait before its first replica events
     # (master/replicafeed.py): 30 s by default, which the test would otherwise wait out;
     # 5 s, as the fault suite uses, is still 25 heartbeats.  The last reads are written down
-    # every 10 s (master/eviction.py READS_FLUSH_S, no key) and before each TTL sweep: a TTL
-    # on an empty directory and a sweep every second write them down within a second
+    # every master.reads_flush_s (10 s by default): every second here
     c = cluster_factory(workers=2, extra_master_flags=(*FAST_MASTER_FLAGS, "--master-retry-cache-s", "1",
                                                        "--master-events-retention-s", "1",
                                                        "--master-worker-timeout-s", "5",
-                                                       "--master-ttl-sweep-s", "1"))
+                                                       "--master-reads-flush-s", "1"))
     db = Store(c.meta_dir(0) / "meta.db")
     client = Client(master=c.master_address, config=client_config(c))
     try:
         client.mkdir("/kv")
-        client.mkdir("/swept")
-        client.set_ttl("/swept", "1d")
         wait_until("an empty retry cache", lambda: db.q("SELECT count(*) FROM oplog")[0] == 0, 30)
         start = db.used()
         for _ in range(LMCACHE_FILES):
